@@ -1,0 +1,299 @@
+//! The RabbitMQ side: one supervised connection per process, confirm-mode
+//! channels for the scanners, and the message delayd publishes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Event};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Business, SecretUrl};
+use crate::store::Claimed;
+use crate::telemetry::{Backoff, Health, METRICS};
+
+/// A RabbitMQ failure.
+#[derive(Debug, thiserror::Error)]
+pub enum AmqpError {
+    /// The URL does not parse.
+    #[error("[amqp] url {url} is not a valid AMQP URL: {reason}")]
+    Url {
+        /// The URL, password masked.
+        url: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// The broker refused or dropped something.
+    #[error("{0}")]
+    Lapin(#[from] lapin::Error),
+}
+
+/// Parses the URL and asks for 10 s heartbeats unless the URL sets its own,
+/// so a dead TCP connection is noticed in seconds rather than minutes.
+pub fn parse_uri(url: &SecretUrl) -> Result<AMQPUri, AmqpError> {
+    let mut uri: AMQPUri = url
+        .expose()
+        .parse()
+        .map_err(|reason: String| AmqpError::Url {
+            url: url.redacted(),
+            reason: crate::config::redact_url(&reason),
+        })?;
+    if uri.query.heartbeat.is_none() {
+        uri.query.heartbeat = Some(10);
+    }
+    Ok(uri)
+}
+
+/// Opens one connection (for commands that do not need supervision).
+pub async fn connect(url: &SecretUrl, name: &str) -> Result<Connection, AmqpError> {
+    let uri = parse_uri(url)?;
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    Ok(Connection::connect_uri(uri, props).await?)
+}
+
+/// A shared, supervised connection: scanners ask it for channels and wait
+/// while it is down or blocked; it reconnects with backoff by itself.
+#[derive(Clone)]
+pub struct Broker {
+    conn: watch::Receiver<Option<Arc<Connection>>>,
+    blocked: watch::Receiver<bool>,
+    /// Reachability, for `/readyz` and outage logging.
+    pub health: Arc<Health>,
+}
+
+impl Broker {
+    /// Starts the connection supervisor; it runs until `stop` is cancelled.
+    pub fn start(url: &SecretUrl, stop: CancellationToken) -> Result<Self, AmqpError> {
+        let uri = parse_uri(url)?;
+        let health = Health::new("amqp");
+        let (conn_tx, conn_rx) = watch::channel(None);
+        let (blocked_tx, blocked_rx) = watch::channel(false);
+        tokio::spawn(supervise(uri, conn_tx, blocked_tx, health.clone(), stop));
+        Ok(Self {
+            conn: conn_rx,
+            blocked: blocked_rx,
+            health,
+        })
+    }
+
+    /// Waits until the broker is connected and not blocking publishers, then
+    /// opens a channel in confirm mode. `None` if `cancel` fires first.
+    pub async fn channel(&self, cancel: &CancellationToken) -> Option<Result<Channel, AmqpError>> {
+        let conn = self.ready(cancel).await?;
+        let result = async {
+            let ch = conn.create_channel().await?;
+            ch.confirm_select(ConfirmSelectOptions::default()).await?;
+            Ok::<_, AmqpError>(ch)
+        }
+        .await;
+        Some(result)
+    }
+
+    /// Waits until connected and unblocked; `None` if `cancel` fires first.
+    pub async fn ready(&self, cancel: &CancellationToken) -> Option<Arc<Connection>> {
+        let mut conn = self.conn.clone();
+        let mut blocked = self.blocked.clone();
+        loop {
+            let current = conn.borrow_and_update().clone();
+            let is_blocked = *blocked.borrow_and_update();
+            if let Some(c) = current {
+                if !is_blocked && c.status().connected() {
+                    return Some(c);
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = conn.changed() => {}
+                _ = blocked.changed() => {}
+                // The supervisor notices a dead connection by its events; this
+                // bounds the wait should a status change slip between them.
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    /// True while the broker blocks publishing (memory or disk alarm).
+    pub fn is_blocked(&self) -> bool {
+        *self.blocked.borrow()
+    }
+}
+
+async fn supervise(
+    uri: AMQPUri,
+    conn_tx: watch::Sender<Option<Arc<Connection>>>,
+    blocked_tx: watch::Sender<bool>,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    loop {
+        let props = ConnectionProperties::default().with_connection_name("delayd".into());
+        let attempt = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = Connection::connect_uri(uri.clone(), props) => r,
+        };
+        match attempt {
+            Ok(conn) => {
+                backoff.reset();
+                health.up();
+                let conn = Arc::new(conn);
+                let mut events = conn.events_listener();
+                conn_tx.send_replace(Some(conn.clone()));
+                let mut check = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => {
+                            let _ = conn.close(200, "delayd stopping".into()).await;
+                            conn_tx.send_replace(None);
+                            return;
+                        }
+                        ev = events.next() => match ev {
+                            Some(Event::ConnectionBlocked(reason)) => {
+                                tracing::warn!(%reason, "RabbitMQ blocks publishing (resource alarm); claiming paused");
+                                METRICS.amqp_blocked.set(1);
+                                blocked_tx.send_replace(true);
+                            }
+                            Some(Event::ConnectionUnblocked) => {
+                                tracing::info!("RabbitMQ unblocked publishing; claiming resumes");
+                                METRICS.amqp_blocked.set(0);
+                                blocked_tx.send_replace(false);
+                            }
+                            // Channel errors arrive here too; only a dead
+                            // connection needs a new one.
+                            Some(Event::Error(e)) if !conn.status().connected() => {
+                                health.down(&e);
+                                break;
+                            }
+                            None => {
+                                health.down(&"connection event stream ended");
+                                break;
+                            }
+                            _ => {}
+                        },
+                        _ = check.tick() => {
+                            if !conn.status().connected() {
+                                health.down(&"connection closed");
+                                break;
+                            }
+                        }
+                    }
+                }
+                conn_tx.send_replace(None);
+                METRICS.amqp_blocked.set(0);
+                blocked_tx.send_replace(false);
+            }
+            Err(e) => {
+                health.down(&e);
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
+    }
+}
+
+/// A stable id for one scheduled delivery: the same key, member and due time
+/// always give the same id, so consumers can drop a redelivery after a crash.
+pub fn message_id(key: &str, member: &[u8], due_ms: i64) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&(key.len() as u64).to_le_bytes());
+    h.update(key.as_bytes());
+    h.update(&(member.len() as u64).to_le_bytes());
+    h.update(member);
+    h.update(&due_ms.to_le_bytes());
+    format!("{:032x}", h.digest128())
+}
+
+/// Publishes one claimed member as design.md's message: body unchanged,
+/// persistent unless configured otherwise, stable `message_id`, and the
+/// `x-delayd-*` headers; `mandatory` so an unroutable publish comes back.
+pub async fn publish(
+    channel: &Channel,
+    business: &Business,
+    key: &str,
+    claimed: &Claimed,
+    now_ms: i64,
+) -> Result<lapin::PublisherConfirm, lapin::Error> {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-delayd-business".into(),
+        AMQPValue::LongString(LongString::from(business.name.as_str())),
+    );
+    headers.insert(
+        "x-delayd-due".into(),
+        AMQPValue::LongLongInt(claimed.due_ms),
+    );
+    headers.insert(
+        "x-delayd-attempt".into(),
+        AMQPValue::LongLongInt(claimed.attempt as i64),
+    );
+    let mut props = BasicProperties::default()
+        .with_message_id(ShortString::from(message_id(
+            key,
+            &claimed.member,
+            claimed.due_ms,
+        )))
+        .with_timestamp((now_ms.max(0) / 1000) as u64)
+        .with_headers(headers);
+    if business.persistent {
+        props = props.with_delivery_mode(2);
+    }
+    if let Some(ct) = &business.content_type {
+        props = props.with_content_type(ShortString::from(ct.as_str()));
+    }
+    channel
+        .basic_publish(
+            ShortString::from(business.exchange.as_str()),
+            ShortString::from(business.routing_key.as_str()),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            &claimed.member,
+            props,
+        )
+        .await
+}
+
+/// Checks that `exchange` exists without creating it (a passive declare).
+/// A missing exchange closes the channel, so each check gets its own.
+pub async fn exchange_exists(conn: &Connection, exchange: &str) -> Result<(), AmqpError> {
+    if exchange.is_empty() {
+        return Ok(());
+    }
+    let ch = conn.create_channel().await?;
+    ch.exchange_declare(
+        exchange.into(),
+        lapin::ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await?;
+    let _ = ch.close(200, "ok".into()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_id_is_stable_and_distinguishes_inputs() {
+        let a = message_id("k", b"body", 1000);
+        assert_eq!(a, message_id("k", b"body", 1000));
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, message_id("k", b"body", 1001));
+        assert_ne!(a, message_id("k2", b"body", 1000));
+        assert_ne!(a, message_id("k", b"bodx", 1000));
+        // Length prefixes keep key and member from running into each other.
+        assert_ne!(message_id("ab", b"c", 1), message_id("a", b"bc", 1));
+    }
+}

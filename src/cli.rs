@@ -1,0 +1,577 @@
+//! The `delayd` commands and their exit codes: 0 success, 1 a runtime
+//! failure (a server unreachable, a check failed), 2 a usage or config error.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, Business, Config};
+use crate::store::{KeyFamily, Stats, Store};
+
+/// Command-line interface of `delayd`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "delayd",
+    version,
+    about = "A reliable delay queue: Redis sorted sets in, RabbitMQ out"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct ConfigArg {
+    /// The TOML configuration file.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon until SIGTERM or SIGINT.
+    Run(ConfigArg),
+    /// Validate the file, connect to both servers and check every exchange.
+    Check(ConfigArg),
+    /// Show pending, due, in-flight and dead counts per business.
+    Inspect {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Schedule one member (for operators and demos).
+    Schedule {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The business to schedule for.
+        business: String,
+        /// Due after this long, e.g. 250ms, 30s, 5m.
+        #[arg(
+            long = "in",
+            value_name = "DUR",
+            conflicts_with = "at",
+            required_unless_present = "at"
+        )]
+        in_: Option<String>,
+        /// Due at this time: RFC 3339 (2026-01-02T03:04:05Z) or epoch milliseconds.
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// The body; read from standard input when omitted.
+        body: Option<String>,
+    },
+    /// Look at and act on dead members.
+    Dead {
+        #[command(subcommand)]
+        action: DeadAction,
+    },
+    /// Measure the broker's ceiling, delayd's drain rate, lateness and idle cost.
+    Bench(crate::bench::BenchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadAction {
+    /// List dead members, oldest first, with their reason and age.
+    List(DeadArgs),
+    /// Move dead members back to pending, due now, attempts reset.
+    Requeue(DeadArgs),
+    /// Delete dead members.
+    Purge(DeadArgs),
+}
+
+#[derive(Debug, Args)]
+struct DeadArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The business whose dead set to use.
+    business: String,
+    /// At most this many members (list defaults to 100, requeue and purge to all).
+    #[arg(long)]
+    limit: Option<usize>,
+}
+
+/// A command's failure, with the exit code it maps to.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// A runtime failure (exit code 1).
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Self {
+            code: 1,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<config::ConfigError> for Failure {
+    fn from(e: config::ConfigError) -> Self {
+        Failure::usage(e.to_string())
+    }
+}
+
+impl From<crate::store::StoreError> for Failure {
+    fn from(e: crate::store::StoreError) -> Self {
+        Failure::runtime(format!("redis: {e}"))
+    }
+}
+
+/// Runs a parsed command line and returns the process exit code.
+pub fn main(cli: Cli) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("delayd: error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("delayd: error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Run(c) => {
+            let cfg = config::load(&c.config)?;
+            crate::telemetry::init_logging(cfg.log_format, &cfg.log_level);
+            crate::supervisor::run(cfg).await.map_err(|e| match e {
+                crate::supervisor::RunError::Amqp(_)
+                | crate::supervisor::RunError::RedisUrl(..) => Failure::usage(e.to_string()),
+                other => Failure::runtime(other.to_string()),
+            })
+        }
+        Command::Check(c) => check(&config::load(&c.config)?).await,
+        Command::Inspect { config: c, json } => inspect(&config::load(&c.config)?, json).await,
+        Command::Schedule {
+            config: c,
+            business,
+            in_,
+            at,
+            body,
+        } => schedule(&config::load(&c.config)?, &business, in_, at, body).await,
+        Command::Dead { action } => dead(action).await,
+        Command::Bench(args) => crate::bench::run(args).await,
+    }
+}
+
+/// Connects to Redis once, with a bounded wait, for the one-shot commands.
+async fn redis_conn(cfg: &Config) -> Result<redis::aio::ConnectionManager, Failure> {
+    let client = crate::supervisor::redis_client(cfg).map_err(|e| Failure::usage(e.to_string()))?;
+    let conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_connection_manager_with_config(
+            redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(3)))
+                .set_number_of_retries(1),
+        ),
+    )
+    .await;
+    match conn {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(Failure::runtime(format!(
+            "cannot reach Redis at {}: {}; is it running?",
+            cfg.redis_url,
+            config::redact_url(&e.to_string())
+        ))),
+        Err(_) => Err(Failure::runtime(format!(
+            "cannot reach Redis at {}: timed out after 5s; is it running?",
+            cfg.redis_url
+        ))),
+    }
+}
+
+fn stores(conn: &redis::aio::ConnectionManager, b: &Business) -> Vec<Store> {
+    b.keys()
+        .iter()
+        .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit))
+        .collect()
+}
+
+async fn check(cfg: &Config) -> Result<(), Failure> {
+    let mut failed = false;
+    println!(
+        "config    {}: ok, {} businesses",
+        cfg.path.display(),
+        cfg.businesses.len()
+    );
+    let redis = match redis_conn(cfg).await {
+        Ok(mut c) => {
+            let flags: Option<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("notify-keyspace-events")
+                .query_async::<Vec<String>>(&mut c)
+                .await
+                .ok()
+                .and_then(|v| v.into_iter().nth(1));
+            let mode = match flags.as_deref() {
+                Some(f) if f.contains('K') && (f.contains('z') || f.contains('A')) => {
+                    "keyspace notifications on (millisecond wake-ups)".to_string()
+                }
+                Some(f) => format!(
+                    "keyspace notifications off (\"{f}\"): idle scanners poll every poll_interval; CONFIG SET notify-keyspace-events Kz turns them on"
+                ),
+                None => "keyspace notifications unknown (CONFIG not allowed)".to_string(),
+            };
+            println!("redis     {}: ok, {mode}", cfg.redis_url);
+            Some(c)
+        }
+        Err(f) => {
+            println!("redis     {}: FAILED: {}", cfg.redis_url, f.message);
+            failed = true;
+            None
+        }
+    };
+    let amqp = match tokio::time::timeout(
+        Duration::from_secs(10),
+        crate::amqp::connect(&cfg.amqp_url, "delayd check"),
+    )
+    .await
+    {
+        Ok(Ok(c)) => {
+            println!("amqp      {}: ok", cfg.amqp_url);
+            Some(c)
+        }
+        Ok(Err(e)) => {
+            println!(
+                "amqp      {}: FAILED: {}",
+                cfg.amqp_url,
+                config::redact_url(&e.to_string())
+            );
+            failed = true;
+            None
+        }
+        Err(_) => {
+            println!("amqp      {}: FAILED: timed out after 10s", cfg.amqp_url);
+            failed = true;
+            None
+        }
+    };
+    for b in &cfg.businesses {
+        let mut notes = Vec::new();
+        if let Some(conn) = &redis {
+            for k in b.keys() {
+                let mut c = conn.clone();
+                match redis::cmd("TYPE")
+                    .arg(&k)
+                    .query_async::<String>(&mut c)
+                    .await
+                {
+                    Ok(t) if t == "zset" || t == "none" => {}
+                    Ok(t) => {
+                        failed = true;
+                        notes.push(format!(
+                            "key \"{k}\" is a {t}, not a sorted set: producers must ZADD to it"
+                        ));
+                    }
+                    Err(e) => {
+                        failed = true;
+                        notes.push(format!("key \"{k}\": {e}"));
+                    }
+                }
+            }
+        }
+        if let Some(conn) = &amqp {
+            match crate::amqp::exchange_exists(conn, &b.exchange).await {
+                Ok(()) => {}
+                Err(e) => {
+                    failed = true;
+                    notes.push(format!(
+                        "exchange \"{}\" is not usable ({e}): declare it on the broker or fix the name",
+                        b.exchange
+                    ));
+                }
+            }
+        }
+        if notes.is_empty() && redis.is_some() && amqp.is_some() {
+            println!(
+                "business  {}: ok, key \"{}\"{} -> exchange \"{}\", routing key \"{}\"",
+                b.name,
+                b.key,
+                if b.shards > 1 {
+                    format!(" ({} shards)", b.shards)
+                } else {
+                    String::new()
+                },
+                b.exchange,
+                b.routing_key
+            );
+        } else if notes.is_empty() {
+            println!(
+                "business  {}: not checked (a server is unreachable)",
+                b.name
+            );
+        } else {
+            println!("business  {}: FAILED: {}", b.name, notes.join("; "));
+        }
+    }
+    if let Some(c) = amqp {
+        let _ = c.close(200, "check done".into()).await;
+    }
+    if failed {
+        Err(Failure::runtime("check failed; see the lines above"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Per-business totals over its shards.
+#[derive(Debug, Default, serde::Serialize)]
+struct Inspection {
+    business: String,
+    pending: u64,
+    due_now: u64,
+    oldest_overdue_ms: Option<i64>,
+    next_due_in_ms: Option<i64>,
+    in_flight: u64,
+    dead: u64,
+}
+
+fn combine(name: &str, all: &[Stats]) -> Inspection {
+    let mut out = Inspection {
+        business: name.to_string(),
+        ..Default::default()
+    };
+    for s in all {
+        out.pending += s.pending;
+        out.due_now += s.due_now;
+        out.in_flight += s.in_flight;
+        out.dead += s.dead;
+        if let Some(o) = s.oldest_due_ms {
+            let age = (s.now_ms as f64 - o).max(0.0) as i64;
+            out.oldest_overdue_ms = Some(out.oldest_overdue_ms.map_or(age, |a| a.max(age)));
+        }
+        if let Some(n) = s.next_due_ms {
+            let inn = (n - s.now_ms as f64).max(0.0).min(i64::MAX as f64) as i64;
+            out.next_due_in_ms = Some(out.next_due_in_ms.map_or(inn, |a| a.min(inn)));
+        }
+    }
+    out
+}
+
+fn human_ms(ms: Option<i64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms > 100 * 365 * 86_400_000 => "far future".into(),
+        Some(ms) => humantime::format_duration(Duration::from_millis(ms as u64)).to_string(),
+    }
+}
+
+async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
+    let conn = redis_conn(cfg).await?;
+    let mut rows = Vec::new();
+    for b in &cfg.businesses {
+        let mut all = Vec::new();
+        for s in stores(&conn, b) {
+            all.push(
+                s.stats()
+                    .await
+                    .map_err(|e| Failure::runtime(format!("business \"{}\": {e}", b.name)))?,
+            );
+        }
+        rows.push(combine(&b.name, &all));
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>10} {:>10} {:>16} {:>16} {:>10} {:>8}",
+        "business", "pending", "due now", "oldest overdue", "next due in", "in flight", "dead"
+    );
+    for r in rows {
+        println!(
+            "{:<24} {:>10} {:>10} {:>16} {:>16} {:>10} {:>8}",
+            r.business,
+            r.pending,
+            r.due_now,
+            human_ms(r.oldest_overdue_ms),
+            human_ms(r.next_due_in_ms),
+            r.in_flight,
+            r.dead
+        );
+    }
+    Ok(())
+}
+
+/// Parses `--at`: epoch milliseconds or an RFC 3339 time.
+fn parse_at(s: &str) -> Result<i64, Failure> {
+    if let Ok(ms) = s.trim().parse::<i64>() {
+        return Ok(ms);
+    }
+    humantime::parse_rfc3339_weak(s.trim())
+        .map(|t| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0)
+        })
+        .map_err(|e| {
+            Failure::usage(format!(
+                "--at \"{s}\": {e}; give RFC 3339 (2026-01-02T03:04:05Z) or epoch milliseconds"
+            ))
+        })
+}
+
+async fn schedule(
+    cfg: &Config,
+    business: &str,
+    in_: Option<String>,
+    at: Option<String>,
+    body: Option<String>,
+) -> Result<(), Failure> {
+    let b = cfg.business(business).map_err(Failure::usage)?;
+    let delay = match &in_ {
+        Some(d) => Some(humantime::parse_duration(d.trim()).map_err(|e| {
+            Failure::usage(format!("--in \"{d}\": {e}; write e.g. 250ms, 30s or 5m"))
+        })?),
+        None => None,
+    };
+    let at_ms = at.as_deref().map(parse_at).transpose()?;
+    let body = match body {
+        Some(b) => b.into_bytes(),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| Failure::runtime(format!("reading the body from stdin: {e}")))?;
+            buf
+        }
+    };
+    let mut conn = redis_conn(cfg).await?;
+    // Due times are on Redis's clock, the same one the claim script reads.
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Failure::runtime(format!("redis: {e}")))?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let due_ms = match (delay, at_ms) {
+        (Some(d), _) => now_ms + d.as_millis() as i64,
+        (None, Some(a)) => a,
+        (None, None) => now_ms,
+    };
+    let keys = b.keys();
+    let key = if keys.len() == 1 {
+        keys[0].clone()
+    } else {
+        let shard = xxhash_rust::xxh3::xxh3_64(&body) % keys.len() as u64;
+        keys[shard as usize].clone()
+    };
+    let score = due_ms as f64 / b.score_unit.millis() as f64;
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(score)
+        .arg(&body)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Failure::runtime(format!("business \"{business}\": ZADD {key}: {e}")))?;
+    println!(
+        "scheduled {} bytes on {key}, due in {} (epoch ms {due_ms})",
+        body.len(),
+        human_ms(Some((due_ms - now_ms).max(0)))
+    );
+    Ok(())
+}
+
+/// Shows bytes as text where printable, `\xNN` where not.
+pub fn escape_bytes(b: &[u8]) -> String {
+    b.iter()
+        .flat_map(|&c| std::ascii::escape_default(c))
+        .map(char::from)
+        .collect()
+}
+
+async fn dead(action: DeadAction) -> Result<(), Failure> {
+    let (args, kind) = match action {
+        DeadAction::List(a) => (a, "list"),
+        DeadAction::Requeue(a) => (a, "requeue"),
+        DeadAction::Purge(a) => (a, "purge"),
+    };
+    let cfg = config::load(&args.config.config)?;
+    let b = cfg.business(&args.business).map_err(Failure::usage)?;
+    let conn = redis_conn(&cfg).await?;
+    let mut total = 0u64;
+    for store in stores(&conn, b) {
+        match kind {
+            "list" => {
+                let (now, members) = store.dead_list(args.limit.unwrap_or(100)).await?;
+                for m in members {
+                    let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
+                    println!(
+                        "{}\tdied {} ago\t{}",
+                        escape_bytes(&m.member),
+                        humantime::format_duration(Duration::from_secs(age.as_secs())),
+                        m.reason
+                    );
+                    total += 1;
+                }
+            }
+            _ => {
+                // Chunks keep each script call short, so Redis never stalls.
+                let mut left = args.limit.unwrap_or(usize::MAX);
+                while left > 0 {
+                    let chunk = left.min(1000);
+                    let n = if kind == "requeue" {
+                        store.dead_requeue(chunk).await?
+                    } else {
+                        store.dead_purge(chunk).await?
+                    };
+                    total += n;
+                    left -= n as usize;
+                    if (n as usize) < chunk {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    match kind {
+        "list" => eprintln!("{total} dead members shown for business \"{}\"", b.name),
+        "requeue" => println!(
+            "requeued {total} dead members of business \"{}\", due now",
+            b.name
+        ),
+        _ => println!("purged {total} dead members of business \"{}\"", b.name),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_shows_binary_safely() {
+        assert_eq!(escape_bytes(b"ok\x00\xff"), "ok\\x00\\xff");
+    }
+
+    #[test]
+    fn at_accepts_epoch_ms_and_rfc3339() {
+        assert_eq!(parse_at("1700000000000").ok(), Some(1_700_000_000_000));
+        assert_eq!(parse_at("1970-01-01T00:00:01Z").ok(), Some(1000));
+        assert!(parse_at("tomorrow").is_err());
+    }
+}

@@ -1,0 +1,762 @@
+//! Configuration: one TOML file layered with `DELAYD_`-prefixed environment
+//! variables, validated in full before any connection is made.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A configuration problem a user can fix by editing the file or environment.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is missing or unreadable.
+    #[error("config file {path}: {reason}")]
+    Unreadable {
+        /// The file named on the command line.
+        path: PathBuf,
+        /// What went wrong reading it.
+        reason: String,
+    },
+    /// The file does not parse, or a field has the wrong type or is unknown.
+    #[error("config file {path}: {reason}")]
+    Parse {
+        /// The file named on the command line.
+        path: PathBuf,
+        /// The parser's explanation, naming the field.
+        reason: String,
+    },
+    /// The file parses but its values are unusable; every problem is listed.
+    #[error("config file {path}: {}", problems.join("; "))]
+    Invalid {
+        /// The file named on the command line.
+        path: PathBuf,
+        /// One entry per problem, each naming the section or business and field.
+        problems: Vec<String>,
+    },
+}
+
+/// A URL that may carry a password: it prints with the password masked, so it
+/// can go into logs and `check` output without leaking the secret.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The real URL, for handing to a client library and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Masks the password in `scheme://user:password@host...`.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let masked = match userinfo.find(':') {
+                Some(colon) => format!("{}:***", &userinfo[..colon]),
+                None => userinfo.to_string(),
+            };
+            format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
+        }
+        None => url.to_string(),
+    }
+}
+
+/// How producers write the due time into the score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreUnit {
+    /// Epoch milliseconds (the default).
+    Millis,
+    /// Epoch seconds, possibly fractional, as several common recipes write.
+    Seconds,
+}
+
+impl ScoreUnit {
+    /// Milliseconds per score unit, as the Lua scripts take it.
+    pub fn millis(self) -> u64 {
+        match self {
+            ScoreUnit::Millis => 1,
+            ScoreUnit::Seconds => 1000,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// The validated configuration the daemon and commands run with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from, for messages.
+    pub path: PathBuf,
+    /// Redis connection URL.
+    pub redis_url: SecretUrl,
+    /// RabbitMQ connection URL.
+    pub amqp_url: SecretUrl,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` turns the server off.
+    pub http_listen: Option<SocketAddr>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
+    pub log_level: String,
+    /// Every business, by name, sorted.
+    pub businesses: Vec<Business>,
+}
+
+impl Config {
+    /// The business called `name`, or an error that lists the known ones.
+    pub fn business(&self, name: &str) -> Result<&Business, String> {
+        self.businesses
+            .iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.businesses.iter().map(|b| b.name.as_str()).collect();
+                format!(
+                    "unknown business \"{name}\" in {}: known businesses are {}",
+                    self.path.display(),
+                    known.join(", ")
+                )
+            })
+    }
+}
+
+/// One stream of delayed work: a Redis key (or shards of it) dispatched to
+/// one exchange and routing key.
+#[derive(Debug, Clone)]
+pub struct Business {
+    /// The name under `[businesses.NAME]`.
+    pub name: String,
+    /// The sorted set producers write to.
+    pub key: String,
+    /// Exchange to publish to (may be `""`, the default exchange).
+    pub exchange: String,
+    /// Routing key to publish with.
+    pub routing_key: String,
+    /// Concurrent claim-and-publish loops per key.
+    pub scanners: usize,
+    /// Most members one claim script call moves.
+    pub batch_size: usize,
+    /// Most unconfirmed publishes one scanner keeps in flight.
+    pub window: usize,
+    /// How long a claim is leased before another instance may recover it.
+    pub lease: Duration,
+    /// Publish attempts (returns and nacks) before a member is dead-lettered.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt.
+    pub retry_backoff: Duration,
+    /// Cap on the retry delay.
+    pub retry_backoff_max: Duration,
+    /// Unit of the scores producers write.
+    pub score_unit: ScoreUnit,
+    /// Number of shards `K:0..K:M-1`; 1 means the single key `K`.
+    pub shards: usize,
+    /// Publish with `delivery_mode = 2`.
+    pub persistent: bool,
+    /// `content_type` property, when set.
+    pub content_type: Option<String>,
+    /// How long a clean stop waits for owed confirms before returning members.
+    pub shutdown_timeout: Duration,
+    /// Publishes per second across the business, when capped.
+    pub max_rate: Option<u32>,
+    /// Longest idle sleep when keyspace notifications are not available.
+    pub poll_interval: Duration,
+    /// Longest idle sleep while keyspace notifications wake delayd early.
+    pub watchdog_interval: Duration,
+}
+
+impl Business {
+    /// The Redis keys this business reads: `K`, or `K:0..K:M-1` when sharded.
+    pub fn keys(&self) -> Vec<String> {
+        if self.shards <= 1 {
+            vec![self.key.clone()]
+        } else {
+            (0..self.shards)
+                .map(|i| format!("{}:{i}", self.key))
+                .collect()
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    redis: Option<RawRedis>,
+    amqp: Option<RawAmqp>,
+    http: Option<RawHttp>,
+    log: Option<RawLog>,
+    businesses: Option<BTreeMap<String, RawBusiness>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    url: Option<SecretUrl>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAmqp {
+    url: Option<SecretUrl>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    listen: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    format: Option<String>,
+    level: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBusiness {
+    key: Option<String>,
+    exchange: Option<String>,
+    routing_key: Option<String>,
+    scanners: Option<i64>,
+    batch_size: Option<i64>,
+    window: Option<i64>,
+    lease: Option<String>,
+    max_attempts: Option<i64>,
+    retry_backoff: Option<String>,
+    retry_backoff_max: Option<String>,
+    score_unit: Option<String>,
+    shards: Option<i64>,
+    persistent: Option<bool>,
+    content_type: Option<String>,
+    shutdown_timeout: Option<String>,
+    max_rate: Option<i64>,
+    poll_interval: Option<String>,
+    watchdog_interval: Option<String>,
+}
+
+/// Default values of the optional business fields, shown in the README.
+pub mod defaults {
+    /// Scanners per key.
+    pub const SCANNERS: usize = 2;
+    /// Members per claim.
+    pub const BATCH_SIZE: usize = 256;
+    /// Unconfirmed publishes per scanner.
+    pub const WINDOW: usize = 1024;
+    /// Claim lease.
+    pub const LEASE: &str = "30s";
+    /// Attempts before dead-lettering.
+    pub const MAX_ATTEMPTS: u32 = 5;
+    /// First retry delay.
+    pub const RETRY_BACKOFF: &str = "1s";
+    /// Retry delay cap.
+    pub const RETRY_BACKOFF_MAX: &str = "5m";
+    /// Clean-stop bound.
+    pub const SHUTDOWN_TIMEOUT: &str = "10s";
+    /// Idle sleep bound without notifications.
+    pub const POLL_INTERVAL: &str = "1s";
+    /// Idle sleep bound with notifications.
+    pub const WATCHDOG_INTERVAL: &str = "5s";
+}
+
+/// Reads, layers and validates the configuration at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    if let Err(e) = std::fs::metadata(path).and_then(|_| std::fs::read(path)) {
+        return Err(ConfigError::Unreadable {
+            path: path.to_path_buf(),
+            reason: format!("cannot read it ({e}); pass an existing file with --config"),
+        });
+    }
+    let built = config::Config::builder()
+        .add_source(config::File::from(path).format(config::FileFormat::Toml))
+        .add_source(
+            config::Environment::with_prefix("DELAYD")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(delayd_env())),
+        )
+        .build()
+        .map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            reason: one_line(&e.to_string()),
+        })?;
+    let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        reason: describe_parse_error(&e.to_string()),
+    })?;
+    validate(path, raw)
+}
+
+/// The `DELAYD_*` variables that address a config section. Others with the
+/// same prefix are not ours: Kubernetes, for one, injects `DELAYD_PORT` and
+/// `DELAYD_SERVICE_HOST` for a Service named `delayd`.
+fn delayd_env() -> config::Map<String, String> {
+    const SECTIONS: [&str; 5] = ["REDIS__", "AMQP__", "HTTP__", "LOG__", "BUSINESSES__"];
+    std::env::vars()
+        .filter(|(k, _)| {
+            k.strip_prefix("DELAYD_").is_some_and(|rest| {
+                SECTIONS
+                    .iter()
+                    .any(|s| rest.to_ascii_uppercase().starts_with(s))
+            })
+        })
+        .collect()
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Rewrites the `config` crate's "... for key `businesses.x.y`" into a
+/// sentence that starts with the place, which is what a user looks for.
+fn describe_parse_error(msg: &str) -> String {
+    let msg = one_line(msg);
+    if let Some(idx) = msg.rfind(" for key `") {
+        let key = msg[idx + 10..].trim_end_matches('`');
+        let what = &msg[..idx];
+        return format!("{}: {what}", describe_key(key));
+    }
+    msg
+}
+
+fn describe_key(key: &str) -> String {
+    let parts: Vec<&str> = key.split('.').collect();
+    match parts.as_slice() {
+        ["businesses", name] => format!("business \"{name}\""),
+        ["businesses", name, field, ..] => format!("business \"{name}\", field \"{field}\""),
+        [section] => format!("section [{section}]"),
+        [section, field, ..] => format!("[{section}] field \"{field}\""),
+        [] => key.to_string(),
+    }
+}
+
+fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let redis_url = match raw.redis.and_then(|r| r.url) {
+        Some(u) if !u.expose().is_empty() => u,
+        _ => {
+            problems
+                .push("[redis] field \"url\" is required (e.g. redis://127.0.0.1:6379/0)".into());
+            SecretUrl::new("")
+        }
+    };
+    let amqp_url = match raw.amqp.and_then(|a| a.url) {
+        Some(u) if !u.expose().is_empty() => u,
+        _ => {
+            problems.push(
+                "[amqp] field \"url\" is required (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)"
+                    .into(),
+            );
+            SecretUrl::new("")
+        }
+    };
+    let redis_ok = ["redis://", "rediss://", "unix://", "redis+unix://"];
+    if !redis_url.expose().is_empty() && !redis_ok.iter().any(|p| redis_url.expose().starts_with(p))
+    {
+        problems.push(format!(
+            "[redis] field \"url\" must start with redis:// or rediss:// (got {})",
+            redis_url.redacted()
+        ));
+    }
+    let amqp_ok = ["amqp://", "amqps://"];
+    if !amqp_url.expose().is_empty() && !amqp_ok.iter().any(|p| amqp_url.expose().starts_with(p)) {
+        problems.push(format!(
+            "[amqp] field \"url\" must start with amqp:// or amqps:// (got {})",
+            amqp_url.redacted()
+        ));
+    }
+    let http_listen = match raw.http.and_then(|h| h.listen) {
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+        Some(s) if s.is_empty() || s == "off" => None,
+        Some(s) => match s.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                problems.push(format!(
+                    "[http] field \"listen\" must be HOST:PORT such as 127.0.0.1:9464, or \"off\" (got \"{s}\")"
+                ));
+                None
+            }
+        },
+    };
+    let (log_format, log_level) = {
+        let log = raw.log.unwrap_or(RawLog {
+            format: None,
+            level: None,
+        });
+        let format = match log.format.as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                problems.push(format!(
+                    "[log] field \"format\" must be \"text\" or \"json\" (got \"{other}\")"
+                ));
+                LogFormat::Text
+            }
+        };
+        (format, log.level.unwrap_or_else(|| "info".into()))
+    };
+
+    let mut businesses = Vec::new();
+    match raw.businesses {
+        None => problems.push(
+            "no businesses configured: add at least one [businesses.NAME] section with key, exchange and routing_key".into(),
+        ),
+        Some(map) if map.is_empty() => problems.push(
+            "no businesses configured: add at least one [businesses.NAME] section with key, exchange and routing_key".into(),
+        ),
+        Some(map) => {
+            for (name, rb) in map {
+                if let Some(b) = validate_business(&name, rb, &mut problems) {
+                    businesses.push(b);
+                }
+            }
+        }
+    }
+    let mut seen = BTreeMap::new();
+    for b in &businesses {
+        for k in b.keys() {
+            if let Some(other) = seen.insert(k.clone(), b.name.clone()) {
+                problems.push(format!(
+                    "business \"{}\", field \"key\": key \"{k}\" is also used by business \"{other}\"; each business needs its own key",
+                    b.name
+                ));
+            }
+        }
+    }
+
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        });
+    }
+    Ok(Config {
+        path: path.to_path_buf(),
+        redis_url,
+        amqp_url,
+        http_listen,
+        log_format,
+        log_level,
+        businesses,
+    })
+}
+
+fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) -> Option<Business> {
+    let before = problems.len();
+    let mut need = |field: &str, v: Option<String>, allow_empty: bool| -> String {
+        match v {
+            Some(s) if allow_empty || !s.is_empty() => s,
+            Some(_) => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must not be empty"
+                ));
+                String::new()
+            }
+            None => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" is required"
+                ));
+                String::new()
+            }
+        }
+    };
+    let key = need("key", rb.key, false);
+    // The default exchange is named "", so an empty exchange is legitimate.
+    let exchange = need("exchange", rb.exchange, true);
+    let routing_key = need("routing_key", rb.routing_key, true);
+    if key.contains('}') && !crate::store::has_hash_tag(&key) {
+        problems.push(format!(
+            "business \"{name}\", field \"key\": \"{key}\" has a '}}' but no hash tag such as {{tag}}, so its helper keys could not share its cluster slot"
+        ));
+    }
+
+    let mut size = |field: &str, v: Option<i64>, default: usize, max: usize| -> usize {
+        match v {
+            None => default,
+            Some(n) if n < 1 => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must be at least 1 (got {n})"
+                ));
+                default
+            }
+            Some(n) if n as u64 > max as u64 => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must be at most {max} (got {n})"
+                ));
+                default
+            }
+            Some(n) => n as usize,
+        }
+    };
+    let scanners = size("scanners", rb.scanners, defaults::SCANNERS, 64);
+    let batch_size = size("batch_size", rb.batch_size, defaults::BATCH_SIZE, 10_000);
+    let window = size("window", rb.window, defaults::WINDOW, 100_000);
+    let shards = size("shards", rb.shards, 1, 1024);
+    let max_attempts = size(
+        "max_attempts",
+        rb.max_attempts,
+        defaults::MAX_ATTEMPTS as usize,
+        1000,
+    ) as u32;
+    let max_rate = rb
+        .max_rate
+        .map(|r| size("max_rate", Some(r), 1, 10_000_000) as u32);
+
+    let mut duration = |field: &str, v: Option<String>, default: &str| -> Duration {
+        let s = v.unwrap_or_else(|| default.to_string());
+        match humantime::parse_duration(s.trim()) {
+            Ok(d) if d.is_zero() => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must be longer than zero (got \"{s}\")"
+                ));
+                humantime::parse_duration(default).unwrap_or(Duration::from_secs(1))
+            }
+            Ok(d) => d,
+            Err(e) => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\": cannot parse \"{s}\" as a duration ({e}); write e.g. \"250ms\", \"30s\" or \"5m\""
+                ));
+                humantime::parse_duration(default).unwrap_or(Duration::from_secs(1))
+            }
+        }
+    };
+    let lease = duration("lease", rb.lease, defaults::LEASE);
+    let retry_backoff = duration("retry_backoff", rb.retry_backoff, defaults::RETRY_BACKOFF);
+    let retry_backoff_max = duration(
+        "retry_backoff_max",
+        rb.retry_backoff_max,
+        defaults::RETRY_BACKOFF_MAX,
+    );
+    let shutdown_timeout = duration(
+        "shutdown_timeout",
+        rb.shutdown_timeout,
+        defaults::SHUTDOWN_TIMEOUT,
+    );
+    let poll_interval = duration("poll_interval", rb.poll_interval, defaults::POLL_INTERVAL);
+    let watchdog_interval = duration(
+        "watchdog_interval",
+        rb.watchdog_interval,
+        defaults::WATCHDOG_INTERVAL,
+    );
+    if lease < Duration::from_secs(1) {
+        problems.push(format!(
+            "business \"{name}\", field \"lease\" must be at least 1s (got {}): a shorter lease expires under ordinary confirm delays and causes duplicates",
+            humantime::format_duration(lease)
+        ));
+    }
+    let score_unit = match rb.score_unit.as_deref() {
+        None | Some("ms") => ScoreUnit::Millis,
+        Some("s") => ScoreUnit::Seconds,
+        Some(other) => {
+            problems.push(format!(
+                "business \"{name}\", field \"score_unit\" must be \"ms\" or \"s\" (got \"{other}\")"
+            ));
+            ScoreUnit::Millis
+        }
+    };
+    if problems.len() > before {
+        return None;
+    }
+    Some(Business {
+        name: name.to_string(),
+        key,
+        exchange,
+        routing_key,
+        scanners,
+        batch_size,
+        window: window.max(batch_size),
+        lease,
+        max_attempts,
+        retry_backoff,
+        retry_backoff_max,
+        score_unit,
+        shards,
+        persistent: rb.persistent.unwrap_or(true),
+        content_type: rb.content_type.filter(|c| !c.is_empty()),
+        shutdown_timeout,
+        max_rate,
+        poll_interval,
+        watchdog_interval,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const BASE: &str = r#"
+[redis]
+url = "redis://127.0.0.1:6379/0"
+[amqp]
+url = "amqp://guest:secret@127.0.0.1:5672/%2f"
+"#;
+
+    fn load_str(body: &str) -> Result<Config, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(body.as_bytes()).unwrap();
+        load(f.path())
+    }
+
+    fn err_of(body: &str) -> String {
+        load_str(body).unwrap_err().to_string()
+    }
+
+    fn business(extra: &str) -> String {
+        format!(
+            "{BASE}\n[businesses.billing]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n{extra}\n"
+        )
+    }
+
+    #[test]
+    fn a_valid_file_gets_defaults() {
+        let c = load_str(&business("")).unwrap();
+        let b = c.business("billing").unwrap();
+        assert_eq!(b.scanners, defaults::SCANNERS);
+        assert_eq!(b.batch_size, defaults::BATCH_SIZE);
+        assert_eq!(b.lease, Duration::from_secs(30));
+        assert_eq!(b.score_unit, ScoreUnit::Millis);
+        assert!(b.persistent);
+        assert_eq!(b.keys(), vec!["k".to_string()]);
+    }
+
+    #[test]
+    fn unknown_field_is_refused_and_named() {
+        let e = err_of(&business("batchsize = 5"));
+        assert!(e.contains("batchsize"), "{e}");
+        assert!(e.contains("billing"), "{e}");
+    }
+
+    #[test]
+    fn unknown_top_level_section_is_refused() {
+        let e = err_of(&format!("{}\n[redsi]\nurl = \"x\"\n", business("")));
+        assert!(e.contains("redsi"), "{e}");
+    }
+
+    #[test]
+    fn missing_key_exchange_routing_key_are_all_reported() {
+        let e = err_of(&format!("{BASE}\n[businesses.billing]\nscanners = 1\n"));
+        for f in ["\"key\"", "\"exchange\"", "\"routing_key\""] {
+            assert!(e.contains(f), "{f} missing from {e}");
+        }
+        assert!(e.contains("billing"), "{e}");
+    }
+
+    #[test]
+    fn zero_batch_size_is_refused() {
+        let e = err_of(&business("batch_size = 0"));
+        assert!(
+            e.contains("business \"billing\", field \"batch_size\" must be at least 1 (got 0)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn negative_scanners_is_refused() {
+        let e = err_of(&business("scanners = -2"));
+        assert!(
+            e.contains("field \"scanners\" must be at least 1 (got -2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unparseable_duration_is_refused() {
+        let e = err_of(&business("lease = \"thirty seconds\""));
+        assert!(e.contains("field \"lease\""), "{e}");
+        assert!(e.contains("thirty seconds"), "{e}");
+    }
+
+    #[test]
+    fn no_businesses_is_refused() {
+        let e = err_of(BASE);
+        assert!(e.contains("no businesses"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_refused() {
+        let e = load(Path::new("/nonexistent/delayd.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/delayd.toml"), "{e}");
+    }
+
+    #[test]
+    fn bad_score_unit_is_refused() {
+        let e = err_of(&business("score_unit = \"minutes\""));
+        assert!(e.contains("score_unit"), "{e}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let e = err_of(&business("batch_size = 0\nscanners = 0\nlease = \"x\""));
+        assert!(
+            e.contains("batch_size") && e.contains("scanners") && e.contains("lease"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn shared_key_is_refused() {
+        let body = format!(
+            "{}\n[businesses.other]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+            business("")
+        );
+        assert!(err_of(&body).contains("also used"));
+    }
+
+    #[test]
+    fn sharded_business_lists_every_shard() {
+        let c = load_str(&business("shards = 3")).unwrap();
+        assert_eq!(c.businesses[0].keys(), vec!["k:0", "k:1", "k:2"]);
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        let c = load_str(&business("")).unwrap();
+        let shown = format!("{:?} {}", c.amqp_url, c.amqp_url);
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
+        assert_eq!(redact_url("redis://:pw@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+    }
+}

@@ -1,0 +1,23 @@
+//! delayd: a reliable delay queue from Redis sorted sets to RabbitMQ.
+//!
+//! Producers `ZADD key <due> <body>`; delayd claims what is due with an
+//! atomic Lua script, publishes it with confirms and `mandatory`, and only
+//! then forgets it. Where each concern lives:
+//!
+//! - [`config`]: the TOML file, environment overrides and validation;
+//! - [`store`]: the Redis side, key names and the Lua scripts (`src/lua/`);
+//! - [`amqp`]: the RabbitMQ side, a supervised connection and the message;
+//! - [`scanner`]: one claim → publish → settle loop;
+//! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
+//! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
+//! - [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...);
+//! - [`bench`]: `delayd bench`, measured against the raw broker ceiling.
+
+pub mod amqp;
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod scanner;
+pub mod store;
+pub mod supervisor;
+pub mod telemetry;

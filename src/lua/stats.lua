@@ -1,0 +1,22 @@
+-- stats.lua: one consistent look at a key family, for inspect and metrics.
+-- KEYS[1] pending ZSET K, KEYS[2] in-flight ZSET, KEYS[3] dead ZSET
+-- ARGV[1] ms per score unit
+-- Returns {now_ms, pending, due_now, oldest_due_ms or '', next_future_due_ms or '',
+--          in_flight, dead}; times are strings so nothing is truncated.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local unit = tonumber(ARGV[1])
+local nowu = string.format('%.17g', now / unit)
+local pending = redis.call('ZCARD', KEYS[1])
+local due_now = redis.call('ZCOUNT', KEYS[1], '-inf', nowu)
+local oldest, nxt = '', ''
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head > 0 and due_now > 0 then
+  oldest = string.format('%.17g', tonumber(head[2]) * unit)
+end
+local fut = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. nowu, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if #fut > 0 then
+  nxt = string.format('%.17g', tonumber(fut[2]) * unit)
+end
+return {tostring(now), pending, due_now, oldest, nxt, redis.call('ZCARD', KEYS[2]),
+  redis.call('ZCARD', KEYS[3])}

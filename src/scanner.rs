@@ -1,0 +1,619 @@
+//! One scanner: claim due members, publish them, and (in its settler task)
+//! settle each one by the broker's answer.
+//!
+//! The scanner is only ever cancelled at safe points: before a claim and
+//! while it sleeps. Once a claim has run, every member it returned is handed
+//! to the settler, which answers for it: acked, retried, dead-lettered or
+//! released back to pending. Nothing claimed is forgotten.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use lapin::{Channel, Confirmation};
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::amqp::{self, Broker};
+use crate::config::Business;
+use crate::store::{Claimed, Store};
+use crate::telemetry::{Backoff, Health, METRICS};
+
+/// Publishes-per-second limiter shared by every scanner of a business.
+pub type RateLimiter = governor::DefaultDirectRateLimiter;
+
+/// One Redis key of a business and what its scanners share.
+pub struct Lane {
+    /// The business this key belongs to.
+    pub business: Arc<Business>,
+    /// Script calls for this key's family.
+    pub store: Store,
+    /// Wakes the lead scanner early: a keyspace notification, or a scanner
+    /// that saw more work than it could take. Stores a permit, so a wake-up
+    /// that arrives while the leader is busy is not lost.
+    pub lead_wake: Notify,
+    /// Wakes the other scanners when the leader found a full batch.
+    pub all_wake: Notify,
+    /// True while keyspace notifications for this key are being received.
+    pub notifications: AtomicBool,
+    /// Shared publish-rate cap of the business, when configured.
+    pub limiter: Option<Arc<RateLimiter>>,
+    /// Redis reachability, shared by the process.
+    pub redis: Arc<Health>,
+}
+
+impl Lane {
+    fn max_idle(&self) -> Duration {
+        if self.notifications.load(Ordering::Relaxed) {
+            self.business.watchdog_interval
+        } else {
+            self.business.poll_interval
+        }
+    }
+}
+
+/// A published member waiting for its confirm.
+struct Outstanding {
+    member: Vec<u8>,
+    due_ms: i64,
+    attempt: u32,
+    /// Redis's clock at claim time, plus `claimed_at.elapsed()`, gives a
+    /// wall time on Redis's clock without asking it again.
+    claim_now_ms: i64,
+    claimed_at: Instant,
+}
+
+/// Handed from the scanner to its settler.
+enum ToSettle {
+    Published(Outstanding, lapin::PublisherConfirm),
+    /// Claimed but never published (the channel broke mid-batch).
+    Unpublished(Vec<Vec<u8>>),
+}
+
+/// Runs scanner `index` of `lane` until `stop` is cancelled, then waits for
+/// its settler, which finishes by `drain_deadline` at the latest.
+pub async fn run(
+    lane: Arc<Lane>,
+    index: usize,
+    broker: Broker,
+    stop: CancellationToken,
+    drain_deadline: Arc<tokio::sync::OnceCell<tokio::time::Instant>>,
+) {
+    let span = tracing::info_span!("scanner", business = %lane.business.name, key = %lane.store.keys().pending, index);
+    async move {
+        let window = Arc::new(Semaphore::new(lane.business.window));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let settler = tokio::spawn(
+            settle(lane.clone(), rx, window.clone(), drain_deadline).in_current_span(),
+        );
+        // The channel outlives the settler: dropping it closes it, and a
+        // closed channel fails the confirms still owed, which would hand
+        // back members the broker already has.
+        let channel = scan(&lane, index, &broker, &stop, &window, &tx).await;
+        drop(tx);
+        if let Err(e) = settler.await {
+            tracing::error!(error = %e, "settler task failed; its leases will be recovered");
+        }
+        drop(channel);
+    }
+    .instrument(span)
+    .await
+}
+
+async fn scan(
+    lane: &Lane,
+    index: usize,
+    broker: &Broker,
+    stop: &CancellationToken,
+    window: &Arc<Semaphore>,
+    tx: &mpsc::UnboundedSender<ToSettle>,
+) -> Option<Channel> {
+    let b = &lane.business;
+    let mut channel: Option<Channel> = None;
+    let mut redis_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut amqp_backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut channel_error_logged = false;
+    let mut wrong_type_logged = false;
+    let sleep_or_stop = |d: Duration| async move {
+        tokio::select! {
+            _ = stop.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    };
+
+    while !stop.is_cancelled() {
+        if broker.is_blocked() && broker.ready(stop).await.is_none() {
+            break;
+        }
+        if channel.as_ref().is_none_or(|c| !c.status().connected()) {
+            channel = None;
+            match broker.channel(stop).await {
+                None => break,
+                Some(Ok(c)) => {
+                    if channel_error_logged {
+                        tracing::info!("channel open again; publishing resumes");
+                    }
+                    channel_error_logged = false;
+                    amqp_backoff.reset();
+                    channel = Some(c);
+                }
+                Some(Err(e)) => {
+                    if !channel_error_logged && broker.health.is_up() {
+                        tracing::warn!(error = %e, "cannot open a channel; retrying");
+                        channel_error_logged = true;
+                    }
+                    if !sleep_or_stop(amqp_backoff.next_delay()).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some(ch) = channel.clone() else { continue };
+
+        // Take as many window slots as are free, up to a batch, waiting for one.
+        let first = tokio::select! {
+            _ = stop.cancelled() => break,
+            p = window.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        first.forget();
+        let mut want = 1usize;
+        while want < b.batch_size {
+            match window.try_acquire() {
+                Ok(p) => {
+                    p.forget();
+                    want += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        if let Some(limiter) = &lane.limiter {
+            let burst =
+                NonZeroU32::new(want.min(u32::MAX as usize) as u32).unwrap_or(NonZeroU32::MIN);
+            let ok = tokio::select! {
+                _ = stop.cancelled() => false,
+                r = limiter.until_n_ready(burst) => r.is_ok(),
+            };
+            if !ok {
+                window.add_permits(want);
+                if stop.is_cancelled() {
+                    break;
+                }
+                continue;
+            }
+        }
+
+        // From here on, no cancellation until every claimed member is handed over.
+        let claim = match lane.store.claim(want, b.lease).await {
+            Ok(c) => c,
+            Err(e) => {
+                window.add_permits(want);
+                if e.is_wrong_type() {
+                    lane.redis.up();
+                    if !wrong_type_logged {
+                        tracing::error!(error = %e, "the key is not a sorted set; producers must ZADD to it. This business waits until the key is fixed; the others go on");
+                        wrong_type_logged = true;
+                    }
+                    if !sleep_or_stop(b.poll_interval.max(Duration::from_secs(1))).await {
+                        break;
+                    }
+                } else {
+                    lane.redis.down(&e);
+                    if !sleep_or_stop(redis_backoff.next_delay()).await {
+                        break;
+                    }
+                }
+                continue;
+            }
+        };
+        let claimed_at = Instant::now();
+        lane.redis.up();
+        redis_backoff.reset();
+        if wrong_type_logged {
+            tracing::info!("the key is a sorted set again; dispatching resumes");
+            wrong_type_logged = false;
+        }
+        if claim.recovered > 0 {
+            METRICS
+                .recovered
+                .with_label_values(&[&b.name])
+                .inc_by(claim.recovered);
+            tracing::warn!(
+                recovered = claim.recovered,
+                "recovered members whose lease expired (a dispatcher died or stalled); they will be published again"
+            );
+        }
+        let got = claim.members.len();
+        window.add_permits(want - got);
+        if got == 0 {
+            idle(lane, index, &claim, claimed_at, stop).await;
+            continue;
+        }
+        METRICS
+            .claimed
+            .with_label_values(&[&b.name])
+            .inc_by(got as u64);
+        if got == want {
+            // A full batch: likely more is due, so bring the others in.
+            lane.all_wake.notify_waiters();
+        }
+
+        let mut members = claim.members.into_iter();
+        let mut published = 0u64;
+        while let Some(c) = members.next() {
+            match amqp::publish(&ch, b, &lane.store.keys().pending, &c, claim.now_ms).await {
+                Ok(confirm) => {
+                    published += 1;
+                    let Claimed {
+                        member,
+                        due_ms,
+                        attempt,
+                    } = c;
+                    let _ = tx.send(ToSettle::Published(
+                        Outstanding {
+                            member,
+                            due_ms,
+                            attempt,
+                            claim_now_ms: claim.now_ms,
+                            claimed_at,
+                        },
+                        confirm,
+                    ));
+                }
+                Err(e) => {
+                    let mut rest = vec![c.member];
+                    rest.extend(members.by_ref().map(|c| c.member));
+                    if !channel_error_logged {
+                        tracing::warn!(error = %e, unpublished = rest.len(), "publish failed; handing the batch back and reopening the channel");
+                        channel_error_logged = true;
+                    }
+                    let _ = tx.send(ToSettle::Unpublished(rest));
+                    channel = None;
+                    break;
+                }
+            }
+        }
+        METRICS
+            .published
+            .with_label_values(&[&b.name])
+            .inc_by(published);
+    }
+    channel
+}
+
+/// Sleeps after a claim that found nothing due: until the next due time, a
+/// wake-up hint, or the watchdog bound, whichever is first.
+async fn idle(
+    lane: &Lane,
+    index: usize,
+    claim: &crate::store::Claim,
+    claimed_at: Instant,
+    stop: &CancellationToken,
+) {
+    let max_idle = lane.max_idle();
+    if index == 0 {
+        let until_due = claim
+            .next_due_ms
+            .map(|next| Duration::from_millis((next - claim.now_ms).max(0) as u64))
+            .unwrap_or(max_idle)
+            .min(max_idle);
+        let deadline = tokio::time::Instant::from_std(claimed_at) + until_due;
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = lane.lead_wake.notified() => {}
+        }
+    } else {
+        // Only the leader polls, so an idle business costs one command per
+        // watchdog interval however many scanners it has.
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = lane.all_wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+        }
+    }
+}
+
+/// Settles published members by their confirms, in batches: everything that
+/// has resolved by the time the previous batch is written goes in the next.
+async fn settle(
+    lane: Arc<Lane>,
+    mut rx: mpsc::UnboundedReceiver<ToSettle>,
+    window: Arc<Semaphore>,
+    drain_deadline: Arc<tokio::sync::OnceCell<tokio::time::Instant>>,
+) {
+    let b = lane.business.clone();
+    let mut next_seq = 0u64;
+    let mut outstanding: BTreeMap<u64, Outstanding> = BTreeMap::new();
+    let mut confirms = FuturesUnordered::new();
+    let mut open = true;
+    let lease_check = (b.lease / 3).max(Duration::from_millis(100));
+    let mut extend_tick = tokio::time::interval(lease_check);
+    extend_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch = Batch::default();
+
+    loop {
+        if !open && outstanding.is_empty() {
+            break;
+        }
+        let deadline = if open {
+            None
+        } else {
+            drain_deadline.get().copied()
+        };
+        tokio::select! {
+            biased;
+            msg = rx.recv(), if open => match msg {
+                Some(ToSettle::Published(o, confirm)) => {
+                    let seq = next_seq;
+                    next_seq += 1;
+                    outstanding.insert(seq, o);
+                    confirms.push(confirm.map(move |r| (seq, r)));
+                }
+                Some(ToSettle::Unpublished(members)) => {
+                    let n = members.len();
+                    batch.release.extend(members);
+                    flush(&lane, &mut batch).await;
+                    window.add_permits(n);
+                }
+                None => open = false,
+            },
+            Some((seq, result)) = confirms.next(), if !confirms.is_empty() => {
+                let mut done = 0usize;
+                if let Some(o) = outstanding.remove(&seq) {
+                    batch.add(o, result);
+                    done += 1;
+                }
+                // Everything already resolved joins this batch.
+                while let Some(Some((seq, result))) = confirms.next().now_or_never() {
+                    if let Some(o) = outstanding.remove(&seq) {
+                        batch.add(o, result);
+                        done += 1;
+                    }
+                    if done >= 4096 {
+                        break;
+                    }
+                }
+                flush(&lane, &mut batch).await;
+                window.add_permits(done);
+            }
+            _ = extend_tick.tick() => {
+                let old: Vec<Vec<u8>> = outstanding
+                    .values()
+                    .filter(|o| o.claimed_at.elapsed() >= lease_check)
+                    .map(|o| o.member.clone())
+                    .collect();
+                if !old.is_empty() {
+                    if let Err(e) = lane.store.extend(&old, b.lease).await {
+                        tracing::warn!(error = %e, members = old.len(), "could not extend leases of members awaiting a confirm");
+                    }
+                }
+            }
+            _ = sleep_until_opt(deadline) => {
+                let members: Vec<Vec<u8>> = std::mem::take(&mut outstanding)
+                    .into_values()
+                    .map(|o| o.member)
+                    .collect();
+                tracing::warn!(
+                    unconfirmed = members.len(),
+                    "shutdown_timeout reached with confirms still owed; handing those members back to pending"
+                );
+                batch.release.extend(members);
+                flush(&lane, &mut batch).await;
+                break;
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// Outcomes gathered for one round of Redis writes.
+#[derive(Default)]
+struct Batch {
+    ack: Vec<Vec<u8>>,
+    lateness: Vec<f64>,
+    returned: Vec<(Vec<u8>, u32)>,
+    returned_reason: String,
+    nacked: Vec<(Vec<u8>, u32)>,
+    rejected: Vec<(Vec<u8>, u32)>,
+    rejected_reason: String,
+    release: Vec<Vec<u8>>,
+}
+
+impl Batch {
+    fn add(&mut self, o: Outstanding, result: lapin::Result<Confirmation>) {
+        match result {
+            Ok(Confirmation::Ack(None)) => {
+                let now = o.claim_now_ms as f64 + o.claimed_at.elapsed().as_secs_f64() * 1000.0;
+                self.lateness
+                    .push(((now - o.due_ms as f64) / 1000.0).max(0.0));
+                self.ack.push(o.member);
+            }
+            // An unroutable mandatory publish is still acked: the return
+            // rides on the ack and must not be taken for delivery.
+            Ok(Confirmation::Ack(Some(ret))) | Ok(Confirmation::Nack(Some(ret))) => {
+                self.returned_reason = format!(
+                    "returned as unroutable ({} {})",
+                    ret.reply_code,
+                    ret.reply_text.as_str()
+                );
+                self.returned.push((o.member, o.attempt));
+            }
+            Ok(Confirmation::Nack(None)) => self.nacked.push((o.member, o.attempt)),
+            Ok(Confirmation::NotRequested) => self.release.push(o.member),
+            Err(e) => match precondition_failure(&e) {
+                // The broker refused this very message (too large, for
+                // instance) and closed the channel: count it as an attempt so
+                // it ends in the dead set instead of wedging the scanner.
+                Some(reason) if self.rejected.is_empty() => {
+                    self.rejected_reason = reason;
+                    self.rejected.push((o.member, o.attempt));
+                }
+                _ => self.release.push(o.member),
+            },
+        }
+    }
+}
+
+fn precondition_failure(e: &lapin::Error) -> Option<String> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            let text = amqp.to_string();
+            (text.contains("PRECONDITION_FAILED") || text.contains("precondition"))
+                .then(|| format!("refused by the broker ({text})"))
+        }
+        _ => None,
+    }
+}
+
+/// Writes a batch of outcomes to Redis, retrying while Redis is away: an ack
+/// that is not written becomes a duplicate once the lease expires.
+async fn flush(lane: &Lane, batch: &mut Batch) {
+    let b = &lane.business;
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let give_up = Instant::now() + b.lease;
+    if !batch.ack.is_empty() {
+        loop {
+            match lane.store.ack(&batch.ack).await {
+                Ok(_) => {
+                    lane.redis.up();
+                    break;
+                }
+                Err(e) => {
+                    lane.redis.down(&e);
+                    if Instant::now() > give_up {
+                        tracing::error!(members = batch.ack.len(), "could not record confirms in Redis within the lease; these members will be recovered and published again");
+                        break;
+                    }
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+        METRICS
+            .confirmed
+            .with_label_values(&[&b.name])
+            .inc_by(batch.ack.len() as u64);
+        let h = METRICS.lateness.with_label_values(&[&b.name]);
+        for l in &batch.lateness {
+            h.observe(*l);
+        }
+        batch.ack.clear();
+        batch.lateness.clear();
+    }
+    let groups = [
+        (
+            std::mem::take(&mut batch.returned),
+            std::mem::take(&mut batch.returned_reason),
+            "returned",
+        ),
+        (
+            std::mem::take(&mut batch.nacked),
+            "nacked by the broker".to_string(),
+            "nacked",
+        ),
+        (
+            std::mem::take(&mut batch.rejected),
+            std::mem::take(&mut batch.rejected_reason),
+            "rejected",
+        ),
+    ];
+    for (members, reason, kind) in groups {
+        if members.is_empty() {
+            continue;
+        }
+        match kind {
+            "returned" => METRICS
+                .returned
+                .with_label_values(&[&b.name])
+                .inc_by(members.len() as u64),
+            "nacked" => METRICS
+                .nacked
+                .with_label_values(&[&b.name])
+                .inc_by(members.len() as u64),
+            _ => {}
+        }
+        let max_attempt = members.iter().map(|(_, a)| *a).max().unwrap_or(0);
+        let bodies: Vec<Vec<u8>> = members.into_iter().map(|(m, _)| m).collect();
+        loop {
+            match lane
+                .store
+                .retry(
+                    &bodies,
+                    &reason,
+                    b.max_attempts,
+                    b.retry_backoff,
+                    b.retry_backoff_max,
+                )
+                .await
+            {
+                Ok(out) => {
+                    if out.retried > 0 {
+                        METRICS
+                            .retried
+                            .with_label_values(&[&b.name, kind])
+                            .inc_by(out.retried);
+                        tracing::warn!(
+                            reason = %reason,
+                            members = out.retried,
+                            attempt = max_attempt,
+                            exchange = %b.exchange,
+                            routing_key = %b.routing_key,
+                            "publish not delivered; rescheduled with backoff"
+                        );
+                    }
+                    if out.dead > 0 {
+                        METRICS
+                            .dead_lettered
+                            .with_label_values(&[&b.name, kind])
+                            .inc_by(out.dead);
+                        tracing::error!(
+                            reason = %reason,
+                            members = out.dead,
+                            attempts = b.max_attempts,
+                            exchange = %b.exchange,
+                            routing_key = %b.routing_key,
+                            "giving up after max_attempts; moved to the dead set (see `delayd dead list`)"
+                        );
+                    }
+                    break;
+                }
+                Err(e) => {
+                    lane.redis.down(&e);
+                    if Instant::now() > give_up {
+                        break;
+                    }
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+    if !batch.release.is_empty() {
+        loop {
+            match lane.store.release(&batch.release).await {
+                Ok(n) => {
+                    METRICS.released.with_label_values(&[&b.name]).inc_by(n);
+                    break;
+                }
+                Err(e) => {
+                    lane.redis.down(&e);
+                    if Instant::now() > give_up {
+                        break;
+                    }
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+        batch.release.clear();
+    }
+}

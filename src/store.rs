@@ -1,0 +1,444 @@
+//! The Redis side: key names, the Lua scripts, and one typed call per script.
+//!
+//! Every script touches exactly one key family, whose keys share a hash tag,
+//! so each runs on Redis Cluster as well as on a single server.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::Script;
+
+use crate::config::ScoreUnit;
+
+/// A Redis failure, as seen by a scanner or a command.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis answered with an error or the connection failed.
+    #[error("{0}")]
+    Redis(#[from] redis::RedisError),
+    /// A script returned something it never returns; a bug or a foreign script.
+    #[error("unexpected reply from Redis: {0}")]
+    Reply(String),
+}
+
+impl StoreError {
+    /// True when the key holds something other than a sorted set, which
+    /// only a producer can fix.
+    pub fn is_wrong_type(&self) -> bool {
+        // Inside a script the WRONGTYPE code arrives wrapped in the script
+        // error, so the message is the only reliable sign.
+        matches!(self, StoreError::Redis(e) if e.to_string().contains("WRONGTYPE"))
+    }
+}
+
+/// The names of every key that belongs to one producer key `K`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFamily {
+    /// `K`: pending members, score = due time.
+    pub pending: String,
+    /// Claimed, awaiting the broker: score = lease deadline (ms).
+    pub inflight: String,
+    /// Original due time (ms) of claimed and retried members.
+    pub due: String,
+    /// Publish attempts per member.
+    pub attempts: String,
+    /// Given up: score = when it died (ms).
+    pub dead: String,
+    /// Why each dead member died.
+    pub reasons: String,
+}
+
+impl KeyFamily {
+    /// Derives the helper keys so they hash to the same cluster slot as `key`:
+    /// `{K}:suffix`, or `K:suffix` when `K` already carries a hash tag.
+    pub fn new(key: &str) -> Self {
+        let base = if has_hash_tag(key) {
+            key.to_string()
+        } else {
+            format!("{{{key}}}")
+        };
+        Self {
+            pending: key.to_string(),
+            inflight: format!("{base}:inflight"),
+            due: format!("{base}:due"),
+            attempts: format!("{base}:attempts"),
+            dead: format!("{base}:dead"),
+            reasons: format!("{base}:dead-reason"),
+        }
+    }
+
+    /// Every key of the family, for clean-up in tests and benchmarks.
+    pub fn all(&self) -> [&str; 6] {
+        [
+            &self.pending,
+            &self.inflight,
+            &self.due,
+            &self.attempts,
+            &self.dead,
+            &self.reasons,
+        ]
+    }
+}
+
+/// Redis Cluster hashes only the part between the first `{` and the next
+/// `}`, when that part is not empty.
+pub(crate) fn has_hash_tag(key: &str) -> bool {
+    match key.find('{') {
+        Some(open) => match key[open + 1..].find('}') {
+            Some(len) => len > 0,
+            None => false,
+        },
+        None => false,
+    }
+}
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/claim.lua")));
+static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ack.lua")));
+static RETRY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/retry.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/extend.lua")));
+static STATS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/stats.lua")));
+static DEAD_LIST: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dead_list.lua")));
+static DEAD_REQUEUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dead_requeue.lua")));
+static DEAD_PURGE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/dead_purge.lua")));
+
+/// One claimed member.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The body, byte for byte.
+    pub member: Vec<u8>,
+    /// Original due time, epoch ms.
+    pub due_ms: i64,
+    /// Which attempt this publish is (1 for the first).
+    pub attempt: u32,
+}
+
+/// What one claim call found.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// Redis's clock when the script ran, epoch ms.
+    pub now_ms: i64,
+    /// Due time of the earliest member left pending, when it was looked up
+    /// (only when the claim came back short of its limit).
+    pub next_due_ms: Option<i64>,
+    /// Expired leases moved back to pending.
+    pub recovered: u64,
+    /// The members now leased to the caller.
+    pub members: Vec<Claimed>,
+}
+
+/// A consistent snapshot of one key family.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Stats {
+    /// Redis's clock, epoch ms.
+    pub now_ms: i64,
+    /// Members in `K`.
+    pub pending: u64,
+    /// Members in `K` that are due now.
+    pub due_now: u64,
+    /// Due time of the oldest overdue member, epoch ms.
+    pub oldest_due_ms: Option<f64>,
+    /// Due time of the next member not yet due, epoch ms.
+    pub next_due_ms: Option<f64>,
+    /// Members claimed and awaiting a confirm.
+    pub in_flight: u64,
+    /// Dead members.
+    pub dead: u64,
+}
+
+/// One dead member as `dead list` shows it.
+#[derive(Debug, Clone)]
+pub struct DeadMember {
+    /// The body.
+    pub member: Vec<u8>,
+    /// When it died, epoch ms.
+    pub died_ms: f64,
+    /// Why it died.
+    pub reason: String,
+}
+
+/// Outcome of a retry call.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RetryOutcome {
+    /// Members rescheduled with backoff.
+    pub retried: u64,
+    /// Members moved to the dead set.
+    pub dead: u64,
+}
+
+/// Typed calls to the scripts for one key family.
+#[derive(Clone)]
+pub struct Store {
+    conn: ConnectionManager,
+    keys: KeyFamily,
+    unit: ScoreUnit,
+}
+
+impl Store {
+    /// A store for `keys` over a shared, self-reconnecting connection.
+    pub fn new(conn: ConnectionManager, keys: KeyFamily, unit: ScoreUnit) -> Self {
+        Self { conn, keys, unit }
+    }
+
+    /// The key family this store works on.
+    pub fn keys(&self) -> &KeyFamily {
+        &self.keys
+    }
+
+    /// Recovers expired leases and claims up to `limit` due members.
+    pub async fn claim(&self, limit: usize, lease: Duration) -> Result<Claim, StoreError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<redis::Value> = CLAIM
+            .key(&self.keys.pending)
+            .key(&self.keys.inflight)
+            .key(&self.keys.due)
+            .key(&self.keys.attempts)
+            .arg(limit)
+            .arg(lease.as_millis() as u64)
+            .arg(self.unit.millis())
+            .arg(limit.max(100))
+            .invoke_async(&mut conn)
+            .await?;
+        parse_claim(reply)
+    }
+
+    /// Forgets members the broker confirmed.
+    pub async fn ack(&self, members: &[Vec<u8>]) -> Result<u64, StoreError> {
+        if members.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.conn.clone();
+        let mut inv = ACK.prepare_invoke();
+        inv.key(&self.keys.inflight)
+            .key(&self.keys.due)
+            .key(&self.keys.attempts);
+        for m in members {
+            inv.arg(m.as_slice());
+        }
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Reschedules refused members with backoff, or dead-letters them.
+    pub async fn retry(
+        &self,
+        members: &[Vec<u8>],
+        reason: &str,
+        max_attempts: u32,
+        backoff: Duration,
+        backoff_max: Duration,
+    ) -> Result<RetryOutcome, StoreError> {
+        if members.is_empty() {
+            return Ok(RetryOutcome::default());
+        }
+        let mut conn = self.conn.clone();
+        let mut inv = RETRY.prepare_invoke();
+        inv.key(&self.keys.pending)
+            .key(&self.keys.inflight)
+            .key(&self.keys.due)
+            .key(&self.keys.attempts)
+            .key(&self.keys.dead)
+            .key(&self.keys.reasons)
+            .arg(max_attempts)
+            .arg(backoff.as_millis() as u64)
+            .arg(backoff_max.as_millis() as u64)
+            .arg(self.unit.millis())
+            .arg(reason);
+        for m in members {
+            inv.arg(m.as_slice());
+        }
+        let (retried, dead): (u64, u64) = inv.invoke_async(&mut conn).await?;
+        Ok(RetryOutcome { retried, dead })
+    }
+
+    /// Hands unconfirmed members back to pending at their original due time.
+    pub async fn release(&self, members: &[Vec<u8>]) -> Result<u64, StoreError> {
+        if members.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.conn.clone();
+        let mut inv = RELEASE.prepare_invoke();
+        inv.key(&self.keys.pending)
+            .key(&self.keys.inflight)
+            .key(&self.keys.due)
+            .key(&self.keys.attempts)
+            .arg(self.unit.millis());
+        for m in members {
+            inv.arg(m.as_slice());
+        }
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Pushes the lease deadline of members still awaiting a confirm.
+    pub async fn extend(&self, members: &[Vec<u8>], lease: Duration) -> Result<u64, StoreError> {
+        if members.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.conn.clone();
+        let mut inv = EXTEND.prepare_invoke();
+        inv.key(&self.keys.inflight).arg(lease.as_millis() as u64);
+        for m in members {
+            inv.arg(m.as_slice());
+        }
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// A consistent snapshot of pending, due, in-flight and dead counts.
+    pub async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut conn = self.conn.clone();
+        let (now, pending, due_now, oldest, next, in_flight, dead): (
+            String,
+            u64,
+            u64,
+            String,
+            String,
+            u64,
+            u64,
+        ) = STATS
+            .key(&self.keys.pending)
+            .key(&self.keys.inflight)
+            .key(&self.keys.dead)
+            .arg(self.unit.millis())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(Stats {
+            now_ms: now.parse().map_err(|_| StoreError::Reply(now.clone()))?,
+            pending,
+            due_now,
+            oldest_due_ms: oldest.parse().ok(),
+            next_due_ms: next.parse().ok(),
+            in_flight,
+            dead,
+        })
+    }
+
+    /// The oldest `limit` dead members and Redis's clock.
+    pub async fn dead_list(&self, limit: usize) -> Result<(i64, Vec<DeadMember>), StoreError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<redis::Value> = DEAD_LIST
+            .key(&self.keys.dead)
+            .key(&self.keys.reasons)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await?;
+        let mut it = reply.into_iter();
+        let now = int_of(it.next())?;
+        let rest: Vec<redis::Value> = it.collect();
+        let mut out = Vec::new();
+        for chunk in rest.chunks(3) {
+            let [m, died, reason] = chunk else {
+                return Err(StoreError::Reply("dead list chunk".into()));
+            };
+            out.push(DeadMember {
+                member: bytes_of(m)?,
+                died_ms: String::from_utf8_lossy(&bytes_of(died)?)
+                    .parse()
+                    .unwrap_or(0.0),
+                reason: String::from_utf8_lossy(&bytes_of(reason)?).into_owned(),
+            });
+        }
+        Ok((now, out))
+    }
+
+    /// Moves up to `limit` dead members back to pending, due now.
+    pub async fn dead_requeue(&self, limit: usize) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(DEAD_REQUEUE
+            .key(&self.keys.pending)
+            .key(&self.keys.dead)
+            .key(&self.keys.reasons)
+            .key(&self.keys.due)
+            .key(&self.keys.attempts)
+            .arg(limit)
+            .arg(self.unit.millis())
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// Deletes up to `limit` dead members.
+    pub async fn dead_purge(&self, limit: usize) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(DEAD_PURGE
+            .key(&self.keys.dead)
+            .key(&self.keys.reasons)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+}
+
+fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
+    match v {
+        Some(redis::Value::Int(n)) => Ok(n),
+        other => Err(StoreError::Reply(format!(
+            "expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+fn bytes_of(v: &redis::Value) -> Result<Vec<u8>, StoreError> {
+    match v {
+        redis::Value::BulkString(b) => Ok(b.clone()),
+        redis::Value::SimpleString(s) => Ok(s.as_bytes().to_vec()),
+        other => Err(StoreError::Reply(format!(
+            "expected a string, got {other:?}"
+        ))),
+    }
+}
+
+fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
+    let mut it = reply.into_iter();
+    let now_ms = int_of(it.next())?;
+    let next = int_of(it.next())?;
+    let recovered = int_of(it.next())? as u64;
+    let rest: Vec<redis::Value> = it.collect();
+    let mut members = Vec::with_capacity(rest.len() / 3);
+    let mut rest = rest.into_iter();
+    while let Some(m) = rest.next() {
+        let member = match m {
+            redis::Value::BulkString(b) => b,
+            other => return Err(StoreError::Reply(format!("member {other:?}"))),
+        };
+        let due_ms = int_of(rest.next())?;
+        let attempt = int_of(rest.next())?.clamp(1, u32::MAX as i64) as u32;
+        members.push(Claimed {
+            member,
+            due_ms,
+            attempt,
+        });
+    }
+    Ok(Claim {
+        now_ms,
+        next_due_ms: (next != -1).then_some(next),
+        recovered,
+        members,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_keys_get_a_hash_tag() {
+        let k = KeyFamily::new("delay:order");
+        assert_eq!(k.pending, "delay:order");
+        assert_eq!(k.inflight, "{delay:order}:inflight");
+        assert_eq!(k.dead, "{delay:order}:dead");
+    }
+
+    #[test]
+    fn tagged_keys_keep_their_tag() {
+        let k = KeyFamily::new("delay:{order}:timeout");
+        assert_eq!(k.inflight, "delay:{order}:timeout:inflight");
+    }
+
+    #[test]
+    fn empty_braces_are_not_a_tag() {
+        assert!(!has_hash_tag("a{}b"));
+        assert!(has_hash_tag("a{b}c"));
+    }
+}

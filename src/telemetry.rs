@@ -1,0 +1,382 @@
+//! Logs, Prometheus metrics, connection health and the small HTTP server
+//! that exposes `/metrics`, `/healthz` and `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use tokio::sync::Mutex;
+
+use crate::config::LogFormat;
+use crate::store::Store;
+
+/// Sets up `tracing` once: human-readable or JSON lines on stderr.
+///
+/// lapin logs every connection error itself; delayd reports outages once per
+/// outage, so lapin is quiet unless the filter names it.
+pub fn init_logging(format: LogFormat, level: &str) {
+    let mut filter = level.to_string();
+    if !filter.contains("lapin") {
+        filter.push_str(",lapin=off");
+    }
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Every metric delayd exports. Label `business` on all but the connection gauges.
+pub struct Metrics {
+    registry: Registry,
+    /// Members claimed from Redis.
+    pub claimed: IntCounterVec,
+    /// Members published (awaiting a confirm).
+    pub published: IntCounterVec,
+    /// Members the broker confirmed and delayd forgot.
+    pub confirmed: IntCounterVec,
+    /// Publishes the broker returned as unroutable.
+    pub returned: IntCounterVec,
+    /// Publishes the broker nacked.
+    pub nacked: IntCounterVec,
+    /// Members rescheduled with backoff, by reason.
+    pub retried: IntCounterVec,
+    /// Expired leases moved back to pending.
+    pub recovered: IntCounterVec,
+    /// Unconfirmed members handed back (shutdown, broken channel).
+    pub released: IntCounterVec,
+    /// Members moved to the dead set, by reason.
+    pub dead_lettered: IntCounterVec,
+    /// Pending members (read on scrape).
+    pub pending: IntGaugeVec,
+    /// In-flight members (read on scrape).
+    pub inflight: IntGaugeVec,
+    /// Dead members (read on scrape).
+    pub dead: IntGaugeVec,
+    /// Age of the oldest overdue member (read on scrape).
+    pub oldest_overdue: prometheus::GaugeVec,
+    /// Due time to broker confirm.
+    pub lateness: HistogramVec,
+    /// 1 while connected, per server.
+    pub connection_up: IntGaugeVec,
+    /// 1 while RabbitMQ blocks publishing.
+    pub amqp_blocked: IntGauge,
+}
+
+/// The process-wide metrics.
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let r = Registry::new();
+        let b = &["business"];
+        let br = &["business", "reason"];
+        let oldest_overdue = prometheus::GaugeVec::new(
+            Opts::new(
+                "delayd_oldest_overdue_seconds",
+                "Age of the oldest due member still pending",
+            ),
+            b,
+        )
+        .expect("valid metric");
+        r.register(Box::new(oldest_overdue.clone()))
+            .expect("unique metric");
+        let lateness = HistogramVec::new(
+            HistogramOpts::new(
+                "delayd_lateness_seconds",
+                "Time from a member's due time to the broker's confirm",
+            )
+            .buckets(vec![
+                0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0,
+            ]),
+            b,
+        )
+        .expect("valid metric");
+        r.register(Box::new(lateness.clone()))
+            .expect("unique metric");
+        let amqp_blocked = IntGauge::new(
+            "delayd_amqp_blocked",
+            "1 while RabbitMQ blocks publishing (memory or disk alarm)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(amqp_blocked.clone()))
+            .expect("unique metric");
+        Self {
+            claimed: counter(&r, "delayd_claimed_total", "Members claimed from Redis", b),
+            published: counter(
+                &r,
+                "delayd_published_total",
+                "Members published to RabbitMQ",
+                b,
+            ),
+            confirmed: counter(
+                &r,
+                "delayd_confirmed_total",
+                "Members confirmed by RabbitMQ and removed",
+                b,
+            ),
+            returned: counter(
+                &r,
+                "delayd_returned_total",
+                "Publishes returned as unroutable",
+                b,
+            ),
+            nacked: counter(&r, "delayd_nacked_total", "Publishes nacked by RabbitMQ", b),
+            retried: counter(
+                &r,
+                "delayd_retried_total",
+                "Members rescheduled with backoff",
+                br,
+            ),
+            recovered: counter(
+                &r,
+                "delayd_recovered_total",
+                "Expired leases moved back to pending",
+                b,
+            ),
+            released: counter(
+                &r,
+                "delayd_released_total",
+                "Unconfirmed members handed back to pending",
+                b,
+            ),
+            dead_lettered: counter(
+                &r,
+                "delayd_dead_lettered_total",
+                "Members moved to the dead set",
+                br,
+            ),
+            pending: gauge(&r, "delayd_pending", "Members pending in Redis", b),
+            inflight: gauge(
+                &r,
+                "delayd_inflight",
+                "Members claimed and awaiting a confirm",
+                b,
+            ),
+            dead: gauge(&r, "delayd_dead", "Dead members", b),
+            oldest_overdue,
+            lateness,
+            connection_up: gauge(&r, "delayd_connection_up", "1 while connected", &["server"]),
+            amqp_blocked,
+            registry: r,
+        }
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Whether a server is reachable, logging only the transitions so an outage
+/// is one warning and one recovery line, however many tasks notice it.
+pub struct Health {
+    server: &'static str,
+    up: AtomicBool,
+    since: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Health {
+    /// A tracker for `server` ("redis" or "amqp"), initially down.
+    pub fn new(server: &'static str) -> Arc<Self> {
+        METRICS.connection_up.with_label_values(&[server]).set(0);
+        Arc::new(Self {
+            server,
+            up: AtomicBool::new(false),
+            since: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Is the server believed reachable?
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Records a success; logs the end of an outage.
+    pub fn up(&self) {
+        if !self.up.swap(true, Ordering::Relaxed) {
+            METRICS
+                .connection_up
+                .with_label_values(&[self.server])
+                .set(1);
+            let since = self.since.lock().map(|mut s| s.take()).unwrap_or(None);
+            match since {
+                Some(t) => tracing::info!(
+                    server = self.server,
+                    down_for = %humantime::format_duration(Duration::from_millis(t.elapsed().as_millis() as u64)),
+                    "connection restored"
+                ),
+                None => tracing::info!(server = self.server, "connected"),
+            }
+        }
+    }
+
+    /// Records a failure; logs the start of an outage once.
+    pub fn down(&self, error: &dyn std::fmt::Display) {
+        let was_up = self.up.swap(false, Ordering::Relaxed);
+        let mut since = match self.since.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        if was_up || since.is_none() {
+            METRICS
+                .connection_up
+                .with_label_values(&[self.server])
+                .set(0);
+            *since = Some(Instant::now());
+            tracing::warn!(
+                server = self.server,
+                error = %error,
+                "connection lost or refused; retrying with backoff until it is back"
+            );
+        }
+    }
+}
+
+/// Capped exponential backoff with full jitter, so many scanners retrying
+/// against a recovering server do not arrive together.
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    /// Starts at `base`, doubling up to `cap`.
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            attempt: 0,
+        }
+    }
+
+    /// The next delay to sleep.
+    pub fn next_delay(&mut self) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1u32 << self.attempt.min(20))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        let ms = exp.as_millis() as u64;
+        Duration::from_millis(ms / 2 + rand::random_range(0..=ms / 2 + 1))
+    }
+
+    /// Back to the first delay after a success.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// What the HTTP handlers need.
+pub struct HttpState {
+    /// Redis reachability.
+    pub redis: Arc<Health>,
+    /// RabbitMQ reachability.
+    pub amqp: Arc<Health>,
+    /// One store per key, with its business name, for scrape-time gauges.
+    pub stores: Vec<(String, Store)>,
+    /// Serialises scrapes so a burst of them costs Redis one round each.
+    pub scrape: Mutex<()>,
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until the process exits.
+pub async fn serve_http(listen: SocketAddr, state: Arc<HttpState>) -> std::io::Result<()> {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+    axum::serve(listener, app).await
+}
+
+async fn ready_handler(
+    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+) -> (axum::http::StatusCode, String) {
+    let redis = state.redis.is_up();
+    let amqp = state.amqp.is_up();
+    let code = if redis && amqp {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        format!("redis: {}\namqp: {}\n", up_word(redis), up_word(amqp)),
+    )
+}
+
+fn up_word(up: bool) -> &'static str {
+    if up {
+        "up"
+    } else {
+        "down"
+    }
+}
+
+/// Gauges are read from Redis at scrape time, so an idle delayd that nobody
+/// scrapes sends Redis nothing for them.
+async fn metrics_handler(
+    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    {
+        let _guard = state.scrape.lock().await;
+        let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
+        for (business, store) in &state.stores {
+            let stats = tokio::time::timeout(Duration::from_secs(2), store.stats()).await;
+            if let Ok(Ok(s)) = stats {
+                let t = totals.entry(business.as_str()).or_default();
+                t.0 += s.pending as i64;
+                t.1 += s.in_flight as i64;
+                t.2 += s.dead as i64;
+                if let Some(oldest) = s.oldest_due_ms {
+                    t.3 = t.3.max((s.now_ms as f64 - oldest) / 1000.0);
+                }
+            }
+        }
+        for (business, (p, i, d, o)) in totals {
+            METRICS.pending.with_label_values(&[business]).set(p);
+            METRICS.inflight.with_label_values(&[business]).set(i);
+            METRICS.dead.with_label_values(&[business]).set(d);
+            METRICS.oldest_overdue.with_label_values(&[business]).set(o);
+        }
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        METRICS.render(),
+    )
+}

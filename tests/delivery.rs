@@ -1,0 +1,322 @@
+//! End-to-end delivery against real Redis and RabbitMQ, with the daemon
+//! running as a child process exactly as users run it.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    redis: redis::aio::MultiplexedConnection,
+    _amqp: lapin::Connection,
+    inboxes: Vec<Inbox>,
+}
+
+/// Declares each business's exchange and a queue, starts consumers and
+/// writes the config; the daemon is started by the test.
+async fn setup(businesses: &[&BusinessSpec]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let mut inboxes = Vec::new();
+    for b in businesses {
+        let queue = unique("q");
+        declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+        inboxes.push(consume(&amqp, &queue).await);
+    }
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), businesses);
+    Setup {
+        _dir: dir,
+        config,
+        redis: redis().await,
+        _amqp: amqp,
+        inboxes,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
+    let mut b = BusinessSpec::random("bin");
+    b.extra = "content_type = \"application/octet-stream\"".into();
+    let mut s = setup(&[&b]).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    let bodies: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        vec![0u8, 159, 146, 150, 255, 0, 10],
+        b"plain text".to_vec(),
+        (0..=255u8).collect(),
+        "h\u{e9}llo \u{1f600}".as_bytes().to_vec(),
+    ];
+    let items: Vec<(f64, Vec<u8>)> = bodies.iter().map(|m| (now as f64, m.clone())).collect();
+    zadd_many(&mut s.redis, &b.key, &items).await;
+    let _d = Daemon::start(&s.config);
+    s.inboxes[0]
+        .wait_for(bodies.len(), Duration::from_secs(20))
+        .await;
+    s.inboxes[0].settle(Duration::from_millis(300)).await;
+    let got = s.inboxes[0].all();
+    assert_eq!(got.len(), bodies.len());
+    let got_bodies: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
+    let want: HashSet<Vec<u8>> = bodies.into_iter().collect();
+    assert_eq!(got_bodies, want, "bodies must arrive byte for byte");
+    for r in &got {
+        assert_eq!(r.delivery_mode, Some(2), "persistent by default");
+        assert_eq!(r.content_type.as_deref(), Some("application/octet-stream"));
+        assert_eq!(
+            r.message_id.as_deref(),
+            Some(delayd::amqp::message_id(&b.key, &r.body, r.due()).as_str())
+        );
+        assert!(matches!(
+            r.headers.get("x-delayd-business"),
+            Some(lapin::types::AMQPValue::LongString(s)) if s.to_string() == "bin"
+        ));
+        assert!(matches!(
+            r.headers.get("x-delayd-attempt"),
+            Some(lapin::types::AMQPValue::LongLongInt(1))
+        ));
+        assert_eq!(r.due(), now);
+    }
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(5)).await;
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_businesses_each_reach_their_own_queue() {
+    let a = BusinessSpec::random("alpha");
+    let b = BusinessSpec::random("beta");
+    let mut s = setup(&[&a, &b]).await;
+    let now = redis_now_ms(&mut s.redis).await as f64;
+    let ia: Vec<(f64, Vec<u8>)> = (0..50)
+        .map(|i| (now, format!("a{i}").into_bytes()))
+        .collect();
+    let ib: Vec<(f64, Vec<u8>)> = (0..70)
+        .map(|i| (now, format!("b{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut s.redis, &a.key, &ia).await;
+    zadd_many(&mut s.redis, &b.key, &ib).await;
+    let _d = Daemon::start(&s.config);
+    s.inboxes[0].wait_for(50, Duration::from_secs(20)).await;
+    s.inboxes[1].wait_for(70, Duration::from_secs(20)).await;
+    s.inboxes[0].settle(Duration::from_millis(300)).await;
+    assert!(s.inboxes[0].all().iter().all(|r| r.body.starts_with(b"a")));
+    assert!(s.inboxes[1].all().iter().all(|r| r.body.starts_with(b"b")));
+    assert_eq!(s.inboxes[0].len(), 50);
+    assert_eq!(s.inboxes[1].len(), 70);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_not_yet_due_wait_and_arrive_on_time_never_early() {
+    let b = BusinessSpec::random("ontime");
+    let mut s = setup(&[&b]).await;
+    let _d = Daemon::start(&s.config);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    let items: Vec<(f64, Vec<u8>)> = (0..40)
+        .map(|i| ((now + 1500 + i * 50) as f64, format!("m{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut s.redis, &b.key, &items).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(s.inboxes[0].len(), 0, "nothing may arrive before it is due");
+    assert_eq!(
+        zcard(&mut s.redis, &b.key).await,
+        40,
+        "not-yet-due members stay in Redis"
+    );
+    s.inboxes[0].wait_for(40, Duration::from_secs(15)).await;
+    for r in s.inboxes[0].all() {
+        let i: i64 = String::from_utf8_lossy(&r.body[1..]).parse().unwrap();
+        let due = now + 1500 + i * 50;
+        assert_eq!(r.due(), due);
+        // The consumer's clock is this machine's, as is Redis's here.
+        assert!(r.at_ms >= due, "{} arrived {} ms early", i, due - r.at_ms);
+        assert!(
+            r.at_ms - due < 1000,
+            "{} arrived {} ms late",
+            i,
+            r.at_ms - due
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescheduled_member_arrives_once_at_its_new_time() {
+    let b = BusinessSpec::random("resched");
+    let mut s = setup(&[&b]).await;
+    let _d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut s.redis).await;
+    zadd_many(
+        &mut s.redis,
+        &b.key,
+        &[((now + 1000) as f64, b"moved".to_vec())],
+    )
+    .await;
+    zadd_many(
+        &mut s.redis,
+        &b.key,
+        &[((now + 2500) as f64, b"moved".to_vec())],
+    )
+    .await;
+    s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
+    s.inboxes[0].settle(Duration::from_millis(1000)).await;
+    let got = s.inboxes[0].all();
+    assert_eq!(got.len(), 1, "delivered exactly once");
+    assert_eq!(got[0].due(), now + 2500);
+    assert!(got[0].at_ms >= now + 2500, "not before the new time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zrem_cancels_a_member() {
+    let b = BusinessSpec::random("cancel");
+    let mut s = setup(&[&b]).await;
+    let _d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut s.redis).await;
+    zadd_many(
+        &mut s.redis,
+        &b.key,
+        &[
+            ((now + 1200) as f64, b"cancelled".to_vec()),
+            ((now + 1200) as f64, b"kept".to_vec()),
+        ],
+    )
+    .await;
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&b.key)
+        .arg("cancelled")
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
+    s.inboxes[0].settle(Duration::from_millis(800)).await;
+    let got = s.inboxes[0].all();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body, b"kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
+    let a = BusinessSpec::random("bulk_a");
+    let b = BusinessSpec::random("bulk_b");
+    let mut s = setup(&[&a, &b]).await;
+    let _d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut s.redis).await;
+    let n = 3000i64;
+    let make = |tag: u8| -> Vec<(f64, Vec<u8>)> {
+        (0..n)
+            .map(|i| {
+                let mut body = vec![tag, 0xff, 0x00];
+                body.extend_from_slice(&i.to_le_bytes());
+                ((now + 500 + (i * 3000) / n) as f64, body)
+            })
+            .collect()
+    };
+    let (ia, ib) = (make(b'a'), make(b'b'));
+    zadd_many(&mut s.redis, &a.key, &ia).await;
+    zadd_many(&mut s.redis, &b.key, &ib).await;
+    s.inboxes[0]
+        .wait_for(n as usize, Duration::from_secs(60))
+        .await;
+    s.inboxes[1]
+        .wait_for(n as usize, Duration::from_secs(60))
+        .await;
+    s.inboxes[0].settle(Duration::from_millis(500)).await;
+    for (inbox, items) in [(&s.inboxes[0], &ia), (&s.inboxes[1], &ib)] {
+        let got = inbox.all();
+        assert_eq!(got.len(), n as usize, "exactly once: no duplicates");
+        let set: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
+        let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+        assert_eq!(set, want);
+        for r in &got {
+            assert!(r.at_ms >= r.due(), "arrived early");
+        }
+    }
+    for k in [&a.key, &b.key] {
+        wait_drained(&mut s.redis, k, Duration::from_secs(5)).await;
+        assert_family_empty(&mut s.redis, k).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_unit_seconds_is_honoured() {
+    let mut b = BusinessSpec::random("secs");
+    b.extra = "score_unit = \"s\"".into();
+    let mut s = setup(&[&b]).await;
+    let _d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut s.redis).await;
+    let due_s = (now + 1500) as f64 / 1000.0;
+    zadd_many(&mut s.redis, &b.key, &[(due_s, b"in-seconds".to_vec())]).await;
+    s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
+    let r = &s.inboxes[0].all()[0];
+    assert!(r.at_ms >= now + 1500, "arrived early");
+    assert!(
+        r.at_ms < now + 2500,
+        "arrived {} ms late",
+        r.at_ms - now - 1500
+    );
+    assert_eq!(r.due(), now + 1500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_duplicates() {
+    let mut b = BusinessSpec::random("term");
+    b.extra = "max_rate = 2000".into();
+    let mut s = setup(&[&b]).await;
+    let now = redis_now_ms(&mut s.redis).await as f64;
+    let n = 8000usize;
+    let items: Vec<(f64, Vec<u8>)> = (0..n)
+        .map(|i| (now, format!("t{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut s.redis, &b.key, &items).await;
+    let mut d = Daemon::start(&s.config);
+    s.inboxes[0].wait_for(1000, Duration::from_secs(20)).await;
+    d.signal(15);
+    let status = d.wait(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "log:\n{}", d.logs());
+    let first = s.inboxes[0].len();
+    assert!(first < n, "the drain should have been interrupted");
+    let f = family(&b.key);
+    assert_eq!(
+        zcard(&mut s.redis, &f.inflight).await,
+        0,
+        "a clean stop leaves nothing in flight"
+    );
+    let mut d2 = Daemon::start(&s.config);
+    s.inboxes[0].wait_for(n, Duration::from_secs(30)).await;
+    s.inboxes[0].settle(Duration::from_millis(500)).await;
+    let got = s.inboxes[0].all();
+    let set: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
+    assert_eq!(set.len(), n, "every member delivered");
+    assert_eq!(got.len(), n, "no duplicate after a clean stop");
+    d2.signal(15);
+    assert_eq!(d2.wait(Duration::from_secs(15)).code(), Some(0));
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_drain_then_restart_delivers_every_member() {
+    let mut b = BusinessSpec::random("kill");
+    b.extra = "lease = \"2s\"\nmax_rate = 2000".into();
+    let mut s = setup(&[&b]).await;
+    let now = redis_now_ms(&mut s.redis).await as f64;
+    let n = 6000usize;
+    let items: Vec<(f64, Vec<u8>)> = (0..n)
+        .map(|i| (now, format!("k{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut s.redis, &b.key, &items).await;
+    let mut d = Daemon::start(&s.config);
+    s.inboxes[0].wait_for(1000, Duration::from_secs(20)).await;
+    d.kill();
+    let _d2 = Daemon::start(&s.config);
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(30)).await;
+    s.inboxes[0].settle(Duration::from_millis(500)).await;
+    let set: HashSet<Vec<u8>> = s.inboxes[0].all().iter().map(|r| r.body.clone()).collect();
+    assert_eq!(
+        set.len(),
+        n,
+        "every member delivered at least once after SIGKILL"
+    );
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
