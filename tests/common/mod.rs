@@ -1,5 +1,5 @@
-//! Test support: real Redis and RabbitMQ (from `TEST_REDIS_URL` and
-//! `TEST_AMQP_URL`, which `deploy/local/test.sh` sets), random names per
+//! Test support: real Redis and RabbitMQ (from `DELAYD_TEST_REDIS_URL` and
+//! `DELAYD_TEST_AMQP_URL`, which `deploy/local/test.sh` sets), random names per
 //! test, the daemon as a child process, and a collecting consumer.
 #![allow(dead_code)]
 
@@ -17,14 +17,14 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 /// Redis URL of the shared test server. A missing server is a failure.
 pub fn redis_url() -> String {
-    std::env::var("TEST_REDIS_URL")
-        .expect("TEST_REDIS_URL is not set: run the suite with deploy/local/test.sh, which starts Redis and RabbitMQ")
+    std::env::var("DELAYD_TEST_REDIS_URL")
+        .expect("DELAYD_TEST_REDIS_URL is not set: run the suite with deploy/local/test.sh, which starts Redis and RabbitMQ")
 }
 
 /// AMQP URL of the shared test server. A missing server is a failure.
 pub fn amqp_url() -> String {
-    std::env::var("TEST_AMQP_URL")
-        .expect("TEST_AMQP_URL is not set: run the suite with deploy/local/test.sh, which starts Redis and RabbitMQ")
+    std::env::var("DELAYD_TEST_AMQP_URL")
+        .expect("DELAYD_TEST_AMQP_URL is not set: run the suite with deploy/local/test.sh, which starts Redis and RabbitMQ")
 }
 
 /// A random suffix so concurrent tests never share keys, exchanges or queues.
