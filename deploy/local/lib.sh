@@ -1,0 +1,392 @@
+# shellcheck shell=bash
+# Shared helpers for the deploy/local scripts. Sourced, never executed.
+#
+# Everything here runs servers as plain background processes (no docker, no
+# systemd) and keeps their state under a directory we own, so a developer
+# machine and CI behave the same way.
+
+# The repo root is two levels above this file; all local state lives in
+# <repo>/.local (git-ignored).
+DELAYD_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+# shellcheck disable=SC2034 # used by the scripts that source this file
+DELAYD_LOCAL_DIR="${DELAYD_REPO_ROOT}/.local"
+
+# The Debian /usr/sbin/rabbitmq* wrappers `su` to the rabbitmq user when run as
+# root, which would then use /var/lib/rabbitmq and its cookie. The real scripts
+# live here and run fine as any user, including root.
+RABBITMQ_LIBEXEC="/usr/lib/rabbitmq/bin"
+
+# How long `start` waits for a server to accept work.
+DELAYD_START_TIMEOUT="${DELAYD_START_TIMEOUT:-60}"
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-delayd-local}" "$*" >&2; }
+die() {
+	log "ERROR: $*"
+	exit 1
+}
+
+# now_ms: wall clock in milliseconds (for timings we print).
+now_ms() { date +%s%3N; }
+
+# alive PID: true if PID exists and is not a zombie. Orphans are not always
+# reaped in this sandbox (pid 1 is not a real init), so `kill -0` alone would
+# report a dead server as running.
+alive() {
+	local pid="$1" state
+	[[ "$pid" =~ ^[0-9]+$ ]] || return 1
+	state="$(sed -e 's/^.*) //' "/proc/${pid}/stat" 2>/dev/null | cut -d' ' -f1)" || return 1
+	[[ -n "$state" && "$state" != "Z" && "$state" != "X" ]]
+}
+
+# read_pid FILE: prints the pid stored in FILE, or nothing.
+read_pid() {
+	local f="$1" pid=""
+	if [[ -r "$f" ]]; then
+		read -r pid <"$f" 2>/dev/null || true
+	fi
+	[[ "$pid" =~ ^[0-9]+$ ]] && printf '%s\n' "$pid"
+	return 0
+}
+
+# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_open() {
+	# A subshell so the fd is closed again right away.
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# amqp_answers PORT: an AMQP 0-9-1 broker answers the protocol header with
+# connection.start (frame type 1, channel 0, class 10, method 10). Stronger
+# than an open port: the listener is up only once the broker has booted.
+amqp_answers() {
+	local port="$1" hex
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	hex="$(timeout 3 bash -c '
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		printf "AMQP\x00\x00\x09\x01" >&3
+		head -c 11 <&3 | od -An -tx1 | tr -d " \n"
+	' _ "$port" 2>/dev/null)" || return 1
+	[[ "$hex" == 010000* && "${hex:14:8}" == "000a000a" ]]
+}
+
+# redis_answers PORT: redis-cli ping gets PONG.
+redis_answers() {
+	[[ "$(timeout 3 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]
+}
+
+# valid_port VALUE NAME: dies unless VALUE is a TCP port number.
+valid_port() {
+	if ! [[ "$1" =~ ^[0-9]+$ ]] || (($1 < 1 || $1 > 65535)); then
+		die "$2 must be a TCP port (1-65535), got '$1'"
+	fi
+}
+
+# ensure_packages: installs redis-server and rabbitmq-server from Debian when
+# their binaries are missing (a fresh machine has neither).
+ensure_packages() {
+	local missing=()
+	command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+	command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+	[[ -x "${RABBITMQ_LIBEXEC}/rabbitmq-server" ]] || missing+=(rabbitmq-server)
+	command -v epmd >/dev/null 2>&1 || missing+=(erlang-base)
+	((${#missing[@]} == 0)) && return 0
+	apt_install "${missing[@]}"
+}
+
+# apt_install PKG...: non-interactive install that does not start services.
+apt_install() {
+	log "installing Debian packages: $*"
+	[[ "$(id -u)" == 0 ]] || die "need root to apt-get install $* (or install them yourself)"
+	export DEBIAN_FRONTEND=noninteractive
+	# Package postinst scripts would start the system redis/rabbitmq on our
+	# ports (6379/5672) via invoke-rc.d; a policy-rc.d that answers 101 stops
+	# that. Put one in place only if the machine has none, and remove it after.
+	local policy=/usr/sbin/policy-rc.d added_policy=0 rc=0
+	if [[ ! -e "$policy" ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 755 "$policy"
+		added_policy=1
+	fi
+	apt-get update -q || rc=$?
+	if ((rc == 0)); then
+		apt-get install -y -q "$@" || rc=$?
+	fi
+	if ((added_policy)); then
+		rm -f "$policy"
+	fi
+	((rc == 0)) || die "apt-get failed (exit $rc) installing: $*"
+}
+
+# ensure_epmd: the Erlang port mapper, which every Erlang node (and
+# rabbitmqctl) needs to find a node by name. Erlang would start it itself, but
+# starting it here makes it listen on loopback only and detaches it from our
+# stdout (CI waits for every holder of its pipe to close).
+ensure_epmd() {
+	if epmd -names >/dev/null 2>&1; then
+		return 0
+	fi
+	ERL_EPMD_ADDRESS=127.0.0.1 epmd -daemon </dev/null >/dev/null 2>&1 || true
+	local i
+	for ((i = 0; i < 50; i++)); do
+		epmd -names >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	die "epmd (Erlang port mapper, port 4369) did not start"
+}
+
+# stop_epmd_if_idle: stops epmd when no Erlang node is registered any more, so
+# a full `stop` leaves nothing behind; a node that still runs keeps it.
+stop_epmd_if_idle() {
+	local names
+	names="$(epmd -names 2>/dev/null)" || return 0
+	if ! grep -q '^name ' <<<"$names"; then
+		epmd -kill >/dev/null 2>&1 || true
+	fi
+}
+
+# --- RabbitMQ node helpers -------------------------------------------------
+# A node is described by: DIR (all its state), NODENAME, AMQP_PORT, DIST_PORT.
+# Layout of DIR:
+#   home/.erlang.cookie  private cookie (HOME points here for server and CLI)
+#   mnesia/              database (durable queues, messages, feature flags)
+#   log/                 RabbitMQ's own log: log/<nodename>.log
+#   stdout.log           stdout/stderr of the server process
+#   rabbitmq.conf, enabled_plugins, rabbitmq-env.conf
+#   rabbitmq.pid         pid of the Erlang VM (written by RabbitMQ)
+#   wrapper.pid          pid of the rabbitmq-server shell wrapper (ours)
+
+# rmq_prepare DIR: creates the directory layout and config files.
+rmq_prepare() {
+	local dir="$1"
+	mkdir -p "$dir/home" "$dir/mnesia" "$dir/log"
+	# One random cookie per node directory; Erlang refuses a cookie file that
+	# others can read, hence 0400.
+	if [[ ! -s "$dir/home/.erlang.cookie" ]]; then
+		(
+			umask 077
+			# 96 upper-case letters from 48 random bytes (hex digits mapped to A-P).
+			head -c 48 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr '0-9a-f' 'A-P' >"$dir/home/.erlang.cookie"
+		)
+	fi
+	chmod 400 "$dir/home/.erlang.cookie"
+	# No plugins: delayd needs plain AMQP only, and fewer plugins boot faster.
+	printf '[].\n' >"$dir/enabled_plugins"
+	cat >"$dir/rabbitmq.conf" <<'EOF'
+# Generated by deploy/local/lib.sh: a private development/test node.
+# Listener address and port come from RABBITMQ_NODE_IP_ADDRESS/_PORT.
+# guest/guest is allowed from loopback (RabbitMQ's default).
+loopback_users.guest = true
+log.console = false
+log.file.level = info
+EOF
+	# An empty env file stops the scripts from sourcing the system's
+	# /etc/rabbitmq/rabbitmq-env.conf.
+	: >"$dir/rabbitmq-env.conf"
+}
+
+# rmq_env DIR NODENAME AMQP_PORT DIST_PORT: exports what the RabbitMQ scripts
+# (server and CLI) need to use this node and only this node. Call it in a
+# subshell.
+rmq_env() {
+	local dir="$1"
+	export HOME="$dir/home"
+	export RABBITMQ_NODENAME="$2"
+	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+	export RABBITMQ_NODE_PORT="$3"
+	export RABBITMQ_DIST_PORT="$4"
+	export RABBITMQ_MNESIA_BASE="$dir/mnesia"
+	export RABBITMQ_LOG_BASE="$dir/log"
+	export RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf"
+	export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config"
+	export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins"
+	export RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf"
+	export RABBITMQ_PID_FILE="$dir/rabbitmq.pid"
+	# Keep Erlang distribution (node-to-CLI traffic) on loopback as well.
+	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+	export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+	export ERL_EPMD_ADDRESS=127.0.0.1
+	unset RABBITMQ_ENV_LOADED
+}
+
+# rmq_ctl DIR NODENAME AMQP_PORT DIST_PORT ARGS...: rabbitmqctl against the node.
+rmq_ctl() {
+	(
+		rmq_env "$1" "$2" "$3" "$4"
+		local node="$2"
+		shift 4
+		"${RABBITMQ_LIBEXEC}/rabbitmqctl" -n "$node" "$@"
+	)
+}
+
+# rmq_vm_pid DIR: prints the pid of the node's Erlang VM if it runs. Checks
+# that the process really is this node (a stale pid file may point at an
+# unrelated process after a reboot).
+rmq_vm_pid() {
+	local dir="$1" pid wpid
+	pid="$(read_pid "$dir/rabbitmq.pid")"
+	if [[ -z "$pid" ]]; then
+		# Very early in boot RabbitMQ has not written its pid file yet: the VM
+		# is then the wrapper's child.
+		wpid="$(read_pid "$dir/wrapper.pid")"
+		[[ -n "$wpid" ]] && alive "$wpid" && pid="$(pgrep -P "$wpid" -x beam.smp | head -n1 || true)"
+	fi
+	[[ -n "$pid" ]] && alive "$pid" || return 1
+	tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "RABBITMQ_MNESIA_BASE=$dir/mnesia" || return 1
+	printf '%s\n' "$pid"
+}
+
+# rmq_show_logs DIR NODENAME: the end of the node's logs, for error reports.
+rmq_show_logs() {
+	local dir="$1" node="$2"
+	if [[ -s "$dir/stdout.log" ]]; then
+		# Only this start's output: it begins at our last "====" marker.
+		log "---- server output ($dir/stdout.log) ----"
+		awk '/^==== /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$dir/stdout.log" | tail -n 60 >&2
+	fi
+	if [[ -s "$dir/log/${node}.log" ]]; then
+		log "---- last lines of $dir/log/${node}.log ----"
+		tail -n 30 "$dir/log/${node}.log" >&2
+	fi
+}
+
+# rmq_start DIR NODENAME AMQP_PORT DIST_PORT: starts the node in the
+# background and waits until it accepts AMQP connections and has fully booted.
+# Returns 0 at once if this node already runs.
+rmq_start() {
+	local dir="$1" node="$2" port="$3" dist="$4" t0 deadline wpid pid
+	t0="$(now_ms)"
+	if pid="$(rmq_vm_pid "$dir")"; then
+		if amqp_answers "$port"; then
+			log "RabbitMQ node $node already running (pid $pid, port $port)"
+			return 0
+		fi
+		# Booting (or stopping): wait for it below instead of starting another.
+		log "RabbitMQ node $node is already starting (pid $pid); waiting"
+	else
+		if port_open "$port"; then
+			die "port $port is already in use by another process; cannot start RabbitMQ node $node there"
+		fi
+		if port_open "$dist"; then
+			die "Erlang distribution port $dist (for node $node) is already in use; pick another AMQP port"
+		fi
+		ensure_epmd
+		rmq_prepare "$dir"
+		rm -f "$dir/rabbitmq.pid" "$dir/wrapper.pid"
+		{
+			printf '\n==== %s starting %s (amqp %s, dist %s)\n' "$(date '+%F %T')" "$node" "$port" "$dist"
+		} >>"$dir/stdout.log"
+		(
+			rmq_env "$dir" "$node" "$port" "$dist"
+			cd "$dir" || exit 1
+			# setsid + no inherited stdio: the node must outlive this script
+			# and must not hold the caller's pipes open.
+			setsid "${RABBITMQ_LIBEXEC}/rabbitmq-server" </dev/null >>"$dir/stdout.log" 2>&1 &
+			echo $! >"$dir/wrapper.pid"
+		)
+	fi
+	wpid="$(read_pid "$dir/wrapper.pid")"
+	deadline=$(($(date +%s) + DELAYD_START_TIMEOUT))
+	until amqp_answers "$port"; do
+		if ! rmq_vm_pid "$dir" >/dev/null && ! { [[ -n "$wpid" ]] && alive "$wpid"; }; then
+			rmq_show_logs "$dir" "$node"
+			die "RabbitMQ node $node exited during startup (logs above; state in $dir)"
+		fi
+		if (($(date +%s) >= deadline)); then
+			rmq_show_logs "$dir" "$node"
+			# Leave no half-started node behind to confuse the next attempt.
+			rmq_kill "$dir" "$node" "$port" || true
+			die "RabbitMQ node $node did not accept AMQP connections on 127.0.0.1:$port within ${DELAYD_START_TIMEOUT}s"
+		fi
+		sleep 0.2
+	done
+	# The listener opens near the end of boot; await_startup confirms that
+	# boot has completed (default user and vhost exist, queues recovered).
+	local out
+	if ! out="$(rmq_ctl "$dir" "$node" "$port" "$dist" -q await_startup --timeout "$DELAYD_START_TIMEOUT" 2>&1)"; then
+		printf '%s\n' "$out" >&2
+		rmq_show_logs "$dir" "$node"
+		die "RabbitMQ node $node: rabbitmqctl await_startup failed"
+	fi
+	log "RabbitMQ node $node ready on 127.0.0.1:$port (pid $(rmq_vm_pid "$dir" || echo '?'), $(($(now_ms) - t0)) ms)"
+}
+
+# rmq_wait_gone DIR PORT PID SECONDS: waits until the VM exited and the AMQP
+# port no longer accepts connections.
+rmq_wait_gone() {
+	local dir="$1" port="$2" pid="$3" deadline
+	deadline=$(($(date +%s) + $4))
+	while alive "$pid" || port_open "$port"; do
+		(($(date +%s) >= deadline)) && return 1
+		sleep 0.1
+	done
+	return 0
+}
+
+# rmq_stop DIR NODENAME AMQP_PORT: graceful stop. SIGTERM makes RabbitMQ shut
+# down cleanly (as `rabbitmqctl stop` does) without needing the CLI; after 60s
+# it is killed.
+rmq_stop() {
+	local dir="$1" node="$2" port="$3" pid t0
+	t0="$(now_ms)"
+	if ! pid="$(rmq_vm_pid "$dir")"; then
+		log "RabbitMQ node $node is not running"
+		rm -f "$dir/rabbitmq.pid" "$dir/wrapper.pid"
+		return 0
+	fi
+	kill -TERM "$pid" 2>/dev/null || true
+	if ! rmq_wait_gone "$dir" "$port" "$pid" 60; then
+		log "RabbitMQ node $node did not stop within 60s; killing it"
+		kill -KILL "$pid" 2>/dev/null || true
+		rmq_wait_gone "$dir" "$port" "$pid" 10 || die "RabbitMQ node $node (pid $pid) would not die"
+	fi
+	rm -f "$dir/rabbitmq.pid" "$dir/wrapper.pid"
+	log "RabbitMQ node $node stopped ($(($(now_ms) - t0)) ms)"
+}
+
+# rmq_kill DIR NODENAME AMQP_PORT: SIGKILL the Erlang VM (a crash, for fault
+# tests). Durable state on disk survives; the next start recovers it.
+rmq_kill() {
+	local dir="$1" node="$2" port="$3" pid
+	if ! pid="$(rmq_vm_pid "$dir")"; then
+		log "RabbitMQ node $node is not running"
+		return 0
+	fi
+	kill -KILL "$pid" 2>/dev/null || true
+	rmq_wait_gone "$dir" "$port" "$pid" 10 || die "RabbitMQ node $node (pid $pid) still there after SIGKILL"
+	rm -f "$dir/wrapper.pid"
+	log "RabbitMQ node $node killed (pid $pid)"
+}
+
+# ensure_venv: prints the python of <repo>/.local/venv, a virtualenv with pika
+# (the demo consumer's only dependency), so the system Python stays clean.
+ensure_venv() {
+	local venv="$DELAYD_LOCAL_DIR/venv" py
+	if "$venv/bin/python" -c 'import pika' >/dev/null 2>&1; then
+		printf '%s\n' "$venv/bin/python"
+		return 0
+	fi
+	# A venv whose interpreter went away (e.g. another Python) is rebuilt.
+	if ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+		rm -rf "$venv"
+		py="$(command -v python3 || true)"
+		if [[ -z "$py" ]] || ! "$py" -m venv "$venv" >&2; then
+			rm -rf "$venv"
+			apt_install python3 python3-venv
+			/usr/bin/python3 -m venv "$venv" >&2
+		fi
+	fi
+	log "installing pika into $venv"
+	"$venv/bin/python" -m pip install -q --disable-pip-version-check 'pika>=1.3,<2' >&2 ||
+		die "pip could not install pika into $venv"
+	printf '%s\n' "$venv/bin/python"
+}
+
+# rmq_test_node_pids: pids of running private test nodes (rabbitmq-node.sh,
+# node names delayd-test-*), recognised by their environment.
+rmq_test_node_pids() {
+	local pid
+	for pid in $(pgrep -x beam.smp || true); do
+		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^RABBITMQ_NODENAME=delayd-test-'; then
+			printf '%s\n' "$pid"
+		fi
+	done
+}

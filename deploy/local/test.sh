@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# THE test command (README, CI): formatting, lints and every test, against a
+# project-local Redis and RabbitMQ.
+#
+#   deploy/local/test.sh [extra args for `cargo test`]
+#
+# 1. installs the Debian packages it needs (redis-server, rabbitmq-server, a C
+#    linker) when missing; cargo itself is assumed;
+# 2. starts the servers (deploy/local/servers.sh start) and exports
+#    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
+# 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test --release;
+#    all three run even when one fails, so one report shows every problem;
+# 4. exits non-zero if any step failed.
+#
+# Servers this script started are stopped when it exits; servers that were
+# already running are left alone. DELAYD_KEEP_SERVERS=1 keeps them all.
+set -euo pipefail
+
+LOG_TAG="test"
+# shellcheck source=deploy/local/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$DELAYD_REPO_ROOT"
+SERVERS="$DELAYD_REPO_ROOT/deploy/local/servers.sh"
+
+# --- prerequisites -------------------------------------------------------------
+ensure_packages
+if ! command -v cc >/dev/null 2>&1; then
+	# rustc links through the system C compiler.
+	apt_install gcc libc6-dev
+fi
+command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH (install Rust with rustup first)"
+
+# --- servers -------------------------------------------------------------------
+# Remember which servers were down before, so only those are stopped again.
+to_stop=()
+"$SERVERS" status redis >/dev/null 2>&1 || to_stop+=(redis)
+"$SERVERS" status rabbitmq >/dev/null 2>&1 || to_stop+=(rabbitmq)
+
+# Private brokers that tests start with rabbitmq-node.sh and fail to stop
+# (a panicking test) would outlive the run; those that ran before are not ours.
+preexisting_test_nodes=" $(rmq_test_node_pids | tr '\n' ' ') "
+
+step_pid=""
+cleanup() {
+	local rc=$? s pid
+	# Interrupted during a step: stop it before the servers go away.
+	# The step runs in its own process group, so test binaries die with cargo.
+	if [[ -n "$step_pid" ]] && alive "$step_pid"; then
+		kill -TERM -- "-$step_pid" 2>/dev/null || true
+		wait "$step_pid" 2>/dev/null || true
+	fi
+	for pid in $(rmq_test_node_pids); do
+		if [[ "$preexisting_test_nodes" != *" $pid "* ]]; then
+			log "killing leftover test RabbitMQ node (pid $pid)"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	done
+	if [[ "${DELAYD_KEEP_SERVERS:-0}" == 1 ]]; then
+		log "DELAYD_KEEP_SERVERS=1: leaving the servers running"
+	else
+		for s in "${to_stop[@]}"; do
+			"$SERVERS" stop "$s" || true
+		done
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+# Turn Ctrl-C / SIGTERM into a normal exit so the EXIT trap stops the servers.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+"$SERVERS" start
+eval "$("$SERVERS" env)"
+# Fault tests run their own broker through this script.
+export DELAYD_TEST_RABBITMQ_NODE_SCRIPT="$DELAYD_REPO_ROOT/deploy/local/rabbitmq-node.sh"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL"
+log "DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
+
+# --- checks --------------------------------------------------------------------
+results=()
+failed=0
+step() {
+	local name="$1" t0 rc=0
+	shift
+	log "==> $*"
+	t0="$(date +%s)"
+	# In the background + wait, so a SIGTERM to this script is handled at
+	# once rather than after the step (bash defers traps until a foreground
+	# command ends); setsid gives the step a process group of its own (its
+	# pid) that cleanup can signal as a whole.
+	setsid "$@" &
+	step_pid=$!
+	wait "$step_pid" || rc=$?
+	step_pid=""
+	if ((rc == 0)); then
+		results+=("$name: ok ($(($(date +%s) - t0))s)")
+	else
+		results+=("$name: FAILED with exit code $rc ($(($(date +%s) - t0))s)")
+		failed=1
+	fi
+}
+
+step "format" cargo fmt --all -- --check
+step "clippy" cargo clippy --all-targets -- -D warnings
+# --no-fail-fast: run every test binary even after one fails.
+step "tests " cargo test --release --no-fail-fast "$@"
+
+log "summary:"
+for r in "${results[@]}"; do
+	log "  $r"
+done
+if ((failed)); then
+	log "FAILED"
+	exit 1
+fi
+log "all checks passed"
