@@ -1,11 +1,28 @@
 //! `delayd bench`: the raw confirmed-publish ceiling, delayd's drain rate,
 //! its lateness and its idle cost, measured in one run on one machine.
+//!
+//! The ceiling and the drain alternate over several rounds so that a noisy,
+//! shared machine affects both alike; the table reports medians and the
+//! median of the per-round ratios. delayd runs as a child process, exactly
+//! as users run it, against a temporary exchange, queue and key that are
+//! removed at the end, also when the bench is interrupted.
 
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ExchangeKind};
 
 use crate::cli::Failure;
+use crate::config;
+use crate::store::KeyFamily;
 
 /// Arguments of `delayd bench`.
 #[derive(Debug, Args)]
@@ -13,7 +30,7 @@ pub struct BenchArgs {
     /// The TOML configuration file (only its [redis] and [amqp] are used).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: PathBuf,
-    /// Members in the backlog to drain.
+    /// Members in the backlog to drain, per round.
     #[arg(long, default_value_t = 100_000)]
     pub messages: usize,
     /// Body size in bytes.
@@ -22,9 +39,687 @@ pub struct BenchArgs {
     /// Members per second for the lateness phase.
     #[arg(long, default_value_t = 2000)]
     pub rate: u32,
+    /// Seconds the lateness phase runs.
+    #[arg(long, default_value_t = 10)]
+    pub lateness_secs: u64,
+    /// Rounds of ceiling-then-drain; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Seconds to count Redis commands while nothing is due.
+    #[arg(long, default_value_t = 10)]
+    pub idle_secs: u64,
+    /// Extra lines for the bench business, e.g. "scanners = 4".
+    #[arg(long, value_name = "TOML")]
+    pub business: Vec<String>,
 }
 
-/// Runs the benchmark.
-pub async fn run(_args: BenchArgs) -> Result<(), Failure> {
-    Err(Failure::runtime("bench is not built yet"))
+fn fail(context: &str) -> impl Fn(String) -> Failure + '_ {
+    move |e| Failure::runtime(format!("bench: {context}: {e}"))
+}
+
+/// Runs the benchmark and prints one table.
+pub async fn run(args: BenchArgs) -> Result<(), Failure> {
+    let cfg = config::load(&args.config)?;
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let names = Names {
+        exchange: format!("delayd-bench-{tag}"),
+        queue: format!("delayd-bench-{tag}"),
+        routing_key: "bench".into(),
+        key: format!("delayd:bench:{tag}"),
+    };
+    let client = redis::Client::open(cfg.redis_url.expose())
+        .map_err(|e| fail("redis url")(e.to_string()))?;
+    let mut redis = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| {
+        Failure::runtime(format!(
+            "bench: cannot reach Redis at {} within 5s",
+            cfg.redis_url
+        ))
+    })?
+    .map_err(|e| {
+        Failure::runtime(format!(
+            "bench: cannot reach Redis at {}: {e}",
+            cfg.redis_url
+        ))
+    })?;
+    let amqp = tokio::time::timeout(
+        Duration::from_secs(10),
+        crate::amqp::connect(&cfg.amqp_url, "delayd bench"),
+    )
+    .await
+    .map_err(|_| {
+        Failure::runtime(format!(
+            "bench: cannot reach RabbitMQ at {} within 10s",
+            cfg.amqp_url
+        ))
+    })?
+    .map_err(|e| {
+        Failure::runtime(format!(
+            "bench: cannot reach RabbitMQ at {}: {e}",
+            cfg.amqp_url
+        ))
+    })?;
+
+    let mut state = BenchState::default();
+    let outcome = tokio::select! {
+        r = bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state) => r,
+        _ = tokio::signal::ctrl_c() => Err(Failure::runtime("bench interrupted; cleaned up")),
+    };
+    // Clean up whatever happened above.
+    if let Some(mut child) = state.daemon.take() {
+        stop_child(&mut child);
+    }
+    let ch = amqp.create_channel().await.ok();
+    if let Some(ch) = ch {
+        let _ = ch
+            .queue_delete(names.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = ch
+            .exchange_delete(
+                names.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+    let fam = KeyFamily::new(&names.key);
+    let _: redis::RedisResult<i64> = redis::cmd("DEL")
+        .arg(&fam.all()[..])
+        .arg(format!("{}:staging", names.key))
+        .query_async(&mut redis)
+        .await;
+    if let Some(path) = state.config_path.take() {
+        let _ = std::fs::remove_file(path);
+    }
+    let _ = amqp.close(200, "bench done".into()).await;
+    outcome
+}
+
+struct Names {
+    exchange: String,
+    queue: String,
+    routing_key: String,
+    key: String,
+}
+
+#[derive(Default)]
+struct BenchState {
+    daemon: Option<Child>,
+    config_path: Option<PathBuf>,
+}
+
+fn stop_child(child: &mut Child) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Counts deliveries and keeps the lateness of the ones that carry a due time.
+#[derive(Clone, Default)]
+struct Counter {
+    received: Arc<AtomicU64>,
+    lateness_ms: Arc<Mutex<Vec<f64>>>,
+    record: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn wall_ms_f() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+async fn bench(
+    args: &BenchArgs,
+    cfg: &config::Config,
+    names: &Names,
+    client: &redis::Client,
+    redis: &mut redis::aio::MultiplexedConnection,
+    amqp: &Connection,
+    state: &mut BenchState,
+) -> Result<(), Failure> {
+    let ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    ch.exchange_declare(
+        names.exchange.as_str().into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| fail("declare exchange")(e.to_string()))?;
+    ch.queue_declare(
+        names.queue.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| fail("declare queue")(e.to_string()))?;
+    ch.queue_bind(
+        names.queue.as_str().into(),
+        names.exchange.as_str().into(),
+        names.routing_key.as_str().into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| fail("bind queue")(e.to_string()))?;
+
+    // One consumer for every phase, so the broker does the same work in each.
+    let counter = Counter::default();
+    let consumer_ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    consumer_ch
+        .basic_qos(2000, BasicQosOptions::default())
+        .await
+        .map_err(|e| fail("qos")(e.to_string()))?;
+    let mut consumer = consumer_ch
+        .basic_consume(
+            names.queue.as_str().into(),
+            "delayd-bench".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| fail("consume")(e.to_string()))?;
+    let c = counter.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(d)) = consumer.next().await {
+            c.received.fetch_add(1, Ordering::Relaxed);
+            if c.record.load(Ordering::Relaxed) {
+                if let Some(AMQPValue::LongLongInt(due)) = d
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get("x-delayd-due").cloned())
+                {
+                    let late = wall_ms_f() - due as f64;
+                    if let Ok(mut v) = c.lateness_ms.lock() {
+                        v.push(late);
+                    }
+                }
+            }
+        }
+    });
+
+    // delayd as users run it, on a temporary business.
+    let extra = args.business.join("\n");
+    let toml = format!(
+        "[redis]\nurl = \"{}\"\n[amqp]\nurl = \"{}\"\n[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
+        cfg.redis_url.expose(),
+        cfg.amqp_url.expose(),
+        names.key,
+        names.exchange,
+        names.routing_key
+    );
+    let path = std::env::temp_dir().join(format!("delayd-bench-{}.toml", names.queue));
+    std::fs::write(&path, toml).map_err(|e| fail("write temp config")(e.to_string()))?;
+    state.config_path = Some(path.clone());
+    // The file holds the URLs with their passwords: readable by us only.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
+    config::load(&path).map_err(|e| Failure::usage(format!("bench: --business: {e}")))?;
+    let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
+    let child = Command::new(exe)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| fail("start delayd")(e.to_string()))?;
+    let pid = child.id();
+    state.daemon = Some(child);
+
+    let body_len = args.size;
+    let fam = KeyFamily::new(&names.key);
+    eprintln!("bench: finding the raw publisher's best channels and window ...");
+    let trial_n = (args.messages / 4).max(1000);
+    let mut best = (0.0f64, 1usize, 256usize);
+    for (channels, window) in [(1, 256), (1, 1024), (2, 1024), (4, 1024), (2, 4096)] {
+        let rate = raw_publish(amqp, names, trial_n, body_len, channels, window, &counter).await?;
+        eprintln!("bench:   {channels} channel(s) x window {window}: {rate:.0} msg/s");
+        if rate > best.0 {
+            best = (rate, channels, window);
+        }
+    }
+    let (_, best_channels, best_window) = best;
+
+    let mut raw_rates = Vec::new();
+    let mut drain_rates = Vec::new();
+    let mut ratios = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        let raw = raw_publish(
+            amqp,
+            names,
+            args.messages,
+            body_len,
+            best_channels,
+            best_window,
+            &counter,
+        )
+        .await?;
+        wait_consumed(&counter, Duration::from_secs(60)).await;
+        let drain = delayd_drain(redis, &fam, &names.key, args.messages, body_len, round).await?;
+        wait_consumed(&counter, Duration::from_secs(60)).await;
+        eprintln!(
+            "bench: round {round}: raw ceiling {raw:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3}",
+            drain / raw
+        );
+        raw_rates.push(raw);
+        drain_rates.push(drain);
+        ratios.push(drain / raw);
+    }
+    let rss_after_drain = rss_kb(pid);
+
+    eprintln!(
+        "bench: lateness at {} members/s for {} s ...",
+        args.rate, args.lateness_secs
+    );
+    let offset = clock_offset_ms(redis).await?;
+    counter.record.store(true, Ordering::Relaxed);
+    let scheduled =
+        lateness_phase(redis, &names.key, args.rate, args.lateness_secs, body_len).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counter.lateness_ms.lock().map(|v| v.len()).unwrap_or(0) < scheduled
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    counter.record.store(false, Ordering::Relaxed);
+    let mut lat: Vec<f64> = counter
+        .lateness_ms
+        .lock()
+        .map(|v| v.iter().map(|l| l - offset).collect())
+        .unwrap_or_default();
+    lat.sort_by(|a, b| a.total_cmp(b));
+
+    eprintln!("bench: idle Redis commands over {} s ...", args.idle_secs);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = idle_commands(client, &names.key, args.idle_secs.max(1)).await?;
+    let idle_per_s = idle as f64 / args.idle_secs.max(1) as f64;
+    let rss_end = rss_kb(pid);
+
+    let med_raw = median(&raw_rates);
+    let med_drain = median(&drain_rates);
+    let med_ratio = median(&ratios);
+    println!();
+    println!(
+        "delayd bench: {} x {}-byte persistent messages into a durable queue, {} rounds, one run",
+        args.messages,
+        args.size,
+        raw_rates.len()
+    );
+    println!("machine: {}", machine());
+    println!("{:-<78}", "");
+    row(
+        "raw confirmed publish (ceiling)",
+        &format!("{med_raw:.0} msg/s"),
+        &format!("median; best of sweep: {best_channels} channel(s), window {best_window}"),
+    );
+    row(
+        "delayd drain (claim+publish+ack)",
+        &format!("{med_drain:.0} msg/s"),
+        &format!("median; rounds {}", join_rates(&drain_rates)),
+    );
+    row(
+        "delayd / ceiling",
+        &format!("{med_ratio:.3}"),
+        &format!("median of per-round ratios {}", join_ratios(&ratios)),
+    );
+    if lat.is_empty() {
+        row("lateness", "no samples", "");
+    } else {
+        row(
+            &format!("lateness at {}/s (due -> consumer)", args.rate),
+            &format!("p99 {:.1} ms", percentile(&lat, 0.99)),
+            &format!(
+                "p50 {:.1} ms, max {:.1} ms, min {:.1} ms, {} of {} received",
+                percentile(&lat, 0.50),
+                lat.last().copied().unwrap_or(0.0),
+                lat.first().copied().unwrap_or(0.0),
+                lat.len(),
+                scheduled
+            ),
+        );
+    }
+    row(
+        "idle Redis commands",
+        &format!("{idle_per_s:.2} /s"),
+        "one business, nothing due (MONITOR, commands naming its key)",
+    );
+    row(
+        "delayd RSS",
+        &format!("{:.1} MB", rss_end.1 as f64 / 1024.0),
+        &format!(
+            "peak {:.1} MB after the drains, {:.1} MB at the end",
+            rss_after_drain.0 as f64 / 1024.0,
+            rss_end.0 as f64 / 1024.0
+        ),
+    );
+    Ok(())
+}
+
+fn row(label: &str, value: &str, note: &str) {
+    println!("{label:<34} {value:>14}   {note}");
+}
+
+fn join_rates(v: &[f64]) -> String {
+    v.iter()
+        .map(|r| format!("{r:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn join_ratios(v: &[f64]) -> String {
+    v.iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        0.0
+    } else if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let idx = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[idx]
+}
+
+/// (peak, current) resident set of a process, in KiB.
+fn rss_kb(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} cores, {model}")
+}
+
+async fn wait_consumed(counter: &Counter, limit: Duration) {
+    let start = Instant::now();
+    let mut last = counter.received.load(Ordering::Relaxed);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = counter.received.load(Ordering::Relaxed);
+        if now == last || start.elapsed() > limit {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// A plain lapin publisher: confirms on, `window` publishes in flight per
+/// channel, persistent and mandatory like delayd's. Returns messages/s.
+async fn raw_publish(
+    amqp: &Connection,
+    names: &Names,
+    n: usize,
+    size: usize,
+    channels: usize,
+    window: usize,
+    _counter: &Counter,
+) -> Result<f64, Failure> {
+    let mut chans = Vec::new();
+    for _ in 0..channels {
+        let ch = amqp
+            .create_channel()
+            .await
+            .map_err(|e| fail("channel")(e.to_string()))?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| fail("confirm_select")(e.to_string()))?;
+        chans.push(ch);
+    }
+    let body = vec![b'x'; size];
+    let start = Instant::now();
+    let per = n.div_ceil(channels);
+    let mut tasks = Vec::new();
+    for (i, ch) in chans.into_iter().enumerate() {
+        let count = per.min(n.saturating_sub(i * per));
+        let body = body.clone();
+        let exchange = names.exchange.clone();
+        let rk = names.routing_key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut inflight = FuturesUnordered::new();
+            for _ in 0..count {
+                while inflight.len() >= window {
+                    if let Some(r) = inflight.next().await {
+                        r?;
+                    }
+                }
+                let confirm = ch
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        rk.as_str().into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            immediate: false,
+                        },
+                        &body,
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await?;
+                inflight.push(confirm);
+            }
+            while let Some(r) = inflight.next().await {
+                r?;
+            }
+            let _ = ch.close(200, "done".into()).await;
+            Ok::<(), lapin::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| fail("raw publisher")(e.to_string()))?
+            .map_err(|e| fail("raw publisher")(e.to_string()))?;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Loads a due backlog into a staging key, swaps it in with one RENAME so
+/// the clock starts with every member due at once, and times until every
+/// member is confirmed and forgotten.
+async fn delayd_drain(
+    redis: &mut redis::aio::MultiplexedConnection,
+    fam: &KeyFamily,
+    key: &str,
+    n: usize,
+    size: usize,
+    round: usize,
+) -> Result<f64, Failure> {
+    let staging = format!("{key}:staging");
+    let (secs, _): (i64, i64) = redis::cmd("TIME")
+        .query_async(redis)
+        .await
+        .map_err(|e| fail("redis")(e.to_string()))?;
+    let due = (secs - 1) * 1000;
+    for start in (0..n).step_by(5000) {
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(&staging);
+        for i in start..(start + 5000).min(n) {
+            let mut body = format!("r{round}-{i:09}-").into_bytes();
+            body.resize(size.max(body.len()), b'x');
+            cmd.arg(due).arg(body);
+        }
+        let _: i64 = cmd
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+    }
+    let start = Instant::now();
+    let _: () = redis::cmd("RENAME")
+        .arg(&staging)
+        .arg(key)
+        .query_async(redis)
+        .await
+        .map_err(|e| fail("redis")(e.to_string()))?;
+    let limit = Duration::from_secs(600);
+    loop {
+        let (p, i): (u64, u64) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(key)
+            .cmd("ZCARD")
+            .arg(&fam.inflight)
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        if p == 0 && i == 0 {
+            break;
+        }
+        if start.elapsed() > limit {
+            return Err(Failure::runtime(format!(
+                "bench: delayd did not drain {n} members within {limit:?} ({p} pending, {i} in flight)"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Redis's clock minus this machine's, in ms, so lateness compares like with like.
+async fn clock_offset_ms(redis: &mut redis::aio::MultiplexedConnection) -> Result<f64, Failure> {
+    let mut best: Option<(f64, f64)> = None;
+    for _ in 0..5 {
+        let t0 = wall_ms_f();
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        let t1 = wall_ms_f();
+        let rtt = t1 - t0;
+        let off = (s as f64 * 1000.0 + us as f64 / 1000.0) - (t0 + t1) / 2.0;
+        if best.is_none_or(|(r, _)| rtt < r) {
+            best = Some((rtt, off));
+        }
+    }
+    Ok(best.map(|(_, o)| -o).unwrap_or(0.0))
+}
+
+/// A producer that, every 10 ms, schedules the members due one second later
+/// at `rate` per second. Returns how many it scheduled.
+async fn lateness_phase(
+    redis: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    rate: u32,
+    secs: u64,
+    size: usize,
+) -> Result<usize, Failure> {
+    let (s, us): (i64, i64) = redis::cmd("TIME")
+        .query_async(redis)
+        .await
+        .map_err(|e| fail("redis")(e.to_string()))?;
+    let t0 = s * 1000 + us / 1000 + 1000;
+    let total = (rate as u64 * secs) as usize;
+    let spacing = 1000.0 / rate as f64;
+    let started = Instant::now();
+    let mut next = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while next < total {
+        tick.tick().await;
+        // Everything due within the next second (of the schedule) is added now.
+        let horizon = started.elapsed().as_millis() as f64 + 1000.0;
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(key);
+        let mut any = false;
+        while next < total && (next as f64 * spacing) <= horizon {
+            let due = t0 + (next as f64 * spacing) as i64;
+            let mut body = format!("late-{next:09}-").into_bytes();
+            body.resize(size.max(body.len()), b'x');
+            cmd.arg(due).arg(body);
+            next += 1;
+            any = true;
+        }
+        if any {
+            let _: i64 = cmd
+                .query_async(redis)
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+        }
+    }
+    // Let the last members come due.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Ok(total)
+}
+
+/// Counts, with MONITOR, the commands that name the bench key: delayd's own
+/// traffic for the business, whatever else the server is doing.
+async fn idle_commands(client: &redis::Client, key: &str, secs: u64) -> Result<u64, Failure> {
+    let mut monitor = client
+        .get_async_monitor()
+        .await
+        .map_err(|e| fail("MONITOR")(e.to_string()))?;
+    let mut lines = monitor.on_message::<String>();
+    let needle = format!("\"{key}\"");
+    let end = tokio::time::sleep(Duration::from_secs(secs));
+    tokio::pin!(end);
+    let mut count = 0u64;
+    loop {
+        tokio::select! {
+            _ = &mut end => break,
+            line = lines.next() => match line {
+                Some(l) if l.contains(&needle) => count += 1,
+                Some(_) => {}
+                None => return Err(Failure::runtime("bench: MONITOR stream ended")),
+            }
+        }
+    }
+    Ok(count)
 }

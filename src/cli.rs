@@ -102,7 +102,8 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn usage(message: impl Into<String>) -> Self {
+    /// A usage or config error (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
         Self {
             code: 2,
             message: message.into(),

@@ -212,14 +212,19 @@ impl Store {
             return Ok(0);
         }
         let mut conn = self.conn.clone();
-        let mut inv = ACK.prepare_invoke();
-        inv.key(&self.keys.inflight)
-            .key(&self.keys.due)
-            .key(&self.keys.attempts);
-        for m in members {
-            inv.arg(m.as_slice());
+        let mut total = 0;
+        // Lua's unpack is bounded; a few thousand members per call is safe.
+        for chunk in members.chunks(2000) {
+            let mut inv = ACK.prepare_invoke();
+            inv.key(&self.keys.inflight)
+                .key(&self.keys.due)
+                .key(&self.keys.attempts);
+            for m in chunk {
+                inv.arg(m.as_slice());
+            }
+            total += inv.invoke_async::<u64>(&mut conn).await?;
         }
-        Ok(inv.invoke_async(&mut conn).await?)
+        Ok(total)
     }
 
     /// Reschedules refused members with backoff, or dead-letters them.

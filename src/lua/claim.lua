@@ -3,20 +3,31 @@
 -- KEYS[1] pending ZSET K (score = due, in score units)
 -- KEYS[2] in-flight ZSET (score = lease deadline, epoch ms)
 -- KEYS[3] due HASH (member -> original due, epoch ms)
--- KEYS[4] attempts HASH (member -> publish attempts so far)
+-- KEYS[4] attempts HASH (member -> attempt number of its latest claim;
+--         absent means 1 while claimed, 0 while pending)
 -- ARGV[1] most members to claim (>= 0)
 -- ARGV[2] lease, ms
 -- ARGV[3] milliseconds per score unit (1 or 1000)
 -- ARGV[4] most expired leases to recover
 -- Returns {now_ms, next_due_ms or -1, recovered, m1, due1, attempt1, m2, ...}.
 -- Members are returned as bulk strings, so an empty member is a member,
--- never "nothing due".
+-- never "nothing due". Writes are batched per command: one ZREM on K also
+-- means one keyspace event per claim, not one per member.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local unit = tonumber(ARGV[3])
 local fmt = '%.17g'
+-- Lua's unpack is bounded by the C stack; stay well below it.
+local CHUNK = 1000
+
+local function batched(cmd, key, list, per)
+  for i = 1, #list, CHUNK * per do
+    local j = math.min(#list, i + CHUNK * per - 1)
+    redis.call(cmd, key, unpack(list, i, j))
+  end
+end
 
 local recovered = 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
@@ -24,8 +35,10 @@ for _, m in ipairs(expired) do
   local due = tonumber(redis.call('HGET', KEYS[3], m)) or now
   -- NX: a producer that rescheduled the member meanwhile wins.
   redis.call('ZADD', KEYS[1], 'NX', string.format(fmt, due / unit), m)
-  redis.call('ZREM', KEYS[2], m)
   recovered = recovered + 1
+end
+if #expired > 0 then
+  batched('ZREM', KEYS[2], expired, 1)
 end
 
 local out = {now, -1, recovered}
@@ -33,23 +46,49 @@ local claimed = 0
 if limit > 0 then
   local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format(fmt, now / unit),
     'WITHSCORES', 'LIMIT', 0, limit)
-  local deadline = now + lease
-  for i = 1, #items, 2 do
-    local m = items[i]
-    -- A negative or -inf score is due at once; clamp it so it stays an integer.
-    local due = math.max(0, math.floor(tonumber(items[i + 1]) * unit))
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('ZADD', KEYS[2], deadline, m)
+  claimed = #items / 2
+  if claimed > 0 then
+    local members, leased = {}, {}
+    for i = 1, #items, 2 do
+      members[#members + 1] = items[i]
+      leased[#leased + 1] = now + lease
+      leased[#leased + 1] = items[i]
+    end
     -- A retried member keeps the due time of its first claim, so its
     -- message_id and lateness stay those of the original schedule.
-    if redis.call('HSETNX', KEYS[3], m, due) == 0 then
-      due = tonumber(redis.call('HGET', KEYS[3], m))
+    local dues = {}
+    local attempts = {}
+    for i = 1, #members, CHUNK do
+      local j = math.min(#members, i + CHUNK - 1)
+      local d = redis.call('HMGET', KEYS[3], unpack(members, i, j))
+      local a = redis.call('HMGET', KEYS[4], unpack(members, i, j))
+      for k = 1, #d do
+        dues[i + k - 1] = d[k]
+        attempts[i + k - 1] = a[k]
+      end
     end
-    local attempt = redis.call('HINCRBY', KEYS[4], m, 1)
-    out[#out + 1] = m
-    out[#out + 1] = due
-    out[#out + 1] = attempt
-    claimed = claimed + 1
+    local new_dues, new_attempts = {}, {}
+    for i, m in ipairs(members) do
+      local due = tonumber(dues[i])
+      if not due then
+        -- A negative or -inf score is due at once; clamp it to stay an integer.
+        due = math.max(0, math.floor(tonumber(items[2 * i]) * unit))
+        new_dues[#new_dues + 1] = m
+        new_dues[#new_dues + 1] = due
+      end
+      local attempt = (tonumber(attempts[i]) or 0) + 1
+      if attempt > 1 then
+        new_attempts[#new_attempts + 1] = m
+        new_attempts[#new_attempts + 1] = attempt
+      end
+      out[#out + 1] = m
+      out[#out + 1] = due
+      out[#out + 1] = attempt
+    end
+    batched('ZREM', KEYS[1], members, 1)
+    batched('ZADD', KEYS[2], leased, 2)
+    if #new_dues > 0 then batched('HSET', KEYS[3], new_dues, 2) end
+    if #new_attempts > 0 then batched('HSET', KEYS[4], new_attempts, 2) end
   end
 end
 

@@ -25,6 +25,8 @@ for i = 6, #ARGV do
       dead = dead + 1
     else
       local delay = math.min(cap, backoff * 2 ^ (attempts - 1))
+      -- The next claim reads this to number its attempt.
+      redis.call('HSET', KEYS[4], m, attempts)
       redis.call('ZADD', KEYS[1], string.format('%.17g', (now + delay) / unit), m)
       retried = retried + 1
     end
