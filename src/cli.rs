@@ -185,6 +185,7 @@ async fn redis_conn(cfg: &Config) -> Result<redis::aio::ConnectionManager, Failu
         client.get_connection_manager_with_config(
             redis::aio::ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(3)))
+                .set_response_timeout(Some(Duration::from_secs(30)))
                 .set_number_of_retries(1),
         ),
     )

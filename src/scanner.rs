@@ -243,10 +243,22 @@ async fn scan(
             lane.all_wake.notify_waiters();
         }
 
-        let mut members = claim.members.into_iter();
+        // Every publish of the batch is started before any is awaited: lapin
+        // queues their frames in order and its I/O loop writes them in one
+        // go, instead of one wake-up and round trip per message.
+        let key = &lane.store.keys().pending;
+        let results = futures::future::join_all(
+            claim
+                .members
+                .iter()
+                .map(|c| amqp::publish(&ch, b, key, c, claim.now_ms)),
+        )
+        .await;
         let mut published = 0u64;
-        while let Some(c) = members.next() {
-            match amqp::publish(&ch, b, &lane.store.keys().pending, &c, claim.now_ms).await {
+        let mut unpublished = Vec::new();
+        let mut first_error = None;
+        for (c, result) in claim.members.into_iter().zip(results) {
+            match result {
                 Ok(confirm) => {
                     published += 1;
                     let Claimed {
@@ -266,17 +278,18 @@ async fn scan(
                     ));
                 }
                 Err(e) => {
-                    let mut rest = vec![c.member];
-                    rest.extend(members.by_ref().map(|c| c.member));
-                    if !channel_error_logged {
-                        tracing::warn!(error = %e, unpublished = rest.len(), "publish failed; handing the batch back and reopening the channel");
-                        channel_error_logged = true;
-                    }
-                    let _ = tx.send(ToSettle::Unpublished(rest));
-                    channel = None;
-                    break;
+                    first_error.get_or_insert(e);
+                    unpublished.push(c.member);
                 }
             }
+        }
+        if let Some(e) = first_error {
+            if !channel_error_logged {
+                tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
+                channel_error_logged = true;
+            }
+            let _ = tx.send(ToSettle::Unpublished(unpublished));
+            channel = None;
         }
         METRICS
             .published
@@ -364,19 +377,24 @@ async fn settle(
                 None => open = false,
             },
             Some((seq, result)) = confirms.next(), if !confirms.is_empty() => {
-                let mut done = 0usize;
-                if let Some(o) = outstanding.remove(&seq) {
-                    batch.add(o, result);
-                    done += 1;
-                }
                 // Everything already resolved joins this batch.
-                while let Some(Some((seq, result))) = confirms.next().now_or_never() {
+                let mut ready = vec![(seq, result)];
+                while ready.len() < 4096 {
+                    match confirms.next().now_or_never() {
+                        Some(Some(r)) => ready.push(r),
+                        _ => break,
+                    }
+                }
+                // In publish order: when the broker closes the channel over
+                // one message (too large, say), every confirm still owed on
+                // it fails with the same error, in no particular order, and
+                // only the first of them is the message it refused.
+                ready.sort_unstable_by_key(|(seq, _)| *seq);
+                let mut done = 0usize;
+                for (seq, result) in ready {
                     if let Some(o) = outstanding.remove(&seq) {
                         batch.add(o, result);
                         done += 1;
-                    }
-                    if done >= 4096 {
-                        break;
                     }
                 }
                 flush(&lane, &mut batch).await;
