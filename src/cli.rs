@@ -516,37 +516,41 @@ async fn dead(action: DeadAction) -> Result<(), Failure> {
     let b = cfg.business(&args.business).map_err(Failure::usage)?;
     let conn = redis_conn(&cfg).await?;
     let mut total = 0u64;
+    // --limit bounds the whole business, however many shards it has.
+    let mut left = args
+        .limit
+        .unwrap_or(if kind == "list" { 100 } else { usize::MAX });
     for store in stores(&conn, b) {
-        match kind {
-            "list" => {
-                let (now, members) = store.dead_list(args.limit.unwrap_or(100)).await?;
-                for m in members {
-                    let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
-                    println!(
-                        "{}\tdied {} ago\t{}",
-                        escape_bytes(&m.member),
-                        humantime::format_duration(Duration::from_secs(age.as_secs())),
-                        m.reason
-                    );
-                    total += 1;
-                }
+        if left == 0 {
+            break;
+        }
+        if kind == "list" {
+            let (now, members) = store.dead_list(left).await?;
+            for m in members {
+                let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
+                println!(
+                    "{}\tdied {} ago\t{}",
+                    escape_bytes(&m.member),
+                    humantime::format_duration(Duration::from_secs(age.as_secs())),
+                    m.reason
+                );
+                total += 1;
+                left -= 1;
             }
-            _ => {
-                // Chunks keep each script call short, so Redis never stalls.
-                let mut left = args.limit.unwrap_or(usize::MAX);
-                while left > 0 {
-                    let chunk = left.min(1000);
-                    let n = if kind == "requeue" {
-                        store.dead_requeue(chunk).await?
-                    } else {
-                        store.dead_purge(chunk).await?
-                    };
-                    total += n;
-                    left -= n as usize;
-                    if (n as usize) < chunk {
-                        break;
-                    }
-                }
+            continue;
+        }
+        // Chunks keep each script call short, so Redis never stalls.
+        while left > 0 {
+            let chunk = left.min(1000);
+            let n = if kind == "requeue" {
+                store.dead_requeue(chunk).await?
+            } else {
+                store.dead_purge(chunk).await?
+            };
+            total += n;
+            left -= n as usize;
+            if (n as usize) < chunk {
+                break;
             }
         }
     }

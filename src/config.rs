@@ -350,10 +350,12 @@ fn one_line(s: &str) -> String {
 /// sentence that starts with the place, which is what a user looks for.
 fn describe_parse_error(msg: &str) -> String {
     let msg = one_line(msg);
-    if let Some(idx) = msg.rfind(" for key `") {
-        let key = msg[idx + 10..].trim_end_matches('`');
-        let what = &msg[..idx];
-        return format!("{}: {what}", describe_key(key));
+    const MARK: &str = " for key `";
+    if let Some(idx) = msg.find(MARK) {
+        let rest = &msg[idx + MARK.len()..];
+        if let Some(end) = rest.find('`') {
+            return format!("{}: {}", describe_key(&rest[..end]), &msg[..idx]);
+        }
     }
     msg
 }
@@ -389,18 +391,28 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
             SecretUrl::new("")
         }
     };
-    let redis_ok = ["redis://", "rediss://", "unix://", "redis+unix://"];
-    if !redis_url.expose().is_empty() && !redis_ok.iter().any(|p| redis_url.expose().starts_with(p))
+    // This build has no TLS stack: a rediss:// or amqps:// URL would either
+    // fail late or, worse, connect in clear text. Refuse it up front.
+    let redis_ok = ["redis://", "unix://", "redis+unix://"];
+    if redis_url.expose().starts_with("rediss://") {
+        problems.push(
+            "[redis] field \"url\": rediss:// (TLS) is not supported by this build; use redis:// on a private network or a TLS sidecar such as stunnel".into(),
+        );
+    } else if !redis_url.expose().is_empty()
+        && !redis_ok.iter().any(|p| redis_url.expose().starts_with(p))
     {
         problems.push(format!(
-            "[redis] field \"url\" must start with redis:// or rediss:// (got {})",
+            "[redis] field \"url\" must start with redis:// or unix:// (got {})",
             redis_url.redacted()
         ));
     }
-    let amqp_ok = ["amqp://", "amqps://"];
-    if !amqp_url.expose().is_empty() && !amqp_ok.iter().any(|p| amqp_url.expose().starts_with(p)) {
+    if amqp_url.expose().starts_with("amqps://") {
+        problems.push(
+            "[amqp] field \"url\": amqps:// (TLS) is not supported by this build; use amqp:// on a private network or a TLS sidecar such as stunnel".into(),
+        );
+    } else if !amqp_url.expose().is_empty() && !amqp_url.expose().starts_with("amqp://") {
         problems.push(format!(
-            "[amqp] field \"url\" must start with amqp:// or amqps:// (got {})",
+            "[amqp] field \"url\" must start with amqp:// (got {})",
             amqp_url.redacted()
         ));
     }
@@ -718,6 +730,23 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
             .unwrap_err()
             .to_string();
         assert!(e.contains("/nonexistent/delayd.toml"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_business_and_field() {
+        let e = err_of(&business("batch_size = \"abc\""));
+        assert!(
+            e.contains("business \"billing\", field \"batch_size\""),
+            "{e}"
+        );
+        assert!(e.contains("invalid type"), "{e}");
+    }
+
+    #[test]
+    fn tls_urls_are_refused_rather_than_sent_in_clear() {
+        let body = business("").replace("amqp://guest", "amqps://guest");
+        let e = err_of(&body);
+        assert!(e.contains("amqps://") && e.contains("not supported"), "{e}");
     }
 
     #[test]

@@ -41,8 +41,8 @@ pub struct Lane {
     pub all_wake: Notify,
     /// True while keyspace notifications for this key are being received.
     pub notifications: AtomicBool,
-    /// Shared publish-rate cap of the business, when configured.
-    pub limiter: Option<Arc<RateLimiter>>,
+    /// Shared publish-rate cap of the business and its burst, when configured.
+    pub limiter: Option<(Arc<RateLimiter>, usize)>,
     /// Redis reachability, shared by the process.
     pub redis: Arc<Health>,
 }
@@ -172,9 +172,14 @@ async fn scan(
                 Err(_) => break,
             }
         }
-        if let Some(limiter) = &lane.limiter {
-            let burst =
-                NonZeroU32::new(want.min(u32::MAX as usize) as u32).unwrap_or(NonZeroU32::MIN);
+        if let Some((limiter, max_burst)) = &lane.limiter {
+            // The limiter refuses a request larger than its burst: ask for
+            // no more than it can ever grant, and give the rest back.
+            if want > *max_burst {
+                window.add_permits(want - *max_burst);
+                want = *max_burst;
+            }
+            let burst = NonZeroU32::new(want as u32).unwrap_or(NonZeroU32::MIN);
             let ok = tokio::select! {
                 _ = stop.cancelled() => false,
                 r = limiter.until_n_ready(burst) => r.is_ok(),
@@ -371,7 +376,7 @@ async fn settle(
                 Some(ToSettle::Unpublished(members)) => {
                     let n = members.len();
                     batch.release.extend(members);
-                    flush(&lane, &mut batch).await;
+                    flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                     window.add_permits(n);
                 }
                 None => open = false,
@@ -397,7 +402,7 @@ async fn settle(
                         done += 1;
                     }
                 }
-                flush(&lane, &mut batch).await;
+                flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                 window.add_permits(done);
             }
             _ = extend_tick.tick() => {
@@ -422,7 +427,7 @@ async fn settle(
                     "shutdown_timeout reached with confirms still owed; handing those members back to pending"
                 );
                 batch.release.extend(members);
-                flush(&lane, &mut batch).await;
+                flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                 break;
             }
         }
@@ -497,10 +502,15 @@ fn precondition_failure(e: &lapin::Error) -> Option<String> {
 
 /// Writes a batch of outcomes to Redis, retrying while Redis is away: an ack
 /// that is not written becomes a duplicate once the lease expires.
-async fn flush(lane: &Lane, batch: &mut Batch) {
+async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::time::Instant>) {
     let b = &lane.business;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    let give_up = Instant::now() + b.lease;
+    // Retry while the lease still protects the members, but never past a
+    // stop's deadline: what is not written then is recovered later.
+    let mut give_up = Instant::now() + b.lease;
+    if let Some(d) = drain_deadline {
+        give_up = give_up.min(d.into_std() + Duration::from_secs(1));
+    }
     if !batch.ack.is_empty() {
         loop {
             match lane.store.ack(&batch.ack).await {

@@ -119,12 +119,12 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let mut lanes = Vec::new();
     for b in &config.businesses {
         let business = Arc::new(b.clone());
+        // Bursts no larger than a batch keep the pace even within a second.
         let limiter = b.max_rate.and_then(|r| {
-            std::num::NonZeroU32::new(r).map(|r| {
-                Arc::new(governor::RateLimiter::direct(governor::Quota::per_second(
-                    r,
-                )))
-            })
+            let burst = (r as usize).min(b.batch_size).max(1);
+            let quota = governor::Quota::per_second(std::num::NonZeroU32::new(r)?)
+                .allow_burst(std::num::NonZeroU32::new(burst as u32)?);
+            Some((Arc::new(governor::RateLimiter::direct(quota)), burst))
         });
         for key in b.keys() {
             lanes.push(Arc::new(Lane {
@@ -152,9 +152,8 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| RunError::Http(listen, e))?;
-        drop(listener);
         tokio::spawn(async move {
-            if let Err(e) = telemetry::serve_http(listen, state).await {
+            if let Err(e) = telemetry::serve_http(listener, state).await {
                 tracing::error!(%listen, error = %e, "HTTP server stopped");
             }
         });
@@ -261,7 +260,9 @@ async fn watch_signals(
         stop.cancel();
     }
     if signals.next().await.is_some() {
-        tracing::warn!("second signal: handing back unconfirmed members and exiting now");
+        tracing::warn!(
+            "second signal: exiting now; members still awaiting a confirm go back to pending when their lease expires"
+        );
         std::process::exit(0);
     }
 }

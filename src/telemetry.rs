@@ -1,7 +1,6 @@
 //! Logs, Prometheus metrics, connection health and the small HTTP server
 //! that exposes `/metrics`, `/healthz` and `/readyz`.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -26,8 +25,11 @@ pub fn init_logging(format: LogFormat, level: &str) {
     }
     let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=off"));
+    use std::io::IsTerminal;
+    // Colour codes only help a terminal; in a file or a log shipper they are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -309,15 +311,19 @@ pub struct HttpState {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` until the process exits.
-pub async fn serve_http(listen: SocketAddr, state: Arc<HttpState>) -> std::io::Result<()> {
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    state: Arc<HttpState>,
+) -> std::io::Result<()> {
     use axum::routing::get;
     let app = axum::Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready_handler))
         .with_state(state);
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+    if let Ok(listen) = listener.local_addr() {
+        tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
+    }
     axum::serve(listener, app).await
 }
 

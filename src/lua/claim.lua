@@ -35,6 +35,8 @@ for _, m in ipairs(expired) do
   local due = tonumber(redis.call('HGET', KEYS[3], m)) or now
   -- NX: a producer that rescheduled the member meanwhile wins.
   redis.call('ZADD', KEYS[1], 'NX', string.format(fmt, due / unit), m)
+  -- The lost attempt counts, so the next claim numbers its attempt 2.
+  redis.call('HSETNX', KEYS[4], m, 1)
   recovered = recovered + 1
 end
 if #expired > 0 then

@@ -15,7 +15,11 @@ local reason = ARGV[5]
 local retried, dead = 0, 0
 for i = 6, #ARGV do
   local m = ARGV[i]
-  if redis.call('ZREM', KEYS[2], m) == 1 then
+  -- The broker refused this copy, so it was not delivered. Even if the
+  -- member is no longer in flight (a producer re-added it and another copy
+  -- was settled first), it must go back rather than vanish.
+  redis.call('ZREM', KEYS[2], m)
+  do
     local attempts = tonumber(redis.call('HGET', KEYS[4], m)) or 1
     if attempts >= max_attempts then
       redis.call('ZADD', KEYS[5], now, m)
