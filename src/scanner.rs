@@ -402,8 +402,11 @@ async fn settle(
                         done += 1;
                     }
                 }
-                flush(&lane, &mut batch, drain_deadline.get().copied()).await;
+                // The window bounds what the broker owes us; writing the
+                // outcomes to Redis is a separate stage, so the scanner may
+                // publish again while they are written.
                 window.add_permits(done);
+                flush(&lane, &mut batch, drain_deadline.get().copied()).await;
             }
             _ = extend_tick.tick() => {
                 let old: Vec<Vec<u8>> = outstanding

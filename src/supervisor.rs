@@ -55,7 +55,8 @@ pub async fn connect_redis(
         .set_response_timeout(Some(Duration::from_secs(10)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_secs(2));
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    // Capped at 5 s, so dispatching starts within seconds of Redis coming up.
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         let attempt = tokio::select! {
             _ = stop.cancelled() => return None,
@@ -92,6 +93,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let signals = signal_hook_tokio::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(RunError::Signals)?;
     let signal_task = tokio::spawn(watch_signals(
@@ -248,7 +250,16 @@ async fn watch_signals(
     stop: CancellationToken,
     deadlines: Vec<(Duration, Arc<OnceCell<tokio::time::Instant>>)>,
 ) {
-    if let Some(sig) = signals.next().await {
+    // There is nothing to reload: SIGHUP must not end the process like a crash.
+    let mut next = async || loop {
+        match signals.next().await {
+            Some(signal_hook::consts::SIGHUP) => {
+                tracing::info!("SIGHUP ignored: delayd does not reload its configuration; restart it to apply changes");
+            }
+            other => return other,
+        }
+    };
+    if let Some(sig) = next().await {
         tracing::info!(
             signal = sig,
             "stopping: no new claims; waiting for owed confirms (bounded by shutdown_timeout)"
@@ -259,7 +270,7 @@ async fn watch_signals(
         }
         stop.cancel();
     }
-    if signals.next().await.is_some() {
+    if next().await.is_some() {
         tracing::warn!(
             "second signal: exiting now; members still awaiting a confirm go back to pending when their lease expires"
         );
