@@ -30,7 +30,14 @@ pub enum AmqpError {
     /// The broker refused or dropped something.
     #[error("{0}")]
     Lapin(#[from] lapin::Error),
+    /// Opening a channel got no answer in time.
+    #[error("no answer to opening a channel within {0:?}; the connection is presumably dead")]
+    ChannelTimeout(Duration),
 }
+
+/// Opening a channel is two round trips. On a connection that died just as
+/// it was used, lapin may never answer, which would wedge the scanner: bound it.
+const CHANNEL_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Parses the URL and asks for 10 s heartbeats unless the URL sets its own,
 /// so a dead TCP connection is noticed in seconds rather than minutes.
@@ -84,12 +91,17 @@ impl Broker {
     /// opens a channel in confirm mode. `None` if `cancel` fires first.
     pub async fn channel(&self, cancel: &CancellationToken) -> Option<Result<Channel, AmqpError>> {
         let conn = self.ready(cancel).await?;
-        let result = async {
+        let open = async {
             let ch = conn.create_channel().await?;
             ch.confirm_select(ConfirmSelectOptions::default()).await?;
             Ok::<_, AmqpError>(ch)
-        }
-        .await;
+        };
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return None,
+            r = tokio::time::timeout(CHANNEL_OPEN_TIMEOUT, open) => {
+                r.unwrap_or(Err(AmqpError::ChannelTimeout(CHANNEL_OPEN_TIMEOUT)))
+            }
+        };
         Some(result)
     }
 
@@ -129,7 +141,9 @@ async fn supervise(
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    // Capped at 5 s: with jitter a retry then comes at most 5 s after the
+    // broker is back, so delivery resumes within 10 s of a restart.
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         let props = ConnectionProperties::default().with_connection_name("delayd".into());
         let attempt = tokio::select! {

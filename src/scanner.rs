@@ -390,11 +390,6 @@ async fn settle(
                         _ => break,
                     }
                 }
-                // In publish order: when the broker closes the channel over
-                // one message (too large, say), every confirm still owed on
-                // it fails with the same error, in no particular order, and
-                // only the first of them is the message it refused.
-                ready.sort_unstable_by_key(|(seq, _)| *seq);
                 let mut done = 0usize;
                 for (seq, result) in ready {
                     if let Some(o) = outstanding.remove(&seq) {
@@ -478,18 +473,40 @@ impl Batch {
             }
             Ok(Confirmation::Nack(None)) => self.nacked.push((o.member, o.attempt)),
             Ok(Confirmation::NotRequested) => self.release.push(o.member),
+            // The broker refused one message and closed the channel: every
+            // confirm still owed on it fails with the same error, including
+            // those of earlier messages whose confirms were not sent yet, and
+            // they arrive in no particular order. Count an attempt only for
+            // the refused message, so it ends in the dead set instead of
+            // wedging the scanner; the others go back untouched.
             Err(e) => match precondition_failure(&e) {
-                // The broker refused this very message (too large, for
-                // instance) and closed the channel: count it as an attempt so
-                // it ends in the dead set instead of wedging the scanner.
-                Some(reason) if self.rejected.is_empty() => {
-                    self.rejected_reason = reason;
-                    self.rejected.push((o.member, o.attempt));
-                }
-                _ => self.release.push(o.member),
+                Some(reason) => match max_message_size(&reason) {
+                    // The error names the limit: blame exactly what exceeds it.
+                    Some(max) if o.member.len() > max => {
+                        self.rejected_reason = reason;
+                        self.rejected.push((o.member, o.attempt));
+                    }
+                    Some(_) => self.release.push(o.member),
+                    // Otherwise one member per batch, so a message the broker
+                    // keeps refusing still runs out of attempts.
+                    None if self.rejected.is_empty() => {
+                        self.rejected_reason = reason;
+                        self.rejected.push((o.member, o.attempt));
+                    }
+                    None => self.release.push(o.member),
+                },
+                None => self.release.push(o.member),
             },
         }
     }
+}
+
+/// RabbitMQ refuses a body over `max_message_size` with "message size N is
+/// larger than configured max size M"; M, when the error says so.
+fn max_message_size(reason: &str) -> Option<usize> {
+    let rest = reason.split("larger than configured max size ").nth(1)?;
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
 }
 
 fn precondition_failure(e: &lapin::Error) -> Option<String> {

@@ -401,3 +401,338 @@ pub async fn assert_family_empty(conn: &mut redis::aio::MultiplexedConnection, k
         assert_eq!(exists, 0, "{k} still exists after the drain");
     }
 }
+
+/// Like [`consume`], but into an existing inbox and, with `ack`, acknowledging
+/// each message only after it is recorded: a message the consumer never saw is
+/// requeued by the broker instead of lost when the connection drops.
+pub async fn consume_into(conn: &Connection, queue: &str, inbox: &Inbox, ack: bool) {
+    let ch = conn.create_channel().await.unwrap();
+    if ack {
+        ch.basic_qos(500, BasicQosOptions::default()).await.unwrap();
+    }
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            unique("ctag").as_str().into(),
+            BasicConsumeOptions {
+                no_ack: !ack,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let out = inbox.clone();
+    tokio::spawn(async move {
+        let _keep = ch;
+        while let Some(Ok(d)) = consumer.next().await {
+            let headers = d
+                .properties
+                .headers()
+                .as_ref()
+                .map(|h| {
+                    h.inner()
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.0.lock().unwrap().push(Received {
+                body: d.data.clone(),
+                at_ms: wall_ms(),
+                headers,
+                message_id: d.properties.message_id().as_ref().map(|s| s.to_string()),
+                delivery_mode: *d.properties.delivery_mode(),
+                content_type: d.properties.content_type().as_ref().map(|s| s.to_string()),
+            });
+            if ack && d.ack(BasicAckOptions::default()).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Messages waiting in `queue` (a passive declare: the queue must exist).
+pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
+    let ch = conn.create_channel().await.unwrap();
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = ch.close(200, "ok".into()).await;
+    q.message_count()
+}
+
+/// Ports handed out in this process, so two tests never pick the same one
+/// before either server has bound it.
+static TAKEN_PORTS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A random port in `range` on which nothing listens, nor on `port + offset`
+/// for each of `also` (RabbitMQ's Erlang distribution port, for one).
+pub fn free_port(range: std::ops::Range<u16>, also: &[u16]) -> u16 {
+    let mut taken = TAKEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let p = rand::random_range(range.clone());
+        let all: Vec<u16> = std::iter::once(p)
+            .chain(also.iter().map(|o| p + o))
+            .collect();
+        if all.iter().any(|q| taken.contains(q)) {
+            continue;
+        }
+        if all.iter().all(|q| port_free(*q)) {
+            taken.extend(all);
+            return p;
+        }
+    }
+    panic!("no free port in {range:?}");
+}
+
+/// Polls `check` every 50 ms until it returns true; false after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A private `redis-server` (AOF on, fsync on every write) on its own port
+/// and directory, for tests that stop and restart Redis. Killed when dropped.
+pub struct PrivateRedis {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    /// Picks a free port; the server is not started yet.
+    pub fn new(dir: &Path) -> Self {
+        let dir = dir.join(format!("redis-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            port: free_port(10000..20000, &[]),
+            dir,
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Starts the server on its port and directory (keeping any data there)
+    /// and waits until it answers PING; panics after 20 s.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "private Redis already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))
+            .unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--notify-keyspace-events",
+                "Kz",
+                "--daemonize",
+                "no",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("cannot start redis-server");
+        self.child = Some(child);
+        let start = Instant::now();
+        while !self.answers() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "redis-server on port {} exited with {status}: {}",
+                    self.port,
+                    std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "private Redis on port {} did not answer within 20s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True when the server answers PING with PONG (not LOADING).
+    pub fn answers(&self) -> bool {
+        use std::io::Read;
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 16];
+        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    }
+
+    /// SIGTERM (Redis flushes its AOF and exits) and waits; panics after 20 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("private Redis on port {} ignored SIGTERM", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A connection to this server.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        let client = redis::Client::open(self.url()).unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .expect("private Redis did not answer within 5s")
+        .expect("cannot connect to private Redis")
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A private RabbitMQ node run by `deploy/local/rabbitmq-node.sh`
+/// (`DELAYD_TEST_RABBITMQ_NODE_SCRIPT`), its state in its own directory, so
+/// a test can stop and restart the broker. Killed when dropped.
+pub struct PrivateRabbit {
+    pub port: u16,
+    pub dir: PathBuf,
+    running: bool,
+}
+
+impl PrivateRabbit {
+    /// Picks a free AMQP port (and its distribution port, +10000); not started.
+    pub fn new(dir: &Path) -> Self {
+        let dir = dir.join(format!("rabbit-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            port: free_port(20000..30000, &[10000]),
+            dir,
+            running: false,
+        }
+    }
+
+    /// Writes `advanced.config` (Erlang terms) before the first start, e.g.
+    /// `[{rabbit, [{max_message_size, 1048576}]}].`
+    pub fn advanced_config(&self, terms: &str) {
+        std::fs::write(self.dir.join("advanced.config"), terms).unwrap();
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn script() -> PathBuf {
+        std::env::var_os("DELAYD_TEST_RABBITMQ_NODE_SCRIPT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/rabbitmq-node.sh")
+            })
+    }
+
+    async fn run(&self, cmd: &str, limit: Duration) {
+        let out = tokio::time::timeout(
+            limit,
+            tokio::process::Command::new(Self::script())
+                .arg(cmd)
+                .arg(&self.dir)
+                .arg(self.port.to_string())
+                .env("DELAYD_START_TIMEOUT", limit.as_secs().to_string())
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("rabbitmq-node.sh {cmd} took longer than {limit:?}"))
+        .expect("cannot run rabbitmq-node.sh");
+        assert!(
+            out.status.success(),
+            "rabbitmq-node.sh {cmd} {} {} failed: {}",
+            self.dir.display(),
+            self.port,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the node (or restarts it on the same directory) and waits
+    /// until it has fully booted.
+    pub async fn start(&mut self) {
+        self.running = true;
+        self.run("start", Duration::from_secs(90)).await;
+    }
+
+    /// Graceful stop; returns once the AMQP port is closed.
+    pub async fn stop(&mut self) {
+        self.run("stop", Duration::from_secs(90)).await;
+        self.running = false;
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        if self.running {
+            let _ = Command::new(Self::script())
+                .arg("kill")
+                .arg(&self.dir)
+                .arg(self.port.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}

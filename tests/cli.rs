@@ -1,0 +1,275 @@
+//! The command line as users and scripts see it: exit codes, one-line
+//! errors that name the file, business and field, no panics, no secrets.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Servers nobody listens on: a config error must be reported before any
+/// connection is tried, so these must never matter.
+const NOWHERE: &str = "[redis]\nurl = \"redis://127.0.0.1:1/0\"\n[amqp]\nurl = \"amqp://guest:guest@127.0.0.1:1/%2f\"\n[http]\nlisten = \"off\"\n";
+
+const BILLING: &str = "[businesses.billing]\nkey = \"delay:billing\"\nexchange = \"billing\"\nrouting_key = \"billing.due\"\n";
+
+fn write(dir: &Path, body: &[u8]) -> PathBuf {
+    let path = dir.join(format!("{}.toml", unique("bad")));
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+/// `delayd run --config path`; panics unless it exits within `limit`.
+/// Returns (exit code, stderr, how long it took).
+fn run_bounded(path: &Path, limit: Duration) -> (i32, String, Duration) {
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_delayd"))
+        .args(["run", "--config"])
+        .arg(path)
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            return (status.code().unwrap_or(-1), err, start.elapsed());
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "delayd run --config {} still running after {limit:?}: it must refuse the file before connecting",
+                path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn bad_config_files_exit_2_at_once_with_one_line_naming_file_business_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |extra: &str| format!("{NOWHERE}{BILLING}{extra}\n").into_bytes();
+    let without = |field: &str| {
+        let biz: String = BILLING
+            .lines()
+            .filter(|l| !l.starts_with(&format!("{field} =")))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        format!("{NOWHERE}{biz}").into_bytes()
+    };
+    // (what, file body, words the message must contain besides the path)
+    let cases: Vec<(&str, Vec<u8>, Vec<&str>)> = vec![
+        (
+            "unknown field",
+            with("batchsize = 5"),
+            vec!["billing", "batchsize"],
+        ),
+        (
+            "missing key",
+            without("key"),
+            vec!["billing", "\"key\"", "required"],
+        ),
+        (
+            "missing exchange",
+            without("exchange"),
+            vec!["billing", "\"exchange\"", "required"],
+        ),
+        (
+            "missing routing_key",
+            without("routing_key"),
+            vec!["billing", "\"routing_key\"", "required"],
+        ),
+        (
+            "batch_size = 0",
+            with("batch_size = 0"),
+            vec!["billing", "batch_size", "0"],
+        ),
+        (
+            "scanners = 0",
+            with("scanners = 0"),
+            vec!["billing", "scanners", "0"],
+        ),
+        (
+            "negative batch_size",
+            with("batch_size = -3"),
+            vec!["billing", "batch_size", "-3"],
+        ),
+        (
+            "unparseable duration",
+            with("lease = \"thirty seconds\""),
+            vec!["billing", "lease", "thirty seconds"],
+        ),
+        (
+            "no businesses",
+            NOWHERE.as_bytes().to_vec(),
+            vec!["no businesses"],
+        ),
+        (
+            "not TOML",
+            b"this is {{ not toml ]] at all\n\x00\xff".to_vec(),
+            vec!["TOML"],
+        ),
+    ];
+    let mut paths: Vec<(String, PathBuf, Vec<&str>)> = cases
+        .into_iter()
+        .map(|(what, body, words)| (what.to_string(), write(dir.path(), &body), words))
+        .collect();
+    paths.push((
+        "missing file".into(),
+        dir.path().join("does-not-exist.toml"),
+        vec!["cannot read"],
+    ));
+
+    for (what, path, words) in paths {
+        let (code, err, took) = run_bounded(&path, Duration::from_secs(2));
+        assert_eq!(code, 2, "{what}: exit code {code}, stderr: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{what}: stderr must be one line, got: {err}"
+        );
+        let line = lines[0];
+        assert!(
+            line.contains(&path.display().to_string()),
+            "{what}: the message does not name the file: {line}"
+        );
+        for w in words {
+            assert!(line.contains(w), "{what}: the message lacks {w:?}: {line}");
+        }
+        for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+            assert!(!err.contains(bad), "{what}: {bad} in stderr: {err}");
+        }
+        eprintln!("{what}: exit 2 in {} ms: {line}", took.as_millis());
+    }
+}
+
+/// A config for the shared test servers with one business on `exchange`.
+fn real_config(dir: &Path, key: &str, exchange: &str) -> PathBuf {
+    let b = BusinessSpec {
+        name: "billing".into(),
+        key: key.into(),
+        exchange: exchange.into(),
+        routing_key: unique("rk"),
+        extra: String::new(),
+    };
+    write_config(dir, &redis_url(), &amqp_url(), &[&b])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_against_the_real_servers_and_never_prints_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let exchange = unique("ex");
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    declare(&ch, &exchange, &unique("q"), "rk").await;
+    let config = real_config(dir.path(), &unique("test:check"), &exchange);
+    assert!(
+        amqp_url().contains(":guest@"),
+        "this test expects the guest:guest URL of deploy/local/servers.sh"
+    );
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "check failed:\n{out}\n{err}");
+    assert!(out.contains("billing"), "{out}");
+    for shown in [&out, &err] {
+        assert!(!shown.contains(":guest@"), "password shown: {shown}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_missing_exchange_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let exchange = unique("missing-ex");
+    let config = real_config(dir.path(), &unique("test:check"), &exchange);
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_ne!(code, 0, "check passed with a missing exchange:\n{out}");
+    assert!(
+        out.contains(&exchange) || err.contains(&exchange),
+        "the missing exchange is not named:\n{out}\n{err}"
+    );
+    assert!(!out.contains(":guest@") && !err.contains(":guest@"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_then_inspect_json_shows_it_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = unique("test:sched");
+    let config = real_config(dir.path(), &key, "unused");
+    let cfg = config.to_str().unwrap();
+    let (code, out, err) = delayd(&["schedule", "--config", cfg, "billing", "--in", "1s", "body"]);
+    assert_eq!(code, 0, "schedule failed:\n{out}\n{err}");
+    let (code, out, err) = delayd(&["inspect", "--config", cfg, "--json"]);
+    assert_eq!(code, 0, "inspect failed:\n{out}\n{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).expect("inspect --json prints JSON");
+    let row = rows
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["business"] == "billing"))
+        .unwrap_or_else(|| panic!("no row for billing: {out}"));
+    assert_eq!(row["pending"], 1, "{out}");
+    assert_eq!(row["in_flight"], 0, "{out}");
+    assert_eq!(row["dead"], 0, "{out}");
+    let mut redis = redis().await;
+    let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(members, vec![b"body".to_vec()]);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_with_redis_unreachable_exits_1_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = BusinessSpec::random("billing");
+    // Everything else is fine, so Redis is the one thing to report.
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    declare(&ch, &b.exchange, &unique("q"), &b.routing_key).await;
+    let config = write_config(dir.path(), "redis://127.0.0.1:1/0", &amqp_url(), &[&b]);
+    let start = Instant::now();
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 1, "exit code {code}:\n{out}\n{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "check took {:?}",
+        start.elapsed()
+    );
+    let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
+    assert_eq!(failed.len(), 1, "exactly one FAILED line expected:\n{out}");
+    assert!(
+        failed[0].contains("redis://127.0.0.1:1/0") && failed[0].contains("cannot reach Redis"),
+        "the line should name Redis and its address: {}",
+        failed[0]
+    );
+    assert_eq!(err.lines().count(), 1, "stderr: {err}");
+    assert!(!err.contains("panicked") && !out.contains("panicked"));
+    assert!(!out.contains(":guest@") && !err.contains(":guest@"));
+}
+
+#[test]
+fn dead_list_of_an_unknown_business_exits_2_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), format!("{NOWHERE}{BILLING}").as_bytes());
+    let (code, out, err) = delayd(&["dead", "list", "--config", path.to_str().unwrap(), "nosuch"]);
+    assert_eq!(code, 2, "exit code {code}:\n{out}\n{err}");
+    assert!(err.contains("\"nosuch\""), "{err}");
+    assert!(
+        err.contains("billing"),
+        "known businesses are listed: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -1,0 +1,703 @@
+//! Faults: crashes, server restarts, a broker that refuses, hostile members
+//! and servers that are not there yet. Real Redis and RabbitMQ throughout;
+//! tests that stop a server run their own (private port and directory), so
+//! they never disturb the shared servers or the other tests.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::ExchangeKind;
+
+/// The distinct bodies an inbox holds.
+fn bodies(inbox: &Inbox) -> HashSet<Vec<u8>> {
+    inbox
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.body.clone())
+        .collect()
+}
+
+/// The last lines of the daemon's log, for failure messages.
+fn tail(d: &Daemon) -> String {
+    let logs = d.logs();
+    let lines: Vec<&str> = logs.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Waits until every body in `want` has arrived at least once.
+async fn wait_all(inbox: &Inbox, want: &HashSet<Vec<u8>>, limit: Duration, d: &Daemon) {
+    let start = Instant::now();
+    loop {
+        let got = bodies(inbox);
+        if want.is_subset(&got) {
+            return;
+        }
+        if start.elapsed() > limit {
+            let missing = want.difference(&got).count();
+            panic!(
+                "{missing} of {} members not delivered within {limit:?}; daemon log:\n{}",
+                want.len(),
+                tail(d)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Panics with the daemon's log unless it is still running.
+fn assert_running(d: &mut Daemon) {
+    if let Some(status) = d.child.try_wait().unwrap() {
+        panic!("delayd exited ({status}); log:\n{}", tail(d));
+    }
+}
+
+/// Declares a durable direct exchange with no queue bound to it.
+async fn declare_exchange(ch: &lapin::Channel, exchange: &str) {
+    ch.exchange_declare(
+        exchange.into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
+/// Deletes every key of the family (for tests that leave members behind).
+async fn drop_family(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+    let f = family(key);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&f.all()[..])
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Distinct members, `now_count` due at `now`, the rest spread evenly over
+/// `spread_ms` after `now + offset_ms`.
+fn flow(
+    tag: &str,
+    n: usize,
+    now_count: usize,
+    now: i64,
+    offset_ms: i64,
+    spread_ms: i64,
+) -> Vec<(f64, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let due = if i < now_count {
+                now
+            } else {
+                now + offset_ms + (i - now_count) as i64 * spread_ms / (n - now_count).max(1) as i64
+            };
+            (due as f64, format!("{tag}-{i}").into_bytes())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
+    let mut b = BusinessSpec::random("kills");
+    b.extra = "lease = \"2s\"".into();
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let mut redis = redis().await;
+
+    // 20k members: half due now (a backlog), half due over the next 6 s.
+    let n = 20_000;
+    let now = redis_now_ms(&mut redis).await;
+    let items = flow("kill", n, n / 2, now, 500, 6000);
+    zadd_many(&mut redis, &b.key, &items).await;
+    let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+
+    // Four SIGKILLs at random points of the flow, each after a random share
+    // of the members has arrived and a random pause after the last start.
+    let mut points: Vec<usize> = (0..4)
+        .map(|_| rand::random_range(n / 20..n * 3 / 4))
+        .collect();
+    points.sort();
+    let mut d = Daemon::start(&config);
+    for (i, point) in points.iter().enumerate() {
+        let started = Instant::now();
+        let pause = Duration::from_millis(rand::random_range(200..1200));
+        while inbox.len() < *point || started.elapsed() < pause {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "kill {i}: only {} of {point} messages arrived within 60s; log:\n{}",
+                inbox.len(),
+                tail(&d)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        d.kill();
+        let delivered = bodies(&inbox).len();
+        assert!(delivered < n, "kill {i} came after the flow had ended");
+        d = Daemon::start(&config);
+    }
+
+    wait_drained(&mut redis, &b.key, Duration::from_secs(120)).await;
+    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
+    assert_eq!(bodies(&inbox), want, "nothing but the scheduled members");
+    assert_family_empty(&mut redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = PrivateRedis::new(dir.path());
+    tokio::task::block_in_place(|| server.start());
+    let mut rc = server.conn().await;
+    let b = BusinessSpec::random("redis_restart");
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config(dir.path(), &server.url(), &amqp_url(), &[&b]);
+    let mut d = Daemon::start(&config);
+
+    let n = 3000;
+    let now = redis_now_ms(&mut rc).await;
+    let items = flow("rr", n, 0, now, 500, 6000);
+    zadd_many(&mut rc, &b.key, &items).await;
+    let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+
+    // Stop Redis about 2 s into the flow, keep it away 3 s, restart it.
+    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
+    let before = inbox.len();
+    assert!(
+        before > 0 && before < n,
+        "the flow should be under way when Redis stops ({before} of {n} delivered); log:\n{}",
+        tail(&d)
+    );
+    tokio::task::block_in_place(|| server.stop());
+    drop(rc);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_running(&mut d);
+    tokio::task::block_in_place(|| server.start());
+    let restarted = wall_ms();
+
+    wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
+    let first_after = inbox
+        .all()
+        .iter()
+        .map(|r| r.at_ms)
+        .filter(|at| *at >= restarted)
+        .min()
+        .expect("members were due after the restart");
+    eprintln!(
+        "delivery resumed {} ms after Redis came back",
+        first_after - restarted
+    );
+    assert!(
+        first_after - restarted < 10_000,
+        "delivery resumed {} ms after Redis came back; log:\n{}",
+        first_after - restarted,
+        tail(&d)
+    );
+    assert_running(&mut d);
+    let mut rc = server.conn().await;
+    wait_drained(&mut rc, &b.key, Duration::from_secs(60)).await;
+    assert_family_empty(&mut rc, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = PrivateRabbit::new(dir.path());
+    node.start().await;
+    let b = BusinessSpec::random("rabbit_restart");
+    let queue = unique("q");
+    let amqp = amqp_at(&node.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    // Acknowledging consumer: what it has not recorded stays in the durable
+    // queue across the restart.
+    let inbox = Inbox::default();
+    consume_into(&amqp, &queue, &inbox, true).await;
+    let config = write_config(dir.path(), &redis_url(), &node.url(), &[&b]);
+    let mut redis = redis().await;
+    let mut d = Daemon::start(&config);
+
+    let n = 3000;
+    let now = redis_now_ms(&mut redis).await;
+    let mut items = flow("br", n, 0, now, 500, 6000);
+    zadd_many(&mut redis, &b.key, &items).await;
+
+    // Stop the broker about 2 s into the flow, keep it away 3 s, restart it.
+    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
+    let before = inbox.len();
+    assert!(
+        before > 0 && before < n,
+        "the flow should be under way when RabbitMQ stops ({before} of {n} delivered); log:\n{}",
+        tail(&d)
+    );
+    node.stop().await;
+    let gone = wall_ms();
+    drop(ch);
+    drop(amqp);
+    // Scheduled while the broker is away: these can only be published after
+    // it is back, whatever else happens to be in the queue.
+    let now = redis_now_ms(&mut redis).await;
+    let late: Vec<(f64, Vec<u8>)> = (0..200)
+        .map(|i| (now as f64, format!("br-late-{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut redis, &b.key, &late).await;
+    items.extend(late);
+    let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_running(&mut d);
+    node.start().await;
+    let back = wall_ms();
+    let amqp = amqp_at(&node.url()).await;
+    consume_into(&amqp, &queue, &inbox, true).await;
+
+    wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
+    // A message due after the broker went down cannot have been published
+    // before it came back.
+    let first_new = inbox
+        .all()
+        .iter()
+        .filter(|r| r.due() >= gone)
+        .map(|r| r.at_ms)
+        .min()
+        .expect("members were due after the stop");
+    eprintln!(
+        "delivery resumed {} ms after RabbitMQ came back",
+        first_new - back
+    );
+    assert!(
+        first_new - back < 10_000,
+        "delivery resumed {} ms after RabbitMQ came back; log:\n{}",
+        first_new - back,
+        tail(&d)
+    );
+    assert_running(&mut d);
+    wait_drained(&mut redis, &b.key, Duration::from_secs(30)).await;
+    assert_family_empty(&mut redis, &b.key).await;
+}
+
+/// Atomically: is `member` in pending, in flight, dead?
+async fn whereabouts(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    member: &[u8],
+) -> (bool, bool, bool) {
+    let f = family(key);
+    let (p, i, d): (i64, i64, i64) = redis::Script::new(
+        "return {redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0, \
+                 redis.call('ZSCORE', KEYS[2], ARGV[1]) and 1 or 0, \
+                 redis.call('ZSCORE', KEYS[3], ARGV[1]) and 1 or 0}",
+    )
+    .key(&f.pending)
+    .key(&f.inflight)
+    .key(&f.dead)
+    .arg(member)
+    .invoke_async(conn)
+    .await
+    .unwrap();
+    (p == 1, i == 1, d == 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
+    let mut b = BusinessSpec::random("unroutable");
+    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    declare_exchange(&ch, &b.exchange).await;
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let mut redis = redis().await;
+    let body = unique("no-route").into_bytes();
+    let now = redis_now_ms(&mut redis).await;
+    zadd_many(&mut redis, &b.key, &[(now as f64, body.clone())]).await;
+    let mut d = Daemon::start(&config);
+
+    // Until it is dead, the member is always somewhere: never dropped.
+    let start = Instant::now();
+    loop {
+        let (p, i, dead) = whereabouts(&mut redis, &b.key, &body).await;
+        assert!(
+            p || i || dead,
+            "the unroutable member vanished from pending, in-flight and dead; log:\n{}",
+            tail(&d)
+        );
+        if dead {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not dead-lettered within 20s; log:\n{}",
+            tail(&d)
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let f = family(&b.key);
+    let reason: String = redis::cmd("HGET")
+        .arg(&f.reasons)
+        .arg(&body)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(reason.contains("unroutable"), "reason: {reason}");
+    // Dead means dead: it stays there and nothing else is left.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        whereabouts(&mut redis, &b.key, &body).await,
+        (false, false, true)
+    );
+
+    let cfg = config.to_str().unwrap().to_string();
+    let (code, out, err) =
+        tokio::task::block_in_place(|| delayd(&["dead", "list", "--config", &cfg, "unroutable"]));
+    assert_eq!(code, 0, "dead list failed: {err}");
+    assert!(
+        out.contains(std::str::from_utf8(&body).unwrap()),
+        "dead list does not show the member: {out}"
+    );
+    assert!(
+        out.contains("unroutable"),
+        "dead list shows no reason: {out}"
+    );
+
+    // Now give it somewhere to go and requeue it.
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let (code, out, err) = tokio::task::block_in_place(|| {
+        delayd(&["dead", "requeue", "--config", &cfg, "unroutable"])
+    });
+    assert_eq!(code, 0, "dead requeue failed: {err}");
+    assert!(out.contains("requeued 1"), "{out}");
+    wait_all(
+        &inbox,
+        &HashSet::from([body.clone()]),
+        Duration::from_secs(15),
+        &d,
+    )
+    .await;
+    inbox.settle(Duration::from_millis(1000)).await;
+    assert_eq!(inbox.len(), 1, "delivered exactly once after requeue");
+    assert_eq!(inbox.all()[0].body, body);
+    assert_eq!(zcard(&mut redis, &f.dead).await, 0, "dead set empty");
+    wait_drained(&mut redis, &b.key, Duration::from_secs(5)).await;
+    assert_family_empty(&mut redis, &b.key).await;
+    assert_running(&mut d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacked_publish_is_retried_then_dead_lettered() {
+    let mut b = BusinessSpec::random("nacked");
+    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    // Room for one message; the broker nacks publishes beyond that.
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString(LongString::from("reject-publish")),
+    );
+    declare_with(&ch, &b.exchange, &queue, &b.routing_key, args).await;
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let mut redis = redis().await;
+    let now = redis_now_ms(&mut redis).await;
+    let items: Vec<(f64, Vec<u8>)> = (0..3)
+        .map(|i| (now as f64, format!("full-{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut redis, &b.key, &items).await;
+    let mut d = Daemon::start(&config);
+
+    let f = family(&b.key);
+    let start = Instant::now();
+    while zcard(&mut redis, &f.dead).await < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "nacked members not dead-lettered within 30s; log:\n{}",
+            tail(&d)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
+    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&f.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 2, "exactly the two refused members are dead");
+    for m in &dead {
+        let reason: String = redis::cmd("HGET")
+            .arg(&f.reasons)
+            .arg(m)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(reason.contains("nack"), "reason: {reason}");
+        assert!(reason.contains("after 3 attempts"), "reason: {reason}");
+    }
+    assert_eq!(
+        queue_depth(&amqp, &queue).await,
+        1,
+        "the first one was accepted"
+    );
+    let accepted: Vec<&Vec<u8>> = items
+        .iter()
+        .map(|(_, m)| m)
+        .filter(|m| !dead.contains(m))
+        .collect();
+    assert_eq!(accepted.len(), 1);
+    assert_running(&mut d);
+    drop_family(&mut redis, &b.key).await;
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanner() {
+    // A private broker whose message size limit (5 MiB) is cheap to exceed.
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = PrivateRabbit::new(dir.path());
+    node.advanced_config("[{rabbit, [{max_message_size, 5242880}]}].\n");
+    node.start().await;
+    let mut b = BusinessSpec::random("hostile");
+    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let amqp = amqp_at(&node.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config(dir.path(), &redis_url(), &node.url(), &[&b]);
+    let mut redis = redis().await;
+
+    let random_bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| rand::random::<u8>()).collect() };
+    let mut big = b"b-four-mib-".to_vec();
+    big.extend(random_bytes(4 * 1024 * 1024));
+    // Sorts early among the members due now, so others share its batch
+    // (and its channel) when the broker refuses it.
+    let mut oversize = b"a-oversize-".to_vec();
+    oversize.extend(random_bytes(6 * 1024 * 1024));
+    let non_utf8 = vec![0xff, 0xfe, 0x00, 0xc3, 0x28, 0xa0, 0xa1];
+    let now = redis_now_ms(&mut redis).await as f64;
+    let deliverable: Vec<(f64, Vec<u8>)> = vec![
+        (now, Vec::new()),
+        (now, big.clone()),
+        (now, non_utf8.clone()),
+        (-5.0, b"negative-score".to_vec()),
+    ];
+    let never: Vec<(f64, Vec<u8>)> = vec![
+        (f64::INFINITY, b"score-plus-inf".to_vec()),
+        (1e15, b"far-future-1e15".to_vec()),
+    ];
+    zadd_many(&mut redis, &b.key, &deliverable).await;
+    zadd_many(&mut redis, &b.key, &never).await;
+    zadd_many(&mut redis, &b.key, &[(now, oversize.clone())]).await;
+    let mut d = Daemon::start(&config);
+
+    // Scheduled after the hostile ones, once they have been through a claim.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let now = redis_now_ms(&mut redis).await as f64;
+    zadd_many(
+        &mut redis,
+        &b.key,
+        &[(now + 200.0, b"normal-after".to_vec())],
+    )
+    .await;
+
+    let mut want: HashSet<Vec<u8>> = deliverable.iter().map(|(_, m)| m.clone()).collect();
+    want.insert(b"normal-after".to_vec());
+    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
+
+    let f = family(&b.key);
+    let start = Instant::now();
+    while !whereabouts(&mut redis, &b.key, &oversize).await.2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the oversize member was not dead-lettered within 30s; log:\n{}",
+            tail(&d)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reason: String = redis::cmd("HGET")
+        .arg(&f.reasons)
+        .arg(&oversize)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        reason.contains("larger than configured max size"),
+        "reason should say why: {reason}"
+    );
+    assert_eq!(
+        zcard(&mut redis, &f.dead).await,
+        1,
+        "only the oversize member is dead"
+    );
+
+    inbox.settle(Duration::from_millis(500)).await;
+    let got = inbox.all();
+    assert_eq!(bodies(&inbox), want, "nothing else delivered");
+    for r in &got {
+        if r.body == b"negative-score" {
+            assert_eq!(r.due(), 0, "a negative score is clamped to epoch 0");
+        }
+        // Members that shared a channel with the refused one are handed back
+        // untouched, not blamed for it: they go out on their first attempt.
+        assert!(
+            matches!(
+                r.headers.get("x-delayd-attempt"),
+                Some(AMQPValue::LongLongInt(1))
+            ),
+            "{:?} was counted as a failed attempt: {:?}; log:\n{}",
+            String::from_utf8_lossy(&r.body[..r.body.len().min(16)]),
+            r.headers.get("x-delayd-attempt"),
+            tail(&d)
+        );
+    }
+    // +inf and 1e15 are never due: they stay pending, untouched.
+    for (score, m) in &never {
+        let s: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&b.key)
+            .arg(m)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(
+            s,
+            Some(*score),
+            "{} must stay pending",
+            String::from_utf8_lossy(m)
+        );
+    }
+    assert_eq!(zcard(&mut redis, &f.pending).await, 2);
+    assert_eq!(zcard(&mut redis, &f.inflight).await, 0);
+    assert_running(&mut d);
+    drop_family(&mut redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_type_key_is_reported_and_other_businesses_go_on() {
+    let a = BusinessSpec::random("listkey");
+    let b = BusinessSpec::random("fine");
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    declare(&ch, &a.exchange, &unique("q"), &a.routing_key).await;
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let mut redis = redis().await;
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&a.key)
+        .arg("not-a-zset")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&a, &b]);
+    let mut d = Daemon::start(&config);
+    let now = redis_now_ms(&mut redis).await;
+    let items = flow("fine", 50, 25, now, 200, 1000);
+    zadd_many(&mut redis, &b.key, &items).await;
+    let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+
+    let reported = eventually(Duration::from_secs(10), || {
+        let logs = d.logs();
+        let ok = logs
+            .lines()
+            .any(|l| l.contains(&a.key) && l.contains("not a sorted set"));
+        async move { ok }
+    })
+    .await;
+    assert!(
+        reported,
+        "no log line names {} and says it is not a sorted set; log:\n{}",
+        a.key,
+        tail(&d)
+    );
+    assert_running(&mut d);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&a.key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    wait_drained(&mut redis, &b.key, Duration::from_secs(5)).await;
+    assert_family_empty(&mut redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_while_servers_are_down_and_dispatches_once_they_are_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = PrivateRedis::new(dir.path());
+    let mut node = PrivateRabbit::new(dir.path());
+    let b = BusinessSpec::random("late_servers");
+    let config = write_config(dir.path(), &server.url(), &node.url(), &[&b]);
+    let mut d = Daemon::start(&config);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_running(&mut d);
+
+    tokio::task::block_in_place(|| server.start());
+    node.start().await;
+    let amqp = amqp_at(&node.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    declare_exchange(&ch, &b.exchange).await;
+    ch.queue_bind(
+        queue.as_str().into(),
+        b.exchange.as_str().into(),
+        b.routing_key.as_str().into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let inbox = consume(&amqp, &queue).await;
+    let mut rc = server.conn().await;
+    let now = redis_now_ms(&mut rc).await;
+    zadd_many(&mut rc, &b.key, &[(now as f64, b"first-light".to_vec())]).await;
+    let scheduled = Instant::now();
+    wait_all(
+        &inbox,
+        &HashSet::from([b"first-light".to_vec()]),
+        Duration::from_secs(10),
+        &d,
+    )
+    .await;
+    eprintln!(
+        "delivered {} ms after scheduling",
+        scheduled.elapsed().as_millis()
+    );
+    assert_running(&mut d);
+    wait_drained(&mut rc, &b.key, Duration::from_secs(5)).await;
+    assert_family_empty(&mut rc, &b.key).await;
+}
