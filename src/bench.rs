@@ -433,6 +433,13 @@ async fn bench(
     Ok(())
 }
 
+/// A distinct body of `size` bytes (longer only if the tag needs it).
+fn body_of(tag: &str, i: usize, size: usize) -> Vec<u8> {
+    let mut body = format!("{tag}-{i:09}-").into_bytes();
+    body.resize(size.max(body.len()), b'x');
+    body
+}
+
 fn row(label: &str, value: &str, note: &str) {
     println!("{label:<34} {value:>14}   {note}");
 }
@@ -512,7 +519,9 @@ async fn wait_consumed(counter: &Counter, limit: Duration) {
 }
 
 /// A plain lapin publisher: confirms on, `window` publishes in flight per
-/// channel, persistent and mandatory like delayd's. Returns messages/s.
+/// channel, persistent and mandatory like delayd's, with no headers. Its
+/// bodies are distinct, like the members of a sorted set, and as large as
+/// the drain's. Returns messages/s.
 async fn raw_publish(
     amqp: &Connection,
     names: &Names,
@@ -533,18 +542,18 @@ async fn raw_publish(
             .map_err(|e| fail("confirm_select")(e.to_string()))?;
         chans.push(ch);
     }
-    let body = vec![b'x'; size];
     let start = Instant::now();
     let per = n.div_ceil(channels);
+    let run = rand::random::<u32>();
     let mut tasks = Vec::new();
     for (i, ch) in chans.into_iter().enumerate() {
         let count = per.min(n.saturating_sub(i * per));
-        let body = body.clone();
         let exchange = names.exchange.clone();
         let rk = names.routing_key.clone();
         tasks.push(tokio::spawn(async move {
             let mut inflight = FuturesUnordered::new();
-            for _ in 0..count {
+            for j in 0..count {
+                let body = body_of(&format!("raw{run:08x}-{i}"), j, size);
                 while inflight.len() >= window {
                     if let Some(r) = inflight.next().await {
                         r?;
@@ -580,8 +589,9 @@ async fn raw_publish(
 }
 
 /// Loads a due backlog into a staging key, swaps it in with one RENAME so
-/// the clock starts with every member due at once, and times until every
-/// member is confirmed and forgotten.
+/// the clock starts with every member due at once, then adds the last member
+/// with a ZADD, as a producer would (RENAME raises no sorted-set event), and
+/// times until every member is confirmed and forgotten.
 async fn delayd_drain(
     redis: &mut redis::aio::MultiplexedConnection,
     fam: &KeyFamily,
@@ -596,13 +606,12 @@ async fn delayd_drain(
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
     let due = (secs - 1) * 1000;
-    for start in (0..n).step_by(5000) {
+    let n = n.max(2);
+    for start in (0..n - 1).step_by(5000) {
         let mut cmd = redis::cmd("ZADD");
         cmd.arg(&staging);
-        for i in start..(start + 5000).min(n) {
-            let mut body = format!("r{round}-{i:09}-").into_bytes();
-            body.resize(size.max(body.len()), b'x');
-            cmd.arg(due).arg(body);
+        for i in start..(start + 5000).min(n - 1) {
+            cmd.arg(due).arg(body_of(&format!("r{round}"), i, size));
         }
         let _: i64 = cmd
             .query_async(redis)
@@ -610,9 +619,16 @@ async fn delayd_drain(
             .map_err(|e| fail("redis")(e.to_string()))?;
     }
     let start = Instant::now();
-    let _: () = redis::cmd("RENAME")
+    let _: () = redis::pipe()
+        .cmd("RENAME")
         .arg(&staging)
         .arg(key)
+        .ignore()
+        .cmd("ZADD")
+        .arg(key)
+        .arg(due)
+        .arg(body_of(&format!("r{round}"), n - 1, size))
+        .ignore()
         .query_async(redis)
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
@@ -686,9 +702,7 @@ async fn lateness_phase(
         let mut any = false;
         while next < total && (next as f64 * spacing) <= horizon {
             let due = t0 + (next as f64 * spacing) as i64;
-            let mut body = format!("late-{next:09}-").into_bytes();
-            body.resize(size.max(body.len()), b'x');
-            cmd.arg(due).arg(body);
+            cmd.arg(due).arg(body_of("late", next, size));
             next += 1;
             any = true;
         }

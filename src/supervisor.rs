@@ -368,7 +368,14 @@ async fn watch_keyspace(
                 msg = stream.next() => match msg {
                     Some(msg) => {
                         let payload: &[u8] = msg.get_payload_bytes();
-                        if payload == b"zadd" || payload == b"zincr" {
+                        // Events that can make a member due sooner; delayd's
+                        // own claims raise zrem, which must not wake it.
+                        if matches!(
+                            payload,
+                            b"zadd" | b"zincr" | b"zunionstore" | b"zinterstore"
+                                | b"zdiffstore" | b"zrangestore" | b"rename_to"
+                                | b"restore" | b"copy_to"
+                        ) {
                             if let Some(l) = channels.get(msg.get_channel_name().as_bytes()) {
                                 l.lead_wake.notify_one();
                             }
