@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,8 @@ pub struct Lane {
     pub limiter: Option<(Arc<RateLimiter>, usize)>,
     /// Redis reachability, shared by the process.
     pub redis: Arc<Health>,
+    /// Claims the leader has made: the others check that it still moves.
+    pub lead_claims: AtomicU64,
 }
 
 impl Lane {
@@ -217,6 +219,9 @@ async fn scan(
             }
         };
         let claimed_at = Instant::now();
+        if index == 0 {
+            lane.lead_claims.fetch_add(1, Ordering::Relaxed);
+        }
         lane.redis.up();
         redis_backoff.reset();
         if wrong_type_logged {
@@ -328,11 +333,18 @@ async fn idle(
         }
     } else {
         // Only the leader polls, so an idle business costs one command per
-        // watchdog interval however many scanners it has.
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = lane.all_wake.notified() => {}
-            _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+        // idle bound however many scanners it has. The others wait for it to
+        // call them, and claim on their own only if it has stopped moving.
+        loop {
+            let seen = lane.lead_claims.load(Ordering::Relaxed);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = lane.all_wake.notified() => return,
+                _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+            }
+            if lane.lead_claims.load(Ordering::Relaxed) == seen {
+                return;
+            }
         }
     }
 }

@@ -137,6 +137,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
                 notifications: AtomicBool::new(false),
                 limiter: limiter.clone(),
                 redis: redis_health.clone(),
+                lead_claims: std::sync::atomic::AtomicU64::new(0),
             }));
         }
     }
