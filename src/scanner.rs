@@ -257,13 +257,25 @@ async fn scan(
         // queues their frames in order and its I/O loop writes them in one
         // go, instead of one wake-up and round trip per message.
         let key = &lane.store.keys().pending;
-        let results = futures::future::join_all(
+        let publishes = futures::future::join_all(
             claim
                 .members
                 .iter()
                 .map(|c| amqp::publish(&ch, b, key, c, claim.now_ms)),
-        )
-        .await;
+        );
+        let Some(results) = publish_or_give_up(publishes, broker).await else {
+            // The frames never left: the connection is dead without saying
+            // so. Hand the batch back and start over on a new channel.
+            tracing::warn!(
+                members = claim.members.len(),
+                "publishing stalled for {PUBLISH_STALL:?} while the broker was not blocking; handing the batch back and reopening the channel"
+            );
+            let _ = tx.send(ToSettle::Unpublished(
+                claim.members.into_iter().map(|c| c.member).collect(),
+            ));
+            channel = None;
+            continue;
+        };
         let mut published = 0u64;
         let mut unpublished = Vec::new();
         let mut first_error = None;
@@ -307,6 +319,27 @@ async fn scan(
             .inc_by(published);
     }
     channel
+}
+
+/// How long handing a batch to lapin may take before the connection is
+/// presumed dead. Sending needs no answer from the broker, so only a broken
+/// connection (or a blocked one, which is waited out) takes this long.
+const PUBLISH_STALL: Duration = Duration::from_secs(30);
+
+/// Waits for a batch of publishes to be handed to the socket; `None` if that
+/// stalls for [`PUBLISH_STALL`] while the broker is not blocking publishers.
+async fn publish_or_give_up<F: std::future::Future>(
+    publishes: F,
+    broker: &Broker,
+) -> Option<F::Output> {
+    tokio::pin!(publishes);
+    loop {
+        match tokio::time::timeout(PUBLISH_STALL, &mut publishes).await {
+            Ok(results) => return Some(results),
+            Err(_) if broker.is_blocked() => continue,
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Sleeps after a claim that found nothing due: until the next due time, a
