@@ -565,6 +565,34 @@ fn precondition_failure(e: &lapin::Error) -> Option<String> {
     }
 }
 
+/// Runs one Redis write until it succeeds, or `None` once `give_up` passes.
+async fn until_written<T, F, Fut>(
+    lane: &Lane,
+    give_up: Instant,
+    backoff: &mut Backoff,
+    mut write: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+{
+    loop {
+        match write().await {
+            Ok(v) => {
+                lane.redis.up();
+                return Some(v);
+            }
+            Err(e) => {
+                lane.redis.down(&e);
+                if Instant::now() > give_up {
+                    return None;
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
 /// Writes a batch of outcomes to Redis, retrying while Redis is away: an ack
 /// that is not written becomes a duplicate once the lease expires.
 async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::time::Instant>) {
@@ -577,21 +605,12 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
         give_up = give_up.min(d.into_std() + Duration::from_secs(1));
     }
     if !batch.ack.is_empty() {
-        loop {
-            match lane.store.ack(&batch.ack).await {
-                Ok(_) => {
-                    lane.redis.up();
-                    break;
-                }
-                Err(e) => {
-                    lane.redis.down(&e);
-                    if Instant::now() > give_up {
-                        tracing::error!(members = batch.ack.len(), "could not record confirms in Redis within the lease; these members will be recovered and published again");
-                        break;
-                    }
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-            }
+        let ack = &batch.ack;
+        if until_written(lane, give_up, &mut backoff, || lane.store.ack(ack))
+            .await
+            .is_none()
+        {
+            tracing::error!(members = ack.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
         }
         METRICS
             .confirmed
@@ -638,74 +657,54 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
         }
         let max_attempt = members.iter().map(|(_, a)| *a).max().unwrap_or(0);
         let bodies: Vec<Vec<u8>> = members.into_iter().map(|(m, _)| m).collect();
-        loop {
-            match lane
-                .store
-                .retry(
-                    &bodies,
-                    &reason,
-                    b.max_attempts,
-                    b.retry_backoff,
-                    b.retry_backoff_max,
-                )
-                .await
-            {
-                Ok(out) => {
-                    if out.retried > 0 {
-                        METRICS
-                            .retried
-                            .with_label_values(&[&b.name, kind])
-                            .inc_by(out.retried);
-                        tracing::warn!(
-                            reason = %reason,
-                            members = out.retried,
-                            attempt = max_attempt,
-                            exchange = %b.exchange,
-                            routing_key = %b.routing_key,
-                            "publish not delivered; rescheduled with backoff"
-                        );
-                    }
-                    if out.dead > 0 {
-                        METRICS
-                            .dead_lettered
-                            .with_label_values(&[&b.name, kind])
-                            .inc_by(out.dead);
-                        tracing::error!(
-                            reason = %reason,
-                            members = out.dead,
-                            attempts = b.max_attempts,
-                            exchange = %b.exchange,
-                            routing_key = %b.routing_key,
-                            "giving up after max_attempts; moved to the dead set (see `delayd dead list`)"
-                        );
-                    }
-                    break;
-                }
-                Err(e) => {
-                    lane.redis.down(&e);
-                    if Instant::now() > give_up {
-                        break;
-                    }
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-            }
+        let retried = until_written(lane, give_up, &mut backoff, || {
+            lane.store.retry(
+                &bodies,
+                &reason,
+                b.max_attempts,
+                b.retry_backoff,
+                b.retry_backoff_max,
+            )
+        })
+        .await;
+        let Some(out) = retried else {
+            tracing::error!(members = bodies.len(), reason = %reason, "could not reschedule refused members in Redis in time; they stay in flight and are recovered after their lease");
+            continue;
+        };
+        if out.retried > 0 {
+            METRICS
+                .retried
+                .with_label_values(&[&b.name, kind])
+                .inc_by(out.retried);
+            tracing::warn!(
+                reason = %reason,
+                members = out.retried,
+                attempt = max_attempt,
+                exchange = %b.exchange,
+                routing_key = %b.routing_key,
+                "publish not delivered; rescheduled with backoff"
+            );
+        }
+        if out.dead > 0 {
+            METRICS
+                .dead_lettered
+                .with_label_values(&[&b.name, kind])
+                .inc_by(out.dead);
+            tracing::error!(
+                reason = %reason,
+                members = out.dead,
+                attempts = b.max_attempts,
+                exchange = %b.exchange,
+                routing_key = %b.routing_key,
+                "giving up after max_attempts; moved to the dead set (see `delayd dead list`)"
+            );
         }
     }
     if !batch.release.is_empty() {
-        loop {
-            match lane.store.release(&batch.release).await {
-                Ok(n) => {
-                    METRICS.released.with_label_values(&[&b.name]).inc_by(n);
-                    break;
-                }
-                Err(e) => {
-                    lane.redis.down(&e);
-                    if Instant::now() > give_up {
-                        break;
-                    }
-                    tokio::time::sleep(backoff.next_delay()).await;
-                }
-            }
+        let release = &batch.release;
+        match until_written(lane, give_up, &mut backoff, || lane.store.release(release)).await {
+            Some(n) => METRICS.released.with_label_values(&[&b.name]).inc_by(n),
+            None => tracing::error!(members = release.len(), "could not hand unconfirmed members back in Redis in time; they are recovered after their lease"),
         }
         batch.release.clear();
     }
