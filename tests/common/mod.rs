@@ -32,12 +32,18 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::random::<u64>())
 }
 
+/// Connection settings that tolerate a busy CI machine: the client's default
+/// half-second response timeout fails large pipelined ZADDs there.
+pub fn slow_ok() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)))
+}
+
 /// A Redis connection to the shared server.
 pub async fn redis() -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(redis_url()).unwrap();
     tokio::time::timeout(
         Duration::from_secs(5),
-        client.get_multiplexed_async_connection(),
+        client.get_multiplexed_async_connection_with_config(&slow_ok()),
     )
     .await
     .expect("Redis did not answer within 5s")
@@ -628,7 +634,7 @@ impl PrivateRedis {
         let client = redis::Client::open(self.url()).unwrap();
         tokio::time::timeout(
             Duration::from_secs(5),
-            client.get_multiplexed_async_connection(),
+            client.get_multiplexed_async_connection_with_config(&slow_ok()),
         )
         .await
         .expect("private Redis did not answer within 5s")
