@@ -9,9 +9,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::ExchangeKind;
 
 /// The distinct bodies an inbox holds.
 fn bodies(inbox: &Inbox) -> HashSet<Vec<u8>> {
@@ -56,21 +55,6 @@ fn assert_running(d: &mut Daemon) {
     if let Some(status) = d.child.try_wait().unwrap() {
         panic!("delayd exited ({status}); log:\n{}", tail(d));
     }
-}
-
-/// Declares a durable direct exchange with no queue bound to it.
-async fn declare_exchange(ch: &lapin::Channel, exchange: &str) {
-    ch.exchange_declare(
-        exchange.into(),
-        ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
 }
 
 /// Deletes every key of the family (for tests that leave members behind).

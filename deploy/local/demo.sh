@@ -47,11 +47,9 @@ fi
 mkdir -p "$DEMO_DIR"
 
 # --- servers (stop at exit only those this script started) ---------------------
-to_stop=()
+note_servers_to_stop
 delayd_pid=""
 consumer_pid=""
-"$SERVERS" status redis >/dev/null 2>&1 || to_stop+=(redis)
-"$SERVERS" status rabbitmq >/dev/null 2>&1 || to_stop+=(rabbitmq)
 cleanup() {
 	local rc=$? s
 	# Interrupted half-way: do not leave delayd or the consumer behind.
@@ -61,13 +59,7 @@ cleanup() {
 			wait "$s" 2>/dev/null || true
 		fi
 	done
-	if [[ "${DELAYD_KEEP_SERVERS:-0}" == 1 ]]; then
-		log "DELAYD_KEEP_SERVERS=1: leaving the servers running"
-	else
-		for s in "${to_stop[@]}"; do
-			"$SERVERS" stop "$s" || true
-		done
-	fi
+	stop_noted_servers
 	exit "$rc"
 }
 trap cleanup EXIT

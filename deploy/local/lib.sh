@@ -390,3 +390,23 @@ rmq_test_node_pids() {
 		fi
 	done
 }
+
+# The shared servers that were down before this script ran: only those are
+# stopped again at exit. Sets the global array to_stop.
+note_servers_to_stop() {
+	to_stop=()
+	"$DELAYD_REPO_ROOT/deploy/local/servers.sh" status redis >/dev/null 2>&1 || to_stop+=(redis)
+	"$DELAYD_REPO_ROOT/deploy/local/servers.sh" status rabbitmq >/dev/null 2>&1 || to_stop+=(rabbitmq)
+}
+
+# Stops the servers listed in to_stop, unless DELAYD_KEEP_SERVERS=1.
+stop_noted_servers() {
+	local s
+	if [[ "${DELAYD_KEEP_SERVERS:-0}" == 1 ]]; then
+		log "DELAYD_KEEP_SERVERS=1: leaving the servers running"
+		return
+	fi
+	for s in "${to_stop[@]}"; do
+		"$DELAYD_REPO_ROOT/deploy/local/servers.sh" stop "$s" || true
+	done
+}

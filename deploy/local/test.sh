@@ -32,9 +32,7 @@ command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH (install Rust w
 
 # --- servers -------------------------------------------------------------------
 # Remember which servers were down before, so only those are stopped again.
-to_stop=()
-"$SERVERS" status redis >/dev/null 2>&1 || to_stop+=(redis)
-"$SERVERS" status rabbitmq >/dev/null 2>&1 || to_stop+=(rabbitmq)
+note_servers_to_stop
 
 # Private brokers that tests start with rabbitmq-node.sh and fail to stop
 # (a panicking test) would outlive the run; those that ran before are not ours.
@@ -55,13 +53,7 @@ cleanup() {
 			kill -KILL "$pid" 2>/dev/null || true
 		fi
 	done
-	if [[ "${DELAYD_KEEP_SERVERS:-0}" == 1 ]]; then
-		log "DELAYD_KEEP_SERVERS=1: leaving the servers running"
-	else
-		for s in "${to_stop[@]}"; do
-			"$SERVERS" stop "$s" || true
-		done
-	fi
+	stop_noted_servers
 	exit "$rc"
 }
 trap cleanup EXIT

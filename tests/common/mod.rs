@@ -110,14 +110,8 @@ pub async fn declare(ch: &Channel, exchange: &str, queue: &str, routing_key: &st
     declare_with(ch, exchange, queue, routing_key, FieldTable::default()).await
 }
 
-/// Like [`declare`], with queue arguments (e.g. `x-max-length`).
-pub async fn declare_with(
-    ch: &Channel,
-    exchange: &str,
-    queue: &str,
-    routing_key: &str,
-    args: FieldTable,
-) {
+/// Declares a durable direct exchange, with no queue bound to it.
+pub async fn declare_exchange(ch: &Channel, exchange: &str) {
     ch.exchange_declare(
         exchange.into(),
         ExchangeKind::Direct,
@@ -129,6 +123,17 @@ pub async fn declare_with(
     )
     .await
     .unwrap();
+}
+
+/// Like [`declare`], with queue arguments (e.g. `x-max-length`).
+pub async fn declare_with(
+    ch: &Channel,
+    exchange: &str,
+    queue: &str,
+    routing_key: &str,
+    args: FieldTable,
+) {
+    declare_exchange(ch, exchange).await;
     ch.queue_declare(
         queue.into(),
         QueueDeclareOptions {
@@ -211,45 +216,8 @@ impl Inbox {
 
 /// Consumes `queue` in the background, recording every message's receipt time.
 pub async fn consume(conn: &Connection, queue: &str) -> Inbox {
-    let ch = conn.create_channel().await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            unique("ctag").as_str().into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
     let inbox = Inbox::default();
-    let out = inbox.clone();
-    tokio::spawn(async move {
-        let _keep = ch;
-        while let Some(Ok(d)) = consumer.next().await {
-            let headers = d
-                .properties
-                .headers()
-                .as_ref()
-                .map(|h| {
-                    h.inner()
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            out.0.lock().unwrap().push(Received {
-                body: d.data.clone(),
-                at_ms: wall_ms(),
-                headers,
-                message_id: d.properties.message_id().as_ref().map(|s| s.to_string()),
-                delivery_mode: *d.properties.delivery_mode(),
-                content_type: d.properties.content_type().as_ref().map(|s| s.to_string()),
-            });
-        }
-    });
+    consume_into(conn, queue, &inbox, false).await;
     inbox
 }
 
