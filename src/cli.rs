@@ -220,15 +220,9 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
     );
     let redis = match redis_conn(cfg).await {
         Ok(mut c) => {
-            let flags: Option<String> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("notify-keyspace-events")
-                .query_async::<Vec<String>>(&mut c)
-                .await
-                .ok()
-                .and_then(|v| v.into_iter().nth(1));
+            let flags = crate::store::keyspace_flags(&mut c).await;
             let mode = match flags.as_deref() {
-                Some(f) if f.contains('K') && (f.contains('z') || f.contains('A')) => {
+                Some(f) if crate::store::flags_notify_zsets(f) => {
                     "keyspace notifications on (millisecond wake-ups)".to_string()
                 }
                 Some(f) => format!(

@@ -93,6 +93,23 @@ pub(crate) fn has_hash_tag(key: &str) -> bool {
     }
 }
 
+/// The server's `notify-keyspace-events` flags, or `None` where `CONFIG` is
+/// forbidden (as on many managed services).
+pub async fn keyspace_flags<C: redis::aio::ConnectionLike>(conn: &mut C) -> Option<String> {
+    redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async::<Vec<String>>(conn)
+        .await
+        .ok()
+        .and_then(|v| v.into_iter().nth(1))
+}
+
+/// Whether `flags` publish the sorted-set keyspace events delayd wakes on.
+pub fn flags_notify_zsets(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('z') || flags.contains('A'))
+}
+
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/claim.lua")));
 static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ack.lua")));
 static RETRY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/retry.lua")));
@@ -426,6 +443,14 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keyspace_flags_need_k_and_z_or_a() {
+        assert!(flags_notify_zsets("Kz"));
+        assert!(flags_notify_zsets("AK"));
+        assert!(!flags_notify_zsets("Ez"));
+        assert!(!flags_notify_zsets("K$"));
+    }
 
     #[test]
     fn plain_keys_get_a_hash_tag() {

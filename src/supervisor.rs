@@ -297,18 +297,12 @@ async fn watch_keyspace(
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let mut reported: Option<bool> = None;
     loop {
-        let flags: Option<String> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("notify-keyspace-events")
-            .query_async::<Vec<String>>(&mut conn)
-            .await
-            .ok()
-            .and_then(|v| v.into_iter().nth(1));
+        let flags = crate::store::keyspace_flags(&mut conn).await;
         // Managed services often forbid CONFIG; subscribing anyway costs
         // nothing and works when the operator enabled the events.
         let enabled = flags
             .as_deref()
-            .map(|f| f.contains('K') && (f.contains('z') || f.contains('A')))
+            .map(crate::store::flags_notify_zsets)
             .unwrap_or(true);
         if reported != Some(enabled) {
             if enabled {
