@@ -223,9 +223,49 @@ pub fn message_id(key: &str, member: &[u8], due_ms: i64) -> String {
     format!("{:032x}", h.digest128())
 }
 
-/// Publishes one claimed member as design.md's message: body unchanged,
-/// persistent unless configured otherwise, stable `message_id`, and the
-/// `x-delayd-*` headers; `mandatory` so an unroutable publish comes back.
+/// The properties of one claimed member's message, as design.md defines
+/// them: persistent unless configured otherwise, a stable `message_id`, the
+/// claim time, and the `x-delayd-*` headers unless turned off.
+pub fn properties(
+    business: &Business,
+    key: &str,
+    claimed: &Claimed,
+    now_ms: i64,
+) -> BasicProperties {
+    let mut props = BasicProperties::default()
+        .with_message_id(ShortString::from(message_id(
+            key,
+            &claimed.member,
+            claimed.due_ms,
+        )))
+        .with_timestamp((now_ms.max(0) / 1000) as u64);
+    if business.headers {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "x-delayd-business".into(),
+            AMQPValue::LongString(LongString::from(business.name.as_str())),
+        );
+        headers.insert(
+            "x-delayd-due".into(),
+            AMQPValue::LongLongInt(claimed.due_ms),
+        );
+        headers.insert(
+            "x-delayd-attempt".into(),
+            AMQPValue::LongLongInt(claimed.attempt as i64),
+        );
+        props = props.with_headers(headers);
+    }
+    if business.persistent {
+        props = props.with_delivery_mode(2);
+    }
+    if let Some(ct) = &business.content_type {
+        props = props.with_content_type(ShortString::from(ct.as_str()));
+    }
+    props
+}
+
+/// Publishes one claimed member with [`properties`], body unchanged and
+/// `mandatory` so an unroutable publish comes back.
 pub async fn publish(
     channel: &Channel,
     business: &Business,
@@ -233,33 +273,7 @@ pub async fn publish(
     claimed: &Claimed,
     now_ms: i64,
 ) -> Result<lapin::PublisherConfirm, lapin::Error> {
-    let mut headers = FieldTable::default();
-    headers.insert(
-        "x-delayd-business".into(),
-        AMQPValue::LongString(LongString::from(business.name.as_str())),
-    );
-    headers.insert(
-        "x-delayd-due".into(),
-        AMQPValue::LongLongInt(claimed.due_ms),
-    );
-    headers.insert(
-        "x-delayd-attempt".into(),
-        AMQPValue::LongLongInt(claimed.attempt as i64),
-    );
-    let mut props = BasicProperties::default()
-        .with_message_id(ShortString::from(message_id(
-            key,
-            &claimed.member,
-            claimed.due_ms,
-        )))
-        .with_timestamp((now_ms.max(0) / 1000) as u64)
-        .with_headers(headers);
-    if business.persistent {
-        props = props.with_delivery_mode(2);
-    }
-    if let Some(ct) = &business.content_type {
-        props = props.with_content_type(ShortString::from(ct.as_str()));
-    }
+    let props = properties(business, key, claimed, now_ms);
     channel
         .basic_publish(
             ShortString::from(business.exchange.as_str()),

@@ -22,7 +22,7 @@ use lapin::{BasicProperties, Connection, ExchangeKind};
 
 use crate::cli::Failure;
 use crate::config;
-use crate::store::KeyFamily;
+use crate::store::{Claimed, KeyFamily};
 
 /// Arguments of `delayd bench`.
 #[derive(Debug, Args)]
@@ -109,11 +109,21 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         ))
     })?;
 
+    // `timeout`, a closed terminal and Ctrl-C all end the run the same way:
+    // through the clean-up below, so no queue, key or temporary config with
+    // the URLs in it is left behind.
+    let mut signals = signal_hook_tokio::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| fail("signal handlers")(e.to_string()))?;
     let mut state = BenchState::default();
     let outcome = tokio::select! {
         r = bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state) => r,
-        _ = tokio::signal::ctrl_c() => Err(Failure::runtime("bench interrupted; cleaned up")),
+        _ = signals.next() => Err(Failure::runtime("bench interrupted; cleaned up")),
     };
+    signals.handle().close();
     // Clean up whatever happened above.
     if let Some(mut child) = state.daemon.take() {
         stop_child(&mut child);
@@ -293,7 +303,15 @@ async fn bench(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
     }
-    config::load(&path).map_err(|e| Failure::usage(format!("bench: --business: {e}")))?;
+    let bench_cfg =
+        config::load(&path).map_err(|e| Failure::usage(format!("bench: --business: {e}")))?;
+    // The same properties delayd will send, so the broker's cost of the
+    // message format can be told apart from delayd's own.
+    let format = bench_cfg
+        .businesses
+        .into_iter()
+        .next()
+        .map(|b| (b, names.key.clone()));
     let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
     let child = Command::new(exe)
         .args(["run", "--config"])
@@ -311,7 +329,7 @@ async fn bench(
     let trial_n = (args.messages / 4).max(1000);
     let mut best = (0.0f64, 1usize, 256usize);
     for (channels, window) in [(1, 256), (1, 1024), (2, 1024), (4, 1024), (2, 4096)] {
-        let rate = raw_publish(amqp, names, trial_n, body_len, channels, window, &counter).await?;
+        let rate = raw_publish(amqp, names, trial_n, body_len, channels, window, None).await?;
         eprintln!("bench:   {channels} channel(s) x window {window}: {rate:.0} msg/s");
         if rate > best.0 {
             best = (rate, channels, window);
@@ -320,8 +338,10 @@ async fn bench(
     let (_, best_channels, best_window) = best;
 
     let mut raw_rates = Vec::new();
+    let mut same_rates = Vec::new();
     let mut drain_rates = Vec::new();
     let mut ratios = Vec::new();
+    let mut same_ratios = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let raw = raw_publish(
             amqp,
@@ -330,16 +350,30 @@ async fn bench(
             body_len,
             best_channels,
             best_window,
-            &counter,
+            None,
+        )
+        .await?;
+        wait_consumed(&counter, Duration::from_secs(60)).await;
+        let same = raw_publish(
+            amqp,
+            names,
+            args.messages,
+            body_len,
+            best_channels,
+            best_window,
+            format.as_ref(),
         )
         .await?;
         wait_consumed(&counter, Duration::from_secs(60)).await;
         let drain = delayd_drain(redis, &fam, &names.key, args.messages, body_len, round).await?;
         wait_consumed(&counter, Duration::from_secs(60)).await;
         eprintln!(
-            "bench: round {round}: raw ceiling {raw:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3}",
-            drain / raw
+            "bench: round {round}: raw ceiling {raw:.0} msg/s, raw with delayd's format {same:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3} ({:.3} to the same format)",
+            drain / raw,
+            drain / same
         );
+        same_rates.push(same);
+        same_ratios.push(drain / same);
         raw_rates.push(raw);
         drain_rates.push(drain);
         ratios.push(drain / raw);
@@ -381,6 +415,8 @@ async fn bench(
     let med_raw = median(&raw_rates);
     let med_drain = median(&drain_rates);
     let med_ratio = median(&ratios);
+    let med_same = median(&same_rates);
+    let med_same_ratio = median(&same_ratios);
     println!();
     println!(
         "delayd bench: {} x {}-byte persistent messages into a durable queue, {} rounds, one run",
@@ -396,6 +432,19 @@ async fn bench(
         &format!("median; best of sweep: {best_channels} channel(s), window {best_window}"),
     );
     row(
+        "raw publish, delayd's message format",
+        &format!("{med_same:.0} msg/s"),
+        &format!(
+            "median; {}; the broker's cost of the format: {:.0}%",
+            if format.as_ref().is_some_and(|(b, _)| b.headers) {
+                "message_id, timestamp, x-delayd-* headers"
+            } else {
+                "message_id, timestamp, no headers"
+            },
+            (1.0 - med_same / med_raw) * 100.0
+        ),
+    );
+    row(
         "delayd drain (claim+publish+ack)",
         &format!("{med_drain:.0} msg/s"),
         &format!("median; rounds {}", join_rates(&drain_rates)),
@@ -404,6 +453,14 @@ async fn bench(
         "delayd / ceiling",
         &format!("{med_ratio:.3}"),
         &format!("median of per-round ratios {}", join_ratios(&ratios)),
+    );
+    row(
+        "delayd / same-format publisher",
+        &format!("{med_same_ratio:.3}"),
+        &format!(
+            "median of per-round ratios {}; delayd's own overhead",
+            join_ratios(&same_ratios)
+        ),
     );
     row(
         "common recipe drain",
@@ -532,9 +589,10 @@ async fn wait_consumed(counter: &Counter, limit: Duration) {
 }
 
 /// A plain lapin publisher: confirms on, `window` publishes in flight per
-/// channel, persistent and mandatory like delayd's, with no headers. Its
-/// bodies are distinct, like the members of a sorted set, and as large as
-/// the drain's. Returns messages/s.
+/// channel, persistent and mandatory like delayd's. Without `format` it
+/// sends no other property (the ceiling); with one, exactly the properties
+/// delayd sends for that business. Its bodies are distinct, like the
+/// members of a sorted set, and as large as the drain's. Returns messages/s.
 async fn raw_publish(
     amqp: &Connection,
     names: &Names,
@@ -542,7 +600,7 @@ async fn raw_publish(
     size: usize,
     channels: usize,
     window: usize,
-    _counter: &Counter,
+    format: Option<&(config::Business, String)>,
 ) -> Result<f64, Failure> {
     let mut chans = Vec::new();
     for _ in 0..channels {
@@ -563,6 +621,7 @@ async fn raw_publish(
         let count = per.min(n.saturating_sub(i * per));
         let exchange = names.exchange.clone();
         let rk = names.routing_key.clone();
+        let format = format.cloned();
         tasks.push(tokio::spawn(async move {
             let mut inflight = FuturesUnordered::new();
             for j in 0..count {
@@ -572,6 +631,17 @@ async fn raw_publish(
                         r?;
                     }
                 }
+                let props = match &format {
+                    None => BasicProperties::default().with_delivery_mode(2),
+                    Some((b, key)) => {
+                        let claimed = Claimed {
+                            member: body.clone(),
+                            due_ms: wall_ms_f() as i64,
+                            attempt: 1,
+                        };
+                        crate::amqp::properties(b, key, &claimed, claimed.due_ms)
+                    }
+                };
                 let confirm = ch
                     .basic_publish(
                         exchange.as_str().into(),
@@ -581,7 +651,7 @@ async fn raw_publish(
                             immediate: false,
                         },
                         &body,
-                        BasicProperties::default().with_delivery_mode(2),
+                        props,
                     )
                     .await?;
                 inflight.push(confirm);

@@ -85,6 +85,35 @@ async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_false_sends_no_delayd_headers_but_keeps_the_message_id() {
+    let mut b = BusinessSpec::random("bare");
+    b.extra = "headers = false".into();
+    let mut s = setup(&[&b]).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    let items: Vec<(f64, Vec<u8>)> = (0..20)
+        .map(|i| (now as f64, format!("bare{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut s.redis, &b.key, &items).await;
+    let _d = Daemon::start(&s.config);
+    s.inboxes[0]
+        .wait_for(items.len(), Duration::from_secs(20))
+        .await;
+    s.inboxes[0].settle(Duration::from_millis(300)).await;
+    let got = s.inboxes[0].all();
+    assert_eq!(got.len(), items.len());
+    for r in &got {
+        assert!(r.headers.is_empty(), "no headers expected: {:?}", r.headers);
+        assert_eq!(r.delivery_mode, Some(2));
+        assert_eq!(
+            r.message_id.as_deref(),
+            Some(delayd::amqp::message_id(&b.key, &r.body, now).as_str())
+        );
+    }
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(5)).await;
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_businesses_each_reach_their_own_queue() {
     let a = BusinessSpec::random("alpha");
     let b = BusinessSpec::random("beta");

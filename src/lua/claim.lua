@@ -56,17 +56,21 @@ if limit > 0 then
       leased[#leased + 1] = now + lease
       leased[#leased + 1] = items[i]
     end
-    -- A retried member keeps the due time of its first claim, so its
-    -- message_id and lateness stay those of the original schedule.
-    local dues = {}
-    local attempts = {}
-    for i = 1, #members, CHUNK do
-      local j = math.min(#members, i + CHUNK - 1)
-      local d = redis.call('HMGET', KEYS[3], unpack(members, i, j))
-      local a = redis.call('HMGET', KEYS[4], unpack(members, i, j))
-      for k = 1, #d do
-        dues[i + k - 1] = d[k]
-        attempts[i + k - 1] = a[k]
+    -- A retried, released or recovered member keeps the due time of its
+    -- first claim, so its message_id and lateness stay those of the
+    -- original schedule. Such a member always has an attempts entry, so
+    -- while that hash is empty (no retries: the common case) nothing needs
+    -- to be read back.
+    local dues, attempts = {}, {}
+    if redis.call('EXISTS', KEYS[4]) == 1 then
+      for i = 1, #members, CHUNK do
+        local j = math.min(#members, i + CHUNK - 1)
+        local d = redis.call('HMGET', KEYS[3], unpack(members, i, j))
+        local a = redis.call('HMGET', KEYS[4], unpack(members, i, j))
+        for k = 1, #d do
+          dues[i + k - 1] = d[k]
+          attempts[i + k - 1] = a[k]
+        end
       end
     end
     local new_dues, new_attempts = {}, {}
@@ -87,7 +91,9 @@ if limit > 0 then
       out[#out + 1] = due
       out[#out + 1] = attempt
     end
-    batched('ZREM', KEYS[1], members, 1)
+    -- The claimed members are exactly ranks 0..claimed-1 of K, so removing
+    -- by rank spares Redis a lookup of every member.
+    redis.call('ZREMRANGEBYRANK', KEYS[1], 0, claimed - 1)
     batched('ZADD', KEYS[2], leased, 2)
     if #new_dues > 0 then batched('HSET', KEYS[3], new_dues, 2) end
     if #new_attempts > 0 then batched('HSET', KEYS[4], new_attempts, 2) end
