@@ -395,6 +395,16 @@ impl Store {
 fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
     match v {
         Some(redis::Value::Int(n)) => Ok(n),
+        // Scripts pass some integers through as the digits Redis printed.
+        Some(redis::Value::BulkString(b)) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                StoreError::Reply(format!(
+                    "expected an integer, got {:?}",
+                    String::from_utf8_lossy(&b)
+                ))
+            }),
         other => Err(StoreError::Reply(format!(
             "expected an integer, got {other:?}"
         ))),
@@ -443,6 +453,36 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claim_replies_take_due_times_as_integers_or_digits() {
+        use redis::Value::{BulkString, Int};
+        let reply = vec![
+            Int(1000),
+            Int(-1),
+            Int(0),
+            BulkString(b"a".to_vec()),
+            BulkString(b"1790000000000".to_vec()),
+            Int(1),
+            BulkString(Vec::new()),
+            Int(5),
+            Int(2),
+        ];
+        let c = parse_claim(reply).unwrap();
+        assert_eq!(c.members.len(), 2);
+        assert_eq!(c.members[0].due_ms, 1_790_000_000_000);
+        assert_eq!(c.members[1].member, b"");
+        assert_eq!((c.members[1].due_ms, c.members[1].attempt), (5, 2));
+        let bad = vec![
+            Int(0),
+            Int(-1),
+            Int(0),
+            BulkString(b"a".to_vec()),
+            BulkString(b"1.5e3".to_vec()),
+            Int(1),
+        ];
+        assert!(parse_claim(bad).is_err());
+    }
 
     #[test]
     fn keyspace_flags_need_k_and_z_or_a() {
