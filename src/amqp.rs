@@ -12,7 +12,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Event};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Business, SecretUrl};
+use crate::config::{Business, Properties, SecretUrl};
 use crate::store::Claimed;
 use crate::telemetry::{Backoff, Health, METRICS};
 
@@ -225,21 +225,24 @@ pub fn message_id(key: &str, member: &[u8], due_ms: i64) -> String {
 
 /// The properties of one claimed member's message, as design.md defines
 /// them: persistent unless configured otherwise, a stable `message_id`, the
-/// claim time, and the `x-delayd-*` headers unless turned off.
+/// claim time and the `x-delayd-*` headers, less what `properties` leaves out.
 pub fn properties(
     business: &Business,
     key: &str,
     claimed: &Claimed,
     now_ms: i64,
 ) -> BasicProperties {
-    let mut props = BasicProperties::default()
-        .with_message_id(ShortString::from(message_id(
-            key,
-            &claimed.member,
-            claimed.due_ms,
-        )))
-        .with_timestamp((now_ms.max(0) / 1000) as u64);
-    if business.headers {
+    let mut props = BasicProperties::default();
+    if business.properties != Properties::Bare {
+        props = props
+            .with_message_id(ShortString::from(message_id(
+                key,
+                &claimed.member,
+                claimed.due_ms,
+            )))
+            .with_timestamp((now_ms.max(0) / 1000) as u64);
+    }
+    if business.properties == Properties::Full {
         let mut headers = FieldTable::default();
         headers.insert(
             "x-delayd-business".into(),

@@ -21,7 +21,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ExchangeKind};
 
 use crate::cli::Failure;
-use crate::config;
+use crate::config::{self, Properties};
 use crate::store::{Claimed, KeyFamily};
 
 /// Arguments of `delayd bench`.
@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// Seconds to count Redis commands while nothing is due.
     #[arg(long, default_value_t = 10)]
     pub idle_secs: u64,
+    /// Time the ceiling and the drain with no consumer on the queue, so the
+    /// broker stores every message (the lateness phase still consumes).
+    #[arg(long)]
+    pub no_consumer: bool,
     /// Extra lines for the bench business, e.g. "scanners = 4".
     #[arg(long, value_name = "TOML")]
     pub business: Vec<String>,
@@ -242,51 +246,13 @@ async fn bench(
     .await
     .map_err(|e| fail("bind queue")(e.to_string()))?;
 
-    // One consumer for every phase, so the broker does the same work in each.
+    // One consumer for every phase, so the broker does the same work in
+    // each; with --no-consumer, only from the common recipe on, and the
+    // queue is purged between phases instead.
     let counter = Counter::default();
-    let consumer_ch = amqp
-        .create_channel()
-        .await
-        .map_err(|e| fail("channel")(e.to_string()))?;
-    consumer_ch
-        .basic_qos(2000, BasicQosOptions::default())
-        .await
-        .map_err(|e| fail("qos")(e.to_string()))?;
-    let mut consumer = consumer_ch
-        .basic_consume(
-            names.queue.as_str().into(),
-            "delayd-bench".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| fail("consume")(e.to_string()))?;
-    let c = counter.clone();
-    tokio::spawn(async move {
-        while let Some(Ok(d)) = consumer.next().await {
-            c.received.fetch_add(1, Ordering::Relaxed);
-            if c.record.load(Ordering::Relaxed) {
-                let header = d
-                    .properties
-                    .headers()
-                    .as_ref()
-                    .and_then(|h| h.inner().get("x-delayd-due").cloned());
-                let due = match header {
-                    Some(AMQPValue::LongLongInt(due)) => Some(due),
-                    _ => due_in_body(&d.data),
-                };
-                if let Some(due) = due {
-                    let late = wall_ms_f() - due as f64;
-                    if let Ok(mut v) = c.lateness_ms.lock() {
-                        v.push(late);
-                    }
-                }
-            }
-        }
-    });
+    if !args.no_consumer {
+        start_consumer(amqp, names, &counter).await?;
+    }
 
     // delayd as users run it, on a temporary business.
     let extra = args.business.join("\n");
@@ -334,6 +300,7 @@ async fn bench(
     let mut best = (0.0f64, 1usize, 256usize);
     for (channels, window) in [(1, 256), (1, 1024), (2, 1024), (4, 1024), (2, 4096)] {
         let rate = raw_publish(amqp, names, trial_n, body_len, channels, window, None).await?;
+        between_phases(&ch, names, &counter, args.no_consumer).await?;
         eprintln!("bench:   {channels} channel(s) x window {window}: {rate:.0} msg/s");
         if rate > best.0 {
             best = (rate, channels, window);
@@ -357,7 +324,7 @@ async fn bench(
             None,
         )
         .await?;
-        wait_consumed(&counter, Duration::from_secs(60)).await;
+        between_phases(&ch, names, &counter, args.no_consumer).await?;
         let same = raw_publish(
             amqp,
             names,
@@ -368,9 +335,9 @@ async fn bench(
             format.as_ref(),
         )
         .await?;
-        wait_consumed(&counter, Duration::from_secs(60)).await;
+        between_phases(&ch, names, &counter, args.no_consumer).await?;
         let drain = delayd_drain(redis, &fam, &names.key, args.messages, body_len, round).await?;
-        wait_consumed(&counter, Duration::from_secs(60)).await;
+        between_phases(&ch, names, &counter, args.no_consumer).await?;
         eprintln!(
             "bench: round {round}: raw ceiling {raw:.0} msg/s, raw with delayd's format {same:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3} ({:.3} to the same format)",
             drain / raw,
@@ -383,6 +350,9 @@ async fn bench(
         ratios.push(drain / raw);
     }
     let rss_after_drain = rss_kb(pid);
+    if args.no_consumer {
+        start_consumer(amqp, names, &counter).await?;
+    }
 
     eprintln!("bench: the common recipe (one member per Lua call, no confirms) ...");
     let recipe = common_recipe_drain(redis, amqp, names, args.messages, body_len).await?;
@@ -423,9 +393,14 @@ async fn bench(
     let med_same_ratio = median(&same_ratios);
     println!();
     println!(
-        "delayd bench: {} x {}-byte persistent messages into a durable queue, {} rounds, one run",
+        "delayd bench: {} x {}-byte persistent messages into a durable queue ({}), {} rounds, one run",
         args.messages,
         args.size,
+        if args.no_consumer {
+            "no consumer while timed"
+        } else {
+            "one consumer"
+        },
         raw_rates.len()
     );
     println!("machine: {}", machine());
@@ -440,10 +415,10 @@ async fn bench(
         &format!("{med_same:.0} msg/s"),
         &format!(
             "median; {}; the broker's cost of the format: {:.0}%",
-            if format.as_ref().is_some_and(|(b, _)| b.headers) {
-                "message_id, timestamp, x-delayd-* headers"
-            } else {
-                "message_id, timestamp, no headers"
+            match format.as_ref().map(|(b, _)| b.properties) {
+                Some(Properties::Full) | None => "message_id, timestamp, x-delayd-* headers",
+                Some(Properties::NoHeaders) => "message_id, timestamp, no headers",
+                Some(Properties::Bare) => "no properties: the ceiling's own message",
             },
             (1.0 - med_same / med_raw) * 100.0
         ),
@@ -584,6 +559,78 @@ fn machine() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cpus} cores, {model}")
+}
+
+/// Consumes the bench queue without acks, counting deliveries and, while
+/// asked to, recording each one's lateness.
+async fn start_consumer(
+    amqp: &Connection,
+    names: &Names,
+    counter: &Counter,
+) -> Result<(), Failure> {
+    let consumer_ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    consumer_ch
+        .basic_qos(2000, BasicQosOptions::default())
+        .await
+        .map_err(|e| fail("qos")(e.to_string()))?;
+    let mut consumer = consumer_ch
+        .basic_consume(
+            names.queue.as_str().into(),
+            "delayd-bench".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| fail("consume")(e.to_string()))?;
+    let c = counter.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(d)) = consumer.next().await {
+            c.received.fetch_add(1, Ordering::Relaxed);
+            if c.record.load(Ordering::Relaxed) {
+                let header = d
+                    .properties
+                    .headers()
+                    .as_ref()
+                    .and_then(|h| h.inner().get("x-delayd-due").cloned());
+                let due = match header {
+                    Some(AMQPValue::LongLongInt(due)) => Some(due),
+                    _ => due_in_body(&d.data),
+                };
+                if let Some(due) = due {
+                    let late = wall_ms_f() - due as f64;
+                    if let Ok(mut v) = c.lateness_ms.lock() {
+                        v.push(late);
+                    }
+                }
+            }
+        }
+    });
+
+    Ok(())
+}
+
+/// Between two timed phases: let the consumer catch up, or empty the queue
+/// when there is none, so every phase starts from the same state.
+async fn between_phases(
+    ch: &lapin::Channel,
+    names: &Names,
+    counter: &Counter,
+    no_consumer: bool,
+) -> Result<(), Failure> {
+    if no_consumer {
+        ch.queue_purge(names.queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+            .map_err(|e| fail("purge queue")(e.to_string()))?;
+    } else {
+        wait_consumed(counter, Duration::from_secs(60)).await;
+    }
+    Ok(())
 }
 
 async fn wait_consumed(counter: &Counter, limit: Duration) {

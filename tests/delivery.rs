@@ -85,23 +85,25 @@ async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn headers_false_sends_no_delayd_headers_but_keeps_the_message_id() {
-    let mut b = BusinessSpec::random("bare");
-    b.extra = "headers = false".into();
-    let mut s = setup(&[&b]).await;
+async fn properties_no_headers_keeps_the_message_id_and_bare_sends_nothing_else() {
+    let mut b = BusinessSpec::random("nohdr");
+    b.extra = "properties = \"no-headers\"".into();
+    let mut bare = BusinessSpec::random("bare");
+    bare.extra = "properties = \"bare\"".into();
+    let mut s = setup(&[&b, &bare]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let items: Vec<(f64, Vec<u8>)> = (0..20)
-        .map(|i| (now as f64, format!("bare{i}").into_bytes()))
+        .map(|i| (now as f64, format!("m{i}").into_bytes()))
         .collect();
     zadd_many(&mut s.redis, &b.key, &items).await;
+    zadd_many(&mut s.redis, &bare.key, &items).await;
     let _d = Daemon::start(&s.config);
-    s.inboxes[0]
-        .wait_for(items.len(), Duration::from_secs(20))
-        .await;
-    s.inboxes[0].settle(Duration::from_millis(300)).await;
-    let got = s.inboxes[0].all();
-    assert_eq!(got.len(), items.len());
-    for r in &got {
+    for inbox in &s.inboxes {
+        inbox.wait_for(items.len(), Duration::from_secs(20)).await;
+        inbox.settle(Duration::from_millis(300)).await;
+        assert_eq!(inbox.len(), items.len());
+    }
+    for r in &s.inboxes[0].all() {
         assert!(r.headers.is_empty(), "no headers expected: {:?}", r.headers);
         assert_eq!(r.delivery_mode, Some(2));
         assert_eq!(
@@ -109,8 +111,15 @@ async fn headers_false_sends_no_delayd_headers_but_keeps_the_message_id() {
             Some(delayd::amqp::message_id(&b.key, &r.body, now).as_str())
         );
     }
-    wait_drained(&mut s.redis, &b.key, Duration::from_secs(5)).await;
-    assert_family_empty(&mut s.redis, &b.key).await;
+    for r in &s.inboxes[1].all() {
+        assert!(r.headers.is_empty(), "no headers expected: {:?}", r.headers);
+        assert_eq!(r.delivery_mode, Some(2));
+        assert_eq!(r.message_id, None);
+    }
+    for key in [&b.key, &bare.key] {
+        wait_drained(&mut s.redis, key, Duration::from_secs(5)).await;
+        assert_family_empty(&mut s.redis, key).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
