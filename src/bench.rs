@@ -627,6 +627,9 @@ async fn between_phases(
         ch.queue_purge(names.queue.as_str().into(), QueuePurgeOptions::default())
             .await
             .map_err(|e| fail("purge queue")(e.to_string()))?;
+        // The broker deletes purged persistent messages in the background;
+        // let that finish rather than time the next phase against it.
+        tokio::time::sleep(Duration::from_secs(3)).await;
     } else {
         wait_consumed(counter, Duration::from_secs(60)).await;
     }
