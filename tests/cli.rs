@@ -273,3 +273,139 @@ fn dead_list_of_an_unknown_business_exits_2_and_names_it() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// The temporary configs `delayd bench` writes (they hold the URLs).
+fn bench_configs() -> std::collections::HashSet<PathBuf> {
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("delayd-bench-") && n.ends_with(".toml"))
+        })
+        .collect()
+}
+
+/// What a bench run named `tag` could leave behind: its keys, its queue,
+/// and a daemon still running on its config.
+async fn assert_bench_left_nothing(tag: &str, config: &Path) {
+    let mut r = redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*delayd:bench:{tag}*"))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "bench left keys behind: {keys:?}");
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = format!("delayd-bench-{tag}");
+    let passive = ch
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    assert!(passive.is_err(), "bench left its queue {queue} behind");
+    assert!(!config.exists(), "bench left {} behind", config.display());
+    let needle = config.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains(&needle),
+            "a daemon on {needle} outlived the bench"
+        );
+    }
+}
+
+/// The bench's tag, from the name of the config it wrote.
+fn tag_of(config: &Path) -> String {
+    let name = config.file_stem().unwrap().to_string_lossy().into_owned();
+    name.rsplit('-').next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prints_its_table_and_cleans_up_also_when_terminated() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = real_config(dir.path(), &unique("test:bench"), "unused");
+    let config = config.to_str().unwrap();
+
+    // A short complete run: every row of the table, exit 0.
+    let before = bench_configs();
+    let (code, out, err) = delayd(&[
+        "bench",
+        "--config",
+        config,
+        "--messages",
+        "2000",
+        "--rounds",
+        "1",
+        "--rate",
+        "200",
+        "--lateness-secs",
+        "1",
+        "--idle-secs",
+        "1",
+    ]);
+    assert_eq!(code, 0, "bench failed:\n{out}\n{err}");
+    for row in [
+        "raw confirmed publish (ceiling)",
+        "raw publish, delayd's format",
+        "delayd drain",
+        "delayd / ceiling",
+        "common recipe drain",
+        "200 of 200 received",
+        "idle Redis commands",
+        "delayd RSS",
+    ] {
+        assert!(out.contains(row), "no {row:?} in:\n{out}");
+    }
+    assert!(!out.contains(":guest@") && !err.contains(":guest@"));
+
+    // SIGTERM in the middle of a run: exit 1, and nothing left behind.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_delayd"))
+        .args(["bench", "--config", config, "--messages", "1000000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let written = loop {
+        let new: Vec<PathBuf> = bench_configs().difference(&before).cloned().collect();
+        if let Some(p) = new.into_iter().next() {
+            break p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "bench never started its daemon"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "bench ignored SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_bench_left_nothing(&tag_of(&written), &written).await;
+}
