@@ -6,7 +6,7 @@
 //! to the settler, which answers for it: acked, retried, dead-lettered or
 //! released back to pending. Nothing claimed is forgotten.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,8 +64,6 @@ struct Outstanding {
     member: Vec<u8>,
     due_ms: i64,
     attempt: u32,
-    /// The record of the claim this member came from, if it has one.
-    record: Option<Arc<str>>,
     /// Redis's clock at claim time, plus `claimed_at.elapsed()`, gives a
     /// wall time on Redis's clock without asking it again.
     claim_now_ms: i64,
@@ -74,12 +72,9 @@ struct Outstanding {
 
 /// Handed from the scanner to its settler.
 enum ToSettle {
-    /// A claim wrote a record of due times for this many members; sent
-    /// before any of them, so the settler can forget it once all are settled.
-    Claimed(Arc<str>, usize),
     Published(Outstanding, lapin::PublisherConfirm),
     /// Claimed but never published (the channel broke mid-batch).
-    Unpublished(Vec<Claimed>, Option<Arc<str>>),
+    Unpublished(Vec<Vec<u8>>),
 }
 
 /// Runs scanner `index` of `lane` until `stop` is cancelled, then waits for
@@ -244,10 +239,6 @@ async fn scan(
             );
         }
         let got = claim.members.len();
-        let record: Option<Arc<str>> = claim.record.as_deref().map(Arc::from);
-        if let Some(r) = &record {
-            let _ = tx.send(ToSettle::Claimed(r.clone(), got));
-        }
         window.add_permits(want - got);
         if got == 0 {
             idle(lane, index, &claim, claimed_at, stop).await;
@@ -279,7 +270,9 @@ async fn scan(
                 members = claim.members.len(),
                 "publishing stalled for {PUBLISH_STALL:?} while the broker was not blocking; handing the batch back and reopening the channel"
             );
-            let _ = tx.send(ToSettle::Unpublished(claim.members, record));
+            let _ = tx.send(ToSettle::Unpublished(
+                claim.members.into_iter().map(|c| c.member).collect(),
+            ));
             channel = None;
             continue;
         };
@@ -300,7 +293,6 @@ async fn scan(
                             member,
                             due_ms,
                             attempt,
-                            record: record.clone(),
                             claim_now_ms: claim.now_ms,
                             claimed_at,
                         },
@@ -309,7 +301,7 @@ async fn scan(
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
-                    unpublished.push(c);
+                    unpublished.push(c.member);
                 }
             }
         }
@@ -318,7 +310,7 @@ async fn scan(
                 tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
                 channel_error_logged = true;
             }
-            let _ = tx.send(ToSettle::Unpublished(unpublished, record));
+            let _ = tx.send(ToSettle::Unpublished(unpublished));
             channel = None;
         }
         METRICS
@@ -426,14 +418,9 @@ async fn settle(
                     outstanding.insert(seq, o);
                     confirms.push(confirm.map(move |r| (seq, r)));
                 }
-                Some(ToSettle::Claimed(record, n)) => {
-                    batch.records.insert(record, n);
-                }
-                Some(ToSettle::Unpublished(members, record)) => {
+                Some(ToSettle::Unpublished(members)) => {
                     let n = members.len();
-                    for c in members {
-                        batch.release(c.member, c.due_ms, record.clone());
-                    }
+                    batch.release.extend(members);
                     flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                     window.add_permits(n);
                 }
@@ -474,14 +461,15 @@ async fn settle(
                 }
             }
             _ = sleep_until_opt(deadline) => {
-                let owed = std::mem::take(&mut outstanding);
+                let members: Vec<Vec<u8>> = std::mem::take(&mut outstanding)
+                    .into_values()
+                    .map(|o| o.member)
+                    .collect();
                 tracing::warn!(
-                    unconfirmed = owed.len(),
+                    unconfirmed = members.len(),
                     "shutdown_timeout reached with confirms still owed; handing those members back to pending"
                 );
-                for o in owed.into_values() {
-                    batch.release(o.member, o.due_ms, o.record);
-                }
+                batch.release.extend(members);
                 flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                 break;
             }
@@ -496,74 +484,27 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A member the broker refused, on its way back to pending or the dead set.
-struct Refused {
-    member: Vec<u8>,
-    due_ms: i64,
-    attempt: u32,
-    record: Option<Arc<str>>,
-}
-
-/// Outcomes gathered for one round of Redis writes, and the claim records
-/// still owed settles.
+/// Outcomes gathered for one round of Redis writes.
 #[derive(Default)]
 struct Batch {
     ack: Vec<Vec<u8>>,
-    ack_records: Vec<Arc<str>>,
     lateness: Vec<f64>,
-    returned: Vec<Refused>,
+    returned: Vec<(Vec<u8>, u32)>,
     returned_reason: String,
-    nacked: Vec<Refused>,
-    rejected: Vec<Refused>,
+    nacked: Vec<(Vec<u8>, u32)>,
+    rejected: Vec<(Vec<u8>, u32)>,
     rejected_reason: String,
-    release: Vec<(Vec<u8>, i64)>,
-    release_records: Vec<Arc<str>>,
-    /// Members of each claim record not settled in Redis yet.
-    records: HashMap<Arc<str>, usize>,
-    /// Records whose members are all settled: to delete.
-    forget: Vec<String>,
+    release: Vec<Vec<u8>>,
 }
 
 impl Batch {
-    fn release(&mut self, member: Vec<u8>, due_ms: i64, record: Option<Arc<str>>) {
-        self.release.push((member, due_ms));
-        self.release_records.extend(record);
-    }
-
-    /// After a write for members of these records: count them settled, or,
-    /// if the write failed, keep the records for good. Those members stay
-    /// in flight and whoever recovers them needs the record; the recovery
-    /// deletes it afterwards.
-    fn written(&mut self, records: Vec<Arc<str>>, ok: bool) {
-        for r in records {
-            if !ok {
-                self.records.remove(&r);
-                continue;
-            }
-            if let Some(left) = self.records.get_mut(&r) {
-                *left = left.saturating_sub(1);
-                if *left == 0 {
-                    self.records.remove(&r);
-                    self.forget.push(r.to_string());
-                }
-            }
-        }
-    }
-
     fn add(&mut self, o: Outstanding, result: lapin::Result<Confirmation>) {
-        let refused = |o: Outstanding| Refused {
-            member: o.member,
-            due_ms: o.due_ms,
-            attempt: o.attempt,
-            record: o.record,
-        };
         match result {
             Ok(Confirmation::Ack(None)) => {
                 let now = o.claim_now_ms as f64 + o.claimed_at.elapsed().as_secs_f64() * 1000.0;
                 self.lateness
                     .push(((now - o.due_ms as f64) / 1000.0).max(0.0));
                 self.ack.push(o.member);
-                self.ack_records.extend(o.record);
             }
             // An unroutable mandatory publish is still acked: the return
             // rides on the ack and must not be taken for delivery.
@@ -573,10 +514,10 @@ impl Batch {
                     ret.reply_code,
                     ret.reply_text.as_str()
                 );
-                self.returned.push(refused(o));
+                self.returned.push((o.member, o.attempt));
             }
-            Ok(Confirmation::Nack(None)) => self.nacked.push(refused(o)),
-            Ok(Confirmation::NotRequested) => self.release(o.member, o.due_ms, o.record),
+            Ok(Confirmation::Nack(None)) => self.nacked.push((o.member, o.attempt)),
+            Ok(Confirmation::NotRequested) => self.release.push(o.member),
             // The broker refused one message and closed the channel: every
             // confirm still owed on it fails with the same error, including
             // those of earlier messages whose confirms were not sent yet, and
@@ -588,18 +529,18 @@ impl Batch {
                     // The error names the limit: blame exactly what exceeds it.
                     Some(max) if o.member.len() > max => {
                         self.rejected_reason = reason;
-                        self.rejected.push(refused(o));
+                        self.rejected.push((o.member, o.attempt));
                     }
-                    Some(_) => self.release(o.member, o.due_ms, o.record),
+                    Some(_) => self.release.push(o.member),
                     // Otherwise one member per batch, so a message the broker
                     // keeps refusing still runs out of attempts.
                     None if self.rejected.is_empty() => {
                         self.rejected_reason = reason;
-                        self.rejected.push(refused(o));
+                        self.rejected.push((o.member, o.attempt));
                     }
-                    None => self.release(o.member, o.due_ms, o.record),
+                    None => self.release.push(o.member),
                 },
-                None => self.release(o.member, o.due_ms, o.record),
+                None => self.release.push(o.member),
             },
         }
     }
@@ -665,14 +606,12 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
     }
     if !batch.ack.is_empty() {
         let ack = &batch.ack;
-        let ok = until_written(lane, give_up, &mut backoff, || lane.store.ack(ack))
+        if until_written(lane, give_up, &mut backoff, || lane.store.ack(ack))
             .await
-            .is_some();
-        if !ok {
+            .is_none()
+        {
             tracing::error!(members = ack.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
         }
-        let records = std::mem::take(&mut batch.ack_records);
-        batch.written(records, ok);
         METRICS
             .confirmed
             .with_label_values(&[&b.name])
@@ -716,13 +655,8 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
                 .inc_by(members.len() as u64),
             _ => {}
         }
-        let max_attempt = members.iter().map(|r| r.attempt).max().unwrap_or(0);
-        let mut bodies = Vec::with_capacity(members.len());
-        let mut records = Vec::new();
-        for r in members {
-            bodies.push((r.member, r.due_ms));
-            records.extend(r.record);
-        }
+        let max_attempt = members.iter().map(|(_, a)| *a).max().unwrap_or(0);
+        let bodies: Vec<Vec<u8>> = members.into_iter().map(|(m, _)| m).collect();
         let retried = until_written(lane, give_up, &mut backoff, || {
             lane.store.retry(
                 &bodies,
@@ -733,7 +667,6 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
             )
         })
         .await;
-        batch.written(records, retried.is_some());
         let Some(out) = retried else {
             tracing::error!(members = bodies.len(), reason = %reason, "could not reschedule refused members in Redis in time; they stay in flight and are recovered after their lease");
             continue;
@@ -769,29 +702,10 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
     }
     if !batch.release.is_empty() {
         let release = &batch.release;
-        let released =
-            until_written(lane, give_up, &mut backoff, || lane.store.release(release)).await;
-        match released {
+        match until_written(lane, give_up, &mut backoff, || lane.store.release(release)).await {
             Some(n) => METRICS.released.with_label_values(&[&b.name]).inc_by(n),
             None => tracing::error!(members = release.len(), "could not hand unconfirmed members back in Redis in time; they are recovered after their lease"),
         }
         batch.release.clear();
-        let records = std::mem::take(&mut batch.release_records);
-        batch.written(records, released.is_some());
-    }
-    if !batch.forget.is_empty() {
-        let forget = &batch.forget;
-        if until_written(lane, give_up, &mut backoff, || lane.store.forget(forget))
-            .await
-            .is_none()
-        {
-            // Only the record (a few KB) stays behind; a later recovery on
-            // this key deletes it.
-            tracing::warn!(
-                records = forget.len(),
-                "could not delete settled claim records in time"
-            );
-        }
-        batch.forget.clear();
     }
 }
