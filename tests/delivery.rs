@@ -356,5 +356,14 @@ async fn sigkill_mid_drain_then_restart_delivers_every_member() {
         n,
         "every member delivered at least once after SIGKILL"
     );
+    // A recovered member keeps its original due time, so a consumer can
+    // de-duplicate the redelivery by message_id.
+    for r in s.inboxes[0].all() {
+        assert_eq!(r.due(), now as i64, "due time changed by the recovery");
+        assert_eq!(
+            r.message_id.as_deref(),
+            Some(delayd::amqp::message_id(&b.key, &r.body, now as i64).as_str())
+        );
+    }
     assert_family_empty(&mut s.redis, &b.key).await;
 }
