@@ -6,7 +6,7 @@
 //! to the settler, which answers for it: acked, retried, dead-lettered or
 //! released back to pending. Nothing claimed is forgotten.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,6 +64,8 @@ struct Outstanding {
     member: Vec<u8>,
     due_ms: i64,
     attempt: u32,
+    /// The record of the claim this member came from, if it has one.
+    record: Option<Arc<str>>,
     /// Redis's clock at claim time, plus `claimed_at.elapsed()`, gives a
     /// wall time on Redis's clock without asking it again.
     claim_now_ms: i64,
@@ -72,9 +74,12 @@ struct Outstanding {
 
 /// Handed from the scanner to its settler.
 enum ToSettle {
+    /// A claim wrote a record of due times for this many members; sent
+    /// before any of them, so the settler can forget it once all are settled.
+    Claimed(Arc<str>, usize),
     Published(Outstanding, lapin::PublisherConfirm),
     /// Claimed but never published (the channel broke mid-batch).
-    Unpublished(Vec<Vec<u8>>),
+    Unpublished(Vec<Claimed>, Option<Arc<str>>),
 }
 
 /// Runs scanner `index` of `lane` until `stop` is cancelled, then waits for
@@ -239,6 +244,10 @@ async fn scan(
             );
         }
         let got = claim.members.len();
+        let record: Option<Arc<str>> = claim.record.as_deref().map(Arc::from);
+        if let Some(r) = &record {
+            let _ = tx.send(ToSettle::Claimed(r.clone(), got));
+        }
         window.add_permits(want - got);
         if got == 0 {
             idle(lane, index, &claim, claimed_at, stop).await;
@@ -270,9 +279,7 @@ async fn scan(
                 members = claim.members.len(),
                 "publishing stalled for {PUBLISH_STALL:?} while the broker was not blocking; handing the batch back and reopening the channel"
             );
-            let _ = tx.send(ToSettle::Unpublished(
-                claim.members.into_iter().map(|c| c.member).collect(),
-            ));
+            let _ = tx.send(ToSettle::Unpublished(claim.members, record));
             channel = None;
             continue;
         };
@@ -293,6 +300,7 @@ async fn scan(
                             member,
                             due_ms,
                             attempt,
+                            record: record.clone(),
                             claim_now_ms: claim.now_ms,
                             claimed_at,
                         },
@@ -301,7 +309,7 @@ async fn scan(
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
-                    unpublished.push(c.member);
+                    unpublished.push(c);
                 }
             }
         }
@@ -310,7 +318,7 @@ async fn scan(
                 tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
                 channel_error_logged = true;
             }
-            let _ = tx.send(ToSettle::Unpublished(unpublished));
+            let _ = tx.send(ToSettle::Unpublished(unpublished, record));
             channel = None;
         }
         METRICS
@@ -418,9 +426,14 @@ async fn settle(
                     outstanding.insert(seq, o);
                     confirms.push(confirm.map(move |r| (seq, r)));
                 }
-                Some(ToSettle::Unpublished(members)) => {
+                Some(ToSettle::Claimed(record, n)) => {
+                    batch.records.insert(record, n);
+                }
+                Some(ToSettle::Unpublished(members, record)) => {
                     let n = members.len();
-                    batch.release.extend(members);
+                    for c in members {
+                        batch.release(c.member, c.due_ms, record.clone());
+                    }
                     flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                     window.add_permits(n);
                 }
@@ -461,15 +474,14 @@ async fn settle(
                 }
             }
             _ = sleep_until_opt(deadline) => {
-                let members: Vec<Vec<u8>> = std::mem::take(&mut outstanding)
-                    .into_values()
-                    .map(|o| o.member)
-                    .collect();
+                let owed = std::mem::take(&mut outstanding);
                 tracing::warn!(
-                    unconfirmed = members.len(),
+                    unconfirmed = owed.len(),
                     "shutdown_timeout reached with confirms still owed; handing those members back to pending"
                 );
-                batch.release.extend(members);
+                for o in owed.into_values() {
+                    batch.release(o.member, o.due_ms, o.record);
+                }
                 flush(&lane, &mut batch, drain_deadline.get().copied()).await;
                 break;
             }
@@ -484,27 +496,74 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Outcomes gathered for one round of Redis writes.
+/// A member the broker refused, on its way back to pending or the dead set.
+struct Refused {
+    member: Vec<u8>,
+    due_ms: i64,
+    attempt: u32,
+    record: Option<Arc<str>>,
+}
+
+/// Outcomes gathered for one round of Redis writes, and the claim records
+/// still owed settles.
 #[derive(Default)]
 struct Batch {
     ack: Vec<Vec<u8>>,
+    ack_records: Vec<Arc<str>>,
     lateness: Vec<f64>,
-    returned: Vec<(Vec<u8>, u32)>,
+    returned: Vec<Refused>,
     returned_reason: String,
-    nacked: Vec<(Vec<u8>, u32)>,
-    rejected: Vec<(Vec<u8>, u32)>,
+    nacked: Vec<Refused>,
+    rejected: Vec<Refused>,
     rejected_reason: String,
-    release: Vec<Vec<u8>>,
+    release: Vec<(Vec<u8>, i64)>,
+    release_records: Vec<Arc<str>>,
+    /// Members of each claim record not settled in Redis yet.
+    records: HashMap<Arc<str>, usize>,
+    /// Records whose members are all settled: to delete.
+    forget: Vec<String>,
 }
 
 impl Batch {
+    fn release(&mut self, member: Vec<u8>, due_ms: i64, record: Option<Arc<str>>) {
+        self.release.push((member, due_ms));
+        self.release_records.extend(record);
+    }
+
+    /// After a write for members of these records: count them settled, or,
+    /// if the write failed, keep the records for good. Those members stay
+    /// in flight and whoever recovers them needs the record; the recovery
+    /// deletes it afterwards.
+    fn written(&mut self, records: Vec<Arc<str>>, ok: bool) {
+        for r in records {
+            if !ok {
+                self.records.remove(&r);
+                continue;
+            }
+            if let Some(left) = self.records.get_mut(&r) {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    self.records.remove(&r);
+                    self.forget.push(r.to_string());
+                }
+            }
+        }
+    }
+
     fn add(&mut self, o: Outstanding, result: lapin::Result<Confirmation>) {
+        let refused = |o: Outstanding| Refused {
+            member: o.member,
+            due_ms: o.due_ms,
+            attempt: o.attempt,
+            record: o.record,
+        };
         match result {
             Ok(Confirmation::Ack(None)) => {
                 let now = o.claim_now_ms as f64 + o.claimed_at.elapsed().as_secs_f64() * 1000.0;
                 self.lateness
                     .push(((now - o.due_ms as f64) / 1000.0).max(0.0));
                 self.ack.push(o.member);
+                self.ack_records.extend(o.record);
             }
             // An unroutable mandatory publish is still acked: the return
             // rides on the ack and must not be taken for delivery.
@@ -514,10 +573,10 @@ impl Batch {
                     ret.reply_code,
                     ret.reply_text.as_str()
                 );
-                self.returned.push((o.member, o.attempt));
+                self.returned.push(refused(o));
             }
-            Ok(Confirmation::Nack(None)) => self.nacked.push((o.member, o.attempt)),
-            Ok(Confirmation::NotRequested) => self.release.push(o.member),
+            Ok(Confirmation::Nack(None)) => self.nacked.push(refused(o)),
+            Ok(Confirmation::NotRequested) => self.release(o.member, o.due_ms, o.record),
             // The broker refused one message and closed the channel: every
             // confirm still owed on it fails with the same error, including
             // those of earlier messages whose confirms were not sent yet, and
@@ -529,18 +588,18 @@ impl Batch {
                     // The error names the limit: blame exactly what exceeds it.
                     Some(max) if o.member.len() > max => {
                         self.rejected_reason = reason;
-                        self.rejected.push((o.member, o.attempt));
+                        self.rejected.push(refused(o));
                     }
-                    Some(_) => self.release.push(o.member),
+                    Some(_) => self.release(o.member, o.due_ms, o.record),
                     // Otherwise one member per batch, so a message the broker
                     // keeps refusing still runs out of attempts.
                     None if self.rejected.is_empty() => {
                         self.rejected_reason = reason;
-                        self.rejected.push((o.member, o.attempt));
+                        self.rejected.push(refused(o));
                     }
-                    None => self.release.push(o.member),
+                    None => self.release(o.member, o.due_ms, o.record),
                 },
-                None => self.release.push(o.member),
+                None => self.release(o.member, o.due_ms, o.record),
             },
         }
     }
@@ -606,12 +665,14 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
     }
     if !batch.ack.is_empty() {
         let ack = &batch.ack;
-        if until_written(lane, give_up, &mut backoff, || lane.store.ack(ack))
+        let ok = until_written(lane, give_up, &mut backoff, || lane.store.ack(ack))
             .await
-            .is_none()
-        {
+            .is_some();
+        if !ok {
             tracing::error!(members = ack.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
         }
+        let records = std::mem::take(&mut batch.ack_records);
+        batch.written(records, ok);
         METRICS
             .confirmed
             .with_label_values(&[&b.name])
@@ -655,8 +716,13 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
                 .inc_by(members.len() as u64),
             _ => {}
         }
-        let max_attempt = members.iter().map(|(_, a)| *a).max().unwrap_or(0);
-        let bodies: Vec<Vec<u8>> = members.into_iter().map(|(m, _)| m).collect();
+        let max_attempt = members.iter().map(|r| r.attempt).max().unwrap_or(0);
+        let mut bodies = Vec::with_capacity(members.len());
+        let mut records = Vec::new();
+        for r in members {
+            bodies.push((r.member, r.due_ms));
+            records.extend(r.record);
+        }
         let retried = until_written(lane, give_up, &mut backoff, || {
             lane.store.retry(
                 &bodies,
@@ -667,6 +733,7 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
             )
         })
         .await;
+        batch.written(records, retried.is_some());
         let Some(out) = retried else {
             tracing::error!(members = bodies.len(), reason = %reason, "could not reschedule refused members in Redis in time; they stay in flight and are recovered after their lease");
             continue;
@@ -702,10 +769,29 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
     }
     if !batch.release.is_empty() {
         let release = &batch.release;
-        match until_written(lane, give_up, &mut backoff, || lane.store.release(release)).await {
+        let released =
+            until_written(lane, give_up, &mut backoff, || lane.store.release(release)).await;
+        match released {
             Some(n) => METRICS.released.with_label_values(&[&b.name]).inc_by(n),
             None => tracing::error!(members = release.len(), "could not hand unconfirmed members back in Redis in time; they are recovered after their lease"),
         }
         batch.release.clear();
+        let records = std::mem::take(&mut batch.release_records);
+        batch.written(records, released.is_some());
+    }
+    if !batch.forget.is_empty() {
+        let forget = &batch.forget;
+        if until_written(lane, give_up, &mut backoff, || lane.store.forget(forget))
+            .await
+            .is_none()
+        {
+            // Only the record (a few KB) stays behind; a later recovery on
+            // this key deletes it.
+            tracing::warn!(
+                records = forget.len(),
+                "could not delete settled claim records in time"
+            );
+        }
+        batch.forget.clear();
     }
 }

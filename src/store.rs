@@ -39,8 +39,11 @@ pub struct KeyFamily {
     pub pending: String,
     /// Claimed, awaiting the broker: score = lease deadline (ms).
     pub inflight: String,
-    /// Original due time (ms) of claimed and retried members.
+    /// Original due time (ms) of retried and recovered members.
     pub due: String,
+    /// One record per claim: the due times of its first attempts, needed
+    /// only to recover them if the claiming process dies.
+    pub claims: String,
     /// Publish attempts per member.
     pub attempts: String,
     /// Given up: score = when it died (ms).
@@ -62,6 +65,7 @@ impl KeyFamily {
             pending: key.to_string(),
             inflight: format!("{base}:inflight"),
             due: format!("{base}:due"),
+            claims: format!("{base}:claims"),
             attempts: format!("{base}:attempts"),
             dead: format!("{base}:dead"),
             reasons: format!("{base}:dead-reason"),
@@ -69,11 +73,12 @@ impl KeyFamily {
     }
 
     /// Every key of the family, for clean-up in tests and benchmarks.
-    pub fn all(&self) -> [&str; 6] {
+    pub fn all(&self) -> [&str; 7] {
         [
             &self.pending,
             &self.inflight,
             &self.due,
+            &self.claims,
             &self.attempts,
             &self.dead,
             &self.reasons,
@@ -144,6 +149,9 @@ pub struct Claim {
     pub next_due_ms: Option<i64>,
     /// Expired leases moved back to pending.
     pub recovered: u64,
+    /// The id of this claim's record of due times, if it wrote one: pass it
+    /// to [`Store::forget`] once every member of the claim is settled.
+    pub record: Option<String>,
     /// The members now leased to the caller.
     pub members: Vec<Claimed>,
 }
@@ -214,10 +222,12 @@ impl Store {
             .key(&self.keys.inflight)
             .key(&self.keys.due)
             .key(&self.keys.attempts)
+            .key(&self.keys.claims)
             .arg(limit)
             .arg(lease.as_millis() as u64)
             .arg(self.unit.millis())
             .arg(limit.max(100))
+            .arg(format!("{:016x}", rand::random::<u64>()))
             .invoke_async(&mut conn)
             .await?;
         parse_claim(reply)
@@ -247,7 +257,7 @@ impl Store {
     /// Reschedules refused members with backoff, or dead-letters them.
     pub async fn retry(
         &self,
-        members: &[Vec<u8>],
+        members: &[(Vec<u8>, i64)],
         reason: &str,
         max_attempts: u32,
         backoff: Duration,
@@ -269,15 +279,15 @@ impl Store {
             .arg(backoff_max.as_millis() as u64)
             .arg(self.unit.millis())
             .arg(reason);
-        for m in members {
-            inv.arg(m.as_slice());
+        for (m, due) in members {
+            inv.arg(m.as_slice()).arg(*due);
         }
         let (retried, dead): (u64, u64) = inv.invoke_async(&mut conn).await?;
         Ok(RetryOutcome { retried, dead })
     }
 
     /// Hands unconfirmed members back to pending at their original due time.
-    pub async fn release(&self, members: &[Vec<u8>]) -> Result<u64, StoreError> {
+    pub async fn release(&self, members: &[(Vec<u8>, i64)]) -> Result<u64, StoreError> {
         if members.is_empty() {
             return Ok(0);
         }
@@ -288,10 +298,24 @@ impl Store {
             .key(&self.keys.due)
             .key(&self.keys.attempts)
             .arg(self.unit.millis());
-        for m in members {
-            inv.arg(m.as_slice());
+        for (m, due) in members {
+            inv.arg(m.as_slice()).arg(*due);
         }
         Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Deletes the records of claims whose members are all settled.
+    pub async fn forget(&self, records: &[String]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let _: i64 = redis::cmd("HDEL")
+            .arg(&self.keys.claims)
+            .arg(records)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
     }
 
     /// Pushes the lease deadline of members still awaiting a confirm.
@@ -426,6 +450,11 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
     let now_ms = int_of(it.next())?;
     let next = int_of(it.next())?;
     let recovered = int_of(it.next())? as u64;
+    let record = match it.next() {
+        Some(redis::Value::BulkString(b)) if b.is_empty() => None,
+        Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+        other => return Err(StoreError::Reply(format!("claim record {other:?}"))),
+    };
     let rest: Vec<redis::Value> = it.collect();
     let mut members = Vec::with_capacity(rest.len() / 3);
     let mut rest = rest.into_iter();
@@ -446,6 +475,7 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
         now_ms,
         next_due_ms: (next != -1).then_some(next),
         recovered,
+        record,
         members,
     })
 }
@@ -461,6 +491,7 @@ mod tests {
             Int(1000),
             Int(-1),
             Int(0),
+            BulkString(b"1000:00ff".to_vec()),
             BulkString(b"a".to_vec()),
             BulkString(b"1790000000000".to_vec()),
             Int(1),
@@ -470,6 +501,7 @@ mod tests {
         ];
         let c = parse_claim(reply).unwrap();
         assert_eq!(c.members.len(), 2);
+        assert_eq!(c.record.as_deref(), Some("1000:00ff"));
         assert_eq!(c.members[0].due_ms, 1_790_000_000_000);
         assert_eq!(c.members[1].member, b"");
         assert_eq!((c.members[1].due_ms, c.members[1].attempt), (5, 2));
@@ -477,6 +509,7 @@ mod tests {
             Int(0),
             Int(-1),
             Int(0),
+            BulkString(Vec::new()),
             BulkString(b"a".to_vec()),
             BulkString(b"1.5e3".to_vec()),
             Int(1),

@@ -4,10 +4,13 @@
 -- Returns the number of members that were still in flight.
 if redis.call('EXISTS', KEYS[3]) == 0 then
   -- No member has been retried or recovered, so none of these can have
-  -- been recovered and claimed again since our claim: every due entry
-  -- named here is ours to forget.
+  -- been recovered and claimed again since our claim: everything named
+  -- here is ours to forget.
   local n = redis.call('ZREM', KEYS[1], unpack(ARGV))
-  redis.call('HDEL', KEYS[2], unpack(ARGV))
+  -- First attempts keep their due time in their claim's record, not here.
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('HDEL', KEYS[2], unpack(ARGV))
+  end
   return n
 end
 -- A member whose lease expired and was recovered elsewhere is no longer
