@@ -530,23 +530,28 @@ impl Batch {
         self.release_records.extend(record);
     }
 
-    /// After a write for members of these records: count them settled, or,
-    /// if the write failed, keep the records for good. Those members stay
-    /// in flight and whoever recovers them needs the record; the recovery
-    /// deletes it afterwards.
-    fn written(&mut self, records: Vec<Arc<str>>, ok: bool) {
+    /// Counts members of these records as settled, before their write is
+    /// sent; returns the records that this completes.
+    fn count_down(&mut self, records: &[Arc<str>]) -> Vec<String> {
+        let mut done = Vec::new();
         for r in records {
-            if !ok {
-                self.records.remove(&r);
-                continue;
-            }
-            if let Some(left) = self.records.get_mut(&r) {
+            if let Some(left) = self.records.get_mut(r) {
                 *left = left.saturating_sub(1);
                 if *left == 0 {
-                    self.records.remove(&r);
-                    self.forget.push(r.to_string());
+                    self.records.remove(r);
+                    done.push(r.to_string());
                 }
             }
+        }
+        done
+    }
+
+    /// After a failed write: those members stay in flight and whoever
+    /// recovers them needs their records, so keep them for good; the
+    /// recovery deletes them afterwards.
+    fn keep(&mut self, records: &[Arc<str>]) {
+        for r in records {
+            self.records.remove(r);
         }
     }
 
@@ -664,15 +669,16 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
         give_up = give_up.min(d.into_std() + Duration::from_secs(1));
     }
     if !batch.ack.is_empty() {
+        let records = std::mem::take(&mut batch.ack_records);
+        let done = batch.count_down(&records);
         let ack = &batch.ack;
-        let ok = until_written(lane, give_up, &mut backoff, || lane.store.ack(ack))
+        let ok = until_written(lane, give_up, &mut backoff, || lane.store.ack(ack, &done))
             .await
             .is_some();
         if !ok {
             tracing::error!(members = ack.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
+            batch.keep(&records);
         }
-        let records = std::mem::take(&mut batch.ack_records);
-        batch.written(records, ok);
         METRICS
             .confirmed
             .with_label_values(&[&b.name])
@@ -733,7 +739,12 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
             )
         })
         .await;
-        batch.written(records, retried.is_some());
+        let done = batch.count_down(&records);
+        if retried.is_some() {
+            batch.forget.extend(done);
+        } else {
+            batch.keep(&records);
+        }
         let Some(out) = retried else {
             tracing::error!(members = bodies.len(), reason = %reason, "could not reschedule refused members in Redis in time; they stay in flight and are recovered after their lease");
             continue;
@@ -777,8 +788,15 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
         }
         batch.release.clear();
         let records = std::mem::take(&mut batch.release_records);
-        batch.written(records, released.is_some());
+        let done = batch.count_down(&records);
+        if released.is_some() {
+            batch.forget.extend(done);
+        } else {
+            batch.keep(&records);
+        }
     }
+    // Claims completed by retries or releases (rare): their records go in
+    // one more call.
     if !batch.forget.is_empty() {
         let forget = &batch.forget;
         if until_written(lane, give_up, &mut backoff, || lane.store.forget(forget))

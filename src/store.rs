@@ -233,19 +233,34 @@ impl Store {
         parse_claim(reply)
     }
 
-    /// Forgets members the broker confirmed.
-    pub async fn ack(&self, members: &[Vec<u8>]) -> Result<u64, StoreError> {
-        if members.is_empty() {
+    /// Forgets members the broker confirmed, and, in the same atomic step,
+    /// the records of the claims this completes.
+    pub async fn ack(&self, members: &[Vec<u8>], records: &[String]) -> Result<u64, StoreError> {
+        if members.is_empty() && records.is_empty() {
             return Ok(0);
         }
         let mut conn = self.conn.clone();
         let mut total = 0;
         // Lua's unpack is bounded; a few thousand members per call is safe.
-        for chunk in members.chunks(2000) {
+        let chunks: Vec<&[Vec<u8>]> = if members.is_empty() {
+            vec![&[]]
+        } else {
+            members.chunks(2000).collect()
+        };
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            // The records go with the last chunk: deleted only if all of
+            // their members were.
+            let records = if i == last { records } else { &[] };
             let mut inv = ACK.prepare_invoke();
             inv.key(&self.keys.inflight)
                 .key(&self.keys.due)
-                .key(&self.keys.attempts);
+                .key(&self.keys.attempts)
+                .key(&self.keys.claims)
+                .arg(records.len());
+            for r in records {
+                inv.arg(r.as_str());
+            }
             for m in chunk {
                 inv.arg(m.as_slice());
             }
