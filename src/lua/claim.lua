@@ -43,25 +43,32 @@ end
 local recovered = 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 if #expired > 0 then
-  local dues, wanted, from = {}, {}, {}
+  local dues, wanted = {}, {}
+  local gone = {}
   for i, m in ipairs(expired) do
+    gone[m] = true
     dues[i] = redis.call('HGET', KEYS[3], m)
     if not dues[i] then wanted[m] = i end
   end
-  local records, lists = nil, {}
-  if next(wanted) then
-    records = redis.call('HGETALL', KEYS[5])
-    for r = 1, #records, 2 do
-      local id = records[r]
-      local list = cmsgpack.unpack(records[r + 1])
-      lists[id] = list
-      for k = 1, #list, 2 do
-        local i = wanted[list[k]]
-        if i and (not from[i] or claimed_at(id) > claimed_at(from[i])) then
-          from[i] = id
-          dues[i] = list[k + 1]
-        end
+  -- Every record is read whenever a lease has expired: for the due times
+  -- of first attempts, and to retire the records of claims whose process
+  -- died or stalled.
+  local records, lists, newest = redis.call('HGETALL', KEYS[5]), {}, {}
+  for r = 1, #records, 2 do
+    local id = records[r]
+    local list = cmsgpack.unpack(records[r + 1])
+    lists[id] = list
+    for k = 1, #list, 2 do
+      local m = list[k]
+      if not newest[m] or claimed_at(id) > claimed_at(newest[m]) then
+        newest[m] = id
       end
+    end
+  end
+  for id, list in pairs(lists) do
+    for k = 1, #list, 2 do
+      local i = wanted[list[k]]
+      if i and newest[list[k]] == id then dues[i] = list[k + 1] end
     end
   end
   for i, m in ipairs(expired) do
@@ -76,20 +83,32 @@ if #expired > 0 then
     recovered = recovered + 1
   end
   batched('ZREM', KEYS[2], expired, 1)
-  -- A record none of whose members is in flight any more belongs to a
-  -- claim that ended with its process: forget it.
+  -- A record that names an expired member belongs to a claim whose process
+  -- died or stalled: its members still in flight get their due time beside
+  -- them, as recovered members do, and the record goes. A record none of
+  -- whose members is in flight any more goes too.
   for id, list in pairs(lists) do
-    local alive = false
+    local named = false
     local members = {}
-    for k = 1, #list, 2 do members[#members + 1] = list[k] end
-    for i = 1, #members, CHUNK do
-      local scores = redis.call('ZMSCORE', KEYS[2], unpack(members, i, math.min(#members, i + CHUNK - 1)))
-      for _, sc in ipairs(scores) do
-        if sc then alive = true break end
-      end
-      if alive then break end
+    for k = 1, #list, 2 do
+      members[#members + 1] = list[k]
+      if gone[list[k]] then named = true end
     end
-    if not alive then redis.call('HDEL', KEYS[5], id) end
+    local alive = false
+    for i = 1, #members, CHUNK do
+      local j = math.min(#members, i + CHUNK - 1)
+      local scores = redis.call('ZMSCORE', KEYS[2], unpack(members, i, j))
+      for k, sc in ipairs(scores) do
+        if sc then
+          alive = true
+          local m = members[i + k - 1]
+          if named and newest[m] == id then
+            redis.call('HSETNX', KEYS[3], m, list[2 * (i + k - 1)])
+          end
+        end
+      end
+    end
+    if named or not alive then redis.call('HDEL', KEYS[5], id) end
   end
 end
 
