@@ -555,6 +555,18 @@ impl Batch {
         }
     }
 
+    /// After a retry or release write that carried no record deletions:
+    /// queue the records it completed for one HDEL, or keep them if it
+    /// failed.
+    fn written(&mut self, records: &[Arc<str>], ok: bool) {
+        let done = self.count_down(records);
+        if ok {
+            self.forget.extend(done);
+        } else {
+            self.keep(records);
+        }
+    }
+
     fn add(&mut self, o: Outstanding, result: lapin::Result<Confirmation>) {
         let refused = |o: Outstanding| Refused {
             member: o.member,
@@ -739,12 +751,7 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
             )
         })
         .await;
-        let done = batch.count_down(&records);
-        if retried.is_some() {
-            batch.forget.extend(done);
-        } else {
-            batch.keep(&records);
-        }
+        batch.written(&records, retried.is_some());
         let Some(out) = retried else {
             tracing::error!(members = bodies.len(), reason = %reason, "could not reschedule refused members in Redis in time; they stay in flight and are recovered after their lease");
             continue;
@@ -788,12 +795,7 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
         }
         batch.release.clear();
         let records = std::mem::take(&mut batch.release_records);
-        let done = batch.count_down(&records);
-        if released.is_some() {
-            batch.forget.extend(done);
-        } else {
-            batch.keep(&records);
-        }
+        batch.written(&records, released.is_some());
     }
     // Claims completed by retries or releases (rare): their records go in
     // one more call.
