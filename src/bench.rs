@@ -277,11 +277,7 @@ async fn bench(
         config::load(&path).map_err(|e| Failure::usage(format!("bench: --business: {e}")))?;
     // The same properties delayd will send, so the broker's cost of the
     // message format can be told apart from delayd's own.
-    let format = bench_cfg
-        .businesses
-        .into_iter()
-        .next()
-        .map(|b| (b, names.key.clone()));
+    let format = bench_cfg.businesses.into_iter().next();
     let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
     let child = Command::new(exe)
         .args(["run", "--config"])
@@ -415,7 +411,7 @@ async fn bench(
         &format!("{med_same:.0} msg/s"),
         &format!(
             "median; {}; the broker's cost of the format: {:.0}%",
-            match format.as_ref().map(|(b, _)| b.properties) {
+            match format.as_ref().map(|b| b.properties) {
                 Some(Properties::Full) | None => "message_id, timestamp, x-delayd-* headers",
                 Some(Properties::NoHeaders) => "message_id, timestamp, no headers",
                 Some(Properties::Bare) => "no properties: the ceiling's own message",
@@ -661,7 +657,7 @@ async fn raw_publish(
     size: usize,
     channels: usize,
     window: usize,
-    format: Option<&(config::Business, String)>,
+    format: Option<&config::Business>,
 ) -> Result<f64, Failure> {
     let mut chans = Vec::new();
     for _ in 0..channels {
@@ -683,6 +679,7 @@ async fn raw_publish(
         let exchange = names.exchange.clone();
         let rk = names.routing_key.clone();
         let format = format.cloned();
+        let key = names.key.clone();
         tasks.push(tokio::spawn(async move {
             let mut inflight = FuturesUnordered::new();
             for j in 0..count {
@@ -694,13 +691,13 @@ async fn raw_publish(
                 }
                 let props = match &format {
                     None => BasicProperties::default().with_delivery_mode(2),
-                    Some((b, key)) => {
+                    Some(b) => {
                         let claimed = Claimed {
                             member: body.clone(),
                             due_ms: wall_ms_f() as i64,
                             attempt: 1,
                         };
-                        crate::amqp::properties(b, key, &claimed, claimed.due_ms)
+                        crate::amqp::properties(b, &key, &claimed, claimed.due_ms)
                     }
                 };
                 let confirm = ch
