@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Event};
@@ -310,6 +313,50 @@ pub async fn exchange_exists(conn: &Connection, exchange: &str) -> Result<(), Am
     .await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(())
+}
+
+/// Declares a durable direct exchange (idempotent).
+pub async fn declare_exchange(ch: &Channel, exchange: &str) -> Result<(), lapin::Error> {
+    ch.exchange_declare(
+        exchange.into(),
+        lapin::ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+}
+
+/// Declares a durable direct exchange and a durable queue (with
+/// `queue_args`) bound to it by `routing_key`: the topology `delayd bench`
+/// publishes into, and the tests too.
+pub async fn declare_bound_queue(
+    ch: &Channel,
+    exchange: &str,
+    queue: &str,
+    routing_key: &str,
+    queue_args: FieldTable,
+) -> Result<(), lapin::Error> {
+    declare_exchange(ch, exchange).await?;
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        queue_args,
+    )
+    .await?;
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        routing_key.into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ExchangeKind};
+use lapin::{BasicProperties, Connection};
 
 use crate::cli::Failure;
 use crate::config::{self, Properties};
@@ -215,36 +215,15 @@ async fn bench(
         .create_channel()
         .await
         .map_err(|e| fail("channel")(e.to_string()))?;
-    ch.exchange_declare(
-        names.exchange.as_str().into(),
-        ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
+    crate::amqp::declare_bound_queue(
+        &ch,
+        &names.exchange,
+        &names.queue,
+        &names.routing_key,
         FieldTable::default(),
     )
     .await
-    .map_err(|e| fail("declare exchange")(e.to_string()))?;
-    ch.queue_declare(
-        names.queue.as_str().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| fail("declare queue")(e.to_string()))?;
-    ch.queue_bind(
-        names.queue.as_str().into(),
-        names.exchange.as_str().into(),
-        names.routing_key.as_str().into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| fail("bind queue")(e.to_string()))?;
+    .map_err(|e| fail("declare exchange and queue")(e.to_string()))?;
 
     // One consumer for every phase, so the broker does the same work in
     // each; with --no-consumer, only from the common recipe on, and the

@@ -9,7 +9,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lapin::options::{QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
 /// The distinct bodies an inbox holds.
@@ -645,26 +644,7 @@ async fn starts_while_servers_are_down_and_dispatches_once_they_are_up() {
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let queue = unique("q");
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    declare_exchange(&ch, &b.exchange).await;
-    ch.queue_bind(
-        queue.as_str().into(),
-        b.exchange.as_str().into(),
-        b.routing_key.as_str().into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
     let inbox = consume(&amqp, &queue).await;
     let mut rc = server.conn().await;
     let now = redis_now_ms(&mut rc).await;

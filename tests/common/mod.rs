@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties};
 
 /// Redis URL of the shared test server. A missing server is a failure.
 pub fn redis_url() -> String {
@@ -112,17 +112,7 @@ pub async fn declare(ch: &Channel, exchange: &str, queue: &str, routing_key: &st
 
 /// Declares a durable direct exchange, with no queue bound to it.
 pub async fn declare_exchange(ch: &Channel, exchange: &str) {
-    ch.exchange_declare(
-        exchange.into(),
-        ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    delayd::amqp::declare_exchange(ch, exchange).await.unwrap();
 }
 
 /// Like [`declare`], with queue arguments (e.g. `x-max-length`).
@@ -133,26 +123,9 @@ pub async fn declare_with(
     routing_key: &str,
     args: FieldTable,
 ) {
-    declare_exchange(ch, exchange).await;
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.into(),
-        exchange.into(),
-        routing_key.into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    delayd::amqp::declare_bound_queue(ch, exchange, queue, routing_key, args)
+        .await
+        .unwrap();
 }
 
 /// One received message.
