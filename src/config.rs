@@ -126,6 +126,46 @@ impl ScoreUnit {
     }
 }
 
+/// What the member of a business's sorted set is: the one setting the
+/// store, the scanner and the commands consult to know where a task's body
+/// lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemberMode {
+    /// The member is the message body (the default): identical bodies
+    /// collapse while pending, and a task is addressed by its bytes.
+    #[default]
+    Body,
+    /// The member is a task id and the body lives in the hash `{K}:body`,
+    /// so a task can be cancelled, moved and looked up by its id.
+    Id {
+        /// An id delivered within this long is not delivered again.
+        dedup_window: Option<Duration>,
+    },
+}
+
+impl MemberMode {
+    /// Whether members are ids with their bodies kept beside them.
+    pub fn is_id(self) -> bool {
+        matches!(self, MemberMode::Id { .. })
+    }
+
+    /// The de-duplication window, in id mode when one is set.
+    pub fn dedup_window(self) -> Option<Duration> {
+        match self {
+            MemberMode::Id { dedup_window } => dedup_window,
+            MemberMode::Body => None,
+        }
+    }
+
+    /// The value of the `member` setting this mode comes from.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberMode::Body => "body",
+            MemberMode::Id { .. } => "id",
+        }
+    }
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -216,6 +256,8 @@ pub struct Business {
     pub poll_interval: Duration,
     /// Longest idle sleep while keyspace notifications wake delayd early.
     pub watchdog_interval: Duration,
+    /// Whether members are bodies or task ids.
+    pub member: MemberMode,
 }
 
 impl Business {
@@ -288,6 +330,8 @@ struct RawBusiness {
     max_rate: Option<i64>,
     poll_interval: Option<String>,
     watchdog_interval: Option<String>,
+    member: Option<String>,
+    dedup_window: Option<String>,
 }
 
 /// Default values of the optional business fields, shown in the README.
@@ -606,6 +650,10 @@ fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) ->
         rb.watchdog_interval,
         defaults::WATCHDOG_INTERVAL,
     );
+    let dedup_window = rb
+        .dedup_window
+        .clone()
+        .map(|w| duration("dedup_window", Some(w), "1h"));
     if lease < Duration::from_secs(1) {
         problems.push(format!(
             "business \"{name}\", field \"lease\" must be at least 1s (got {}): a shorter lease expires under ordinary confirm delays and causes duplicates",
@@ -633,6 +681,23 @@ fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) ->
             Properties::Full
         }
     };
+    let member = match rb.member.as_deref() {
+        None | Some("body") => {
+            if rb.dedup_window.is_some() {
+                problems.push(format!(
+                    "business \"{name}\", field \"dedup_window\" needs member = \"id\": in body mode identical bodies already collapse while pending, and delivered bodies are not remembered"
+                ));
+            }
+            MemberMode::Body
+        }
+        Some("id") => MemberMode::Id { dedup_window },
+        Some(other) => {
+            problems.push(format!(
+                "business \"{name}\", field \"member\" must be \"body\" or \"id\" (got \"{other}\")"
+            ));
+            MemberMode::Body
+        }
+    };
     if problems.len() > before {
         return None;
     }
@@ -657,6 +722,7 @@ fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) ->
         max_rate,
         poll_interval,
         watchdog_interval,
+        member,
     })
 }
 
@@ -812,6 +878,60 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
             business("")
         );
         assert!(err_of(&body).contains("also used"));
+    }
+
+    #[test]
+    fn member_defaults_to_body() {
+        let c = load_str(&business("")).unwrap();
+        assert_eq!(c.businesses[0].member, MemberMode::Body);
+    }
+
+    #[test]
+    fn member_id_takes_an_optional_dedup_window() {
+        let c = load_str(&business("member = \"id\"")).unwrap();
+        assert_eq!(
+            c.businesses[0].member,
+            MemberMode::Id { dedup_window: None }
+        );
+        let c = load_str(&business("member = \"id\"\ndedup_window = \"1h\"")).unwrap();
+        assert_eq!(
+            c.businesses[0].member.dedup_window(),
+            Some(Duration::from_secs(3600))
+        );
+    }
+
+    #[test]
+    fn unknown_member_mode_is_refused() {
+        let e = err_of(&business("member = \"ids\""));
+        assert!(
+            e.contains(
+                "business \"billing\", field \"member\" must be \"body\" or \"id\" (got \"ids\")"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dedup_window_without_id_mode_is_refused() {
+        let e = err_of(&business("dedup_window = \"1h\""));
+        assert!(
+            e.contains("business \"billing\", field \"dedup_window\" needs member = \"id\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unparseable_or_zero_dedup_window_is_refused() {
+        let e = err_of(&business("member = \"id\"\ndedup_window = \"soon\""));
+        assert!(
+            e.contains("field \"dedup_window\": cannot parse \"soon\""),
+            "{e}"
+        );
+        let e = err_of(&business("member = \"id\"\ndedup_window = \"0s\""));
+        assert!(
+            e.contains("field \"dedup_window\" must be longer than zero"),
+            "{e}"
+        );
     }
 
     #[test]

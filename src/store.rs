@@ -50,6 +50,11 @@ pub struct KeyFamily {
     pub dead: String,
     /// Why each dead member died.
     pub reasons: String,
+    /// Id mode: task id -> body, for pending, in-flight and dead ids.
+    pub body: String,
+    /// Id mode with `dedup_window`: ids delivered lately, score = when
+    /// (epoch ms); trimmed to the window, so it holds only recent ids.
+    pub delivered: String,
 }
 
 impl KeyFamily {
@@ -69,11 +74,13 @@ impl KeyFamily {
             attempts: format!("{base}:attempts"),
             dead: format!("{base}:dead"),
             reasons: format!("{base}:dead-reason"),
+            body: format!("{base}:body"),
+            delivered: format!("{base}:delivered"),
         }
     }
 
     /// Every key of the family, for clean-up in tests and benchmarks.
-    pub fn all(&self) -> [&str; 7] {
+    pub fn all(&self) -> [&str; 9] {
         [
             &self.pending,
             &self.inflight,
@@ -82,6 +89,8 @@ impl KeyFamily {
             &self.attempts,
             &self.dead,
             &self.reasons,
+            &self.body,
+            &self.delivered,
         ]
     }
 }
@@ -546,12 +555,15 @@ mod tests {
         assert_eq!(k.pending, "delay:order");
         assert_eq!(k.inflight, "{delay:order}:inflight");
         assert_eq!(k.dead, "{delay:order}:dead");
+        assert_eq!(k.body, "{delay:order}:body");
+        assert_eq!(k.delivered, "{delay:order}:delivered");
     }
 
     #[test]
     fn tagged_keys_keep_their_tag() {
         let k = KeyFamily::new("delay:{order}:timeout");
         assert_eq!(k.inflight, "delay:{order}:timeout:inflight");
+        assert_eq!(k.body, "delay:{order}:timeout:body");
     }
 
     #[test]
