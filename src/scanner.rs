@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use crate::amqp::{self, Broker};
 use crate::config::Business;
-use crate::store::{Claimed, Store};
+use crate::store::{Back, BackPolicy, Claimed, Held, Store};
 use crate::telemetry::{Backoff, Health, METRICS};
 
 /// Publishes-per-second limiter shared by every scanner of a business.
@@ -47,6 +47,8 @@ pub struct Lane {
     pub redis: Arc<Health>,
     /// Claims the leader has made: the others check that it still moves.
     pub lead_claims: AtomicU64,
+    /// Set while the exchange is missing or forbidden.
+    pub pause: Pause,
 }
 
 impl Lane {
@@ -59,27 +61,40 @@ impl Lane {
     }
 }
 
-/// A published member waiting for its confirm.
-struct Outstanding {
-    member: Vec<u8>,
-    due_ms: i64,
-    attempt: u32,
-    /// The record of the claim this member came from, if it has one.
+/// The claim a member came from, shared by its members in the settler.
+struct ClaimInfo {
+    /// Settle writes name it; they act only on members the claim still holds.
+    tag: u16,
+    /// The record of first attempts' due times, if the claim wrote one.
     record: Option<Arc<str>>,
-    /// Redis's clock at claim time, plus `claimed_at.elapsed()`, gives a
-    /// wall time on Redis's clock without asking it again.
-    claim_now_ms: i64,
-    claimed_at: Instant,
+    /// Redis's clock at claim time, plus `at.elapsed()`, gives a wall time
+    /// on Redis's clock without asking it again.
+    now_ms: i64,
+    at: Instant,
+}
+
+/// A member from its claim until it is settled.
+struct Holding {
+    claimed: Arc<Claimed>,
+    claim: Arc<ClaimInfo>,
+    /// Published, its confirm still owed.
+    published: bool,
+    /// A return that carried this member's body: whatever its confirm says,
+    /// the broker did not route it.
+    returned: Option<String>,
 }
 
 /// Handed from the scanner to its settler.
 enum ToSettle {
-    /// A claim wrote a record of due times for this many members; sent
-    /// before any of them, so the settler can forget it once all are settled.
-    Claimed(Arc<str>, usize),
-    Published(Outstanding, lapin::PublisherConfirm),
-    /// Claimed but never published (the channel broke mid-batch).
-    Unpublished(Vec<Claimed>, Option<Arc<str>>),
+    /// Claimed, not yet published: sent before the first publish, so the
+    /// settler extends the leases of members stuck in a blocked publish
+    /// and hands them back at the stop deadline.
+    Claimed(Arc<ClaimInfo>, Vec<(u64, Arc<Claimed>)>),
+    /// Published; the confirm is owed.
+    Published(u64, lapin::PublisherConfirm),
+    /// Claimed but never published (the channel broke mid-batch, the
+    /// publish stalled, or the stop deadline passed).
+    Unpublished(Vec<u64>),
 }
 
 /// Runs scanner `index` of `lane` until `stop` is cancelled, then waits for
@@ -96,12 +111,12 @@ pub async fn run(
         let window = Arc::new(Semaphore::new(lane.business.window));
         let (tx, rx) = mpsc::unbounded_channel();
         let settler = tokio::spawn(
-            settle(lane.clone(), rx, window.clone(), drain_deadline).in_current_span(),
+            settle(lane.clone(), rx, window.clone(), drain_deadline.clone()).in_current_span(),
         );
         // The channel outlives the settler: dropping it closes it, and a
         // closed channel fails the confirms still owed, which would hand
         // back members the broker already has.
-        let channel = scan(&lane, index, &broker, &stop, &window, &tx).await;
+        let channel = scan(&lane, index, &broker, &stop, &window, &tx, &drain_deadline).await;
         drop(tx);
         if let Err(e) = settler.await {
             tracing::error!(error = %e, "settler task failed; its leases will be recovered");
@@ -112,6 +127,7 @@ pub async fn run(
     .await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn scan(
     lane: &Lane,
     index: usize,
@@ -119,13 +135,16 @@ async fn scan(
     stop: &CancellationToken,
     window: &Arc<Semaphore>,
     tx: &mpsc::UnboundedSender<ToSettle>,
+    drain_deadline: &tokio::sync::OnceCell<tokio::time::Instant>,
 ) -> Option<Channel> {
     let b = &lane.business;
     let mut channel: Option<Channel> = None;
     let mut redis_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut amqp_backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut topology_backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let mut channel_error_logged = false;
     let mut wrong_type_logged = false;
+    let mut seq = 0u64;
     let sleep_or_stop = |d: Duration| async move {
         tokio::select! {
             _ = stop.cancelled() => false,
@@ -136,6 +155,25 @@ async fn scan(
     while !stop.is_cancelled() {
         if broker.is_blocked() && broker.ready(stop).await.is_none() {
             break;
+        }
+        // The exchange is gone or publishing is forbidden: claiming would
+        // only hand members back at round-trip speed. Wait, with backoff,
+        // until the exchange answers a passive declare again.
+        if lane.pause.is_paused() {
+            if !sleep_or_stop(topology_backoff.next_delay()).await {
+                break;
+            }
+            let Some(conn) = broker.ready(stop).await else {
+                break;
+            };
+            match amqp::exchange_exists(&conn, &b.exchange).await {
+                Ok(()) => {
+                    lane.pause.resume(&b.name);
+                    topology_backoff.reset();
+                    channel = None;
+                }
+                Err(_) => continue,
+            }
         }
         if channel.as_ref().is_none_or(|c| !c.status().connected()) {
             channel = None;
@@ -244,10 +282,6 @@ async fn scan(
             );
         }
         let got = claim.members.len();
-        let record: Option<Arc<str>> = claim.record.as_deref().map(Arc::from);
-        if let Some(r) = &record {
-            let _ = tx.send(ToSettle::Claimed(r.clone(), got));
-        }
         window.add_permits(want - got);
         if got == 0 {
             idle(lane, index, &claim, claimed_at, stop).await;
@@ -261,64 +295,84 @@ async fn scan(
             // A full batch: likely more is due, so bring the others in.
             lane.all_wake.notify_waiters();
         }
+        let info = Arc::new(ClaimInfo {
+            tag: claim.tag,
+            record: claim.record.as_deref().map(Arc::from),
+            now_ms: claim.now_ms,
+            at: claimed_at,
+        });
+        let members: Vec<(u64, Arc<Claimed>)> = claim
+            .members
+            .into_iter()
+            .map(|c| {
+                seq += 1;
+                (seq, Arc::new(c))
+            })
+            .collect();
+        let _ = tx.send(ToSettle::Claimed(info, members.clone()));
 
         // Every publish of the batch is started before any is awaited: lapin
         // queues their frames in order and its I/O loop writes them in one
         // go, instead of one wake-up and round trip per message.
         let key = &lane.store.keys().pending;
         let publishes = futures::future::join_all(
-            claim
-                .members
+            members
                 .iter()
-                .map(|c| amqp::publish(&ch, b, key, c, claim.now_ms)),
+                .map(|(_, c)| amqp::publish(&ch, b, key, c, claim.now_ms)),
         );
-        let Some(results) = publish_or_give_up(publishes, broker).await else {
-            // The frames never left: the connection is dead without saying
-            // so. Hand the batch back and start over on a new channel.
-            tracing::warn!(
-                members = claim.members.len(),
-                "publishing stalled for {PUBLISH_STALL:?} while the broker was not blocking; handing the batch back and reopening the channel"
-            );
-            let _ = tx.send(ToSettle::Unpublished(claim.members, record));
-            channel = None;
-            continue;
+        let results = match publish_or_give_up(publishes, broker, stop, drain_deadline).await {
+            Published::All(results) => results,
+            Published::Stalled => {
+                // The frames never left: the connection is dead without
+                // saying so. Hand the batch back and start over on a new
+                // channel.
+                tracing::warn!(
+                    members = members.len(),
+                    "publishing stalled for {PUBLISH_STALL:?} while the broker was not blocking; handing the batch back and reopening the channel"
+                );
+                let _ = tx.send(ToSettle::Unpublished(
+                    members.iter().map(|(s, _)| *s).collect(),
+                ));
+                channel = None;
+                continue;
+            }
+            Published::Deadline => {
+                // Stopping, and the broker still blocks: what never left
+                // goes back to pending now (the settler does it), rather
+                // than waiting for a lease to expire.
+                tracing::warn!(
+                    members = members.len(),
+                    "shutdown_timeout reached while the broker still blocks publishing; handing the batch back"
+                );
+                let _ = tx.send(ToSettle::Unpublished(
+                    members.iter().map(|(s, _)| *s).collect(),
+                ));
+                break;
+            }
         };
         let mut published = 0u64;
         let mut unpublished = Vec::new();
         let mut first_error = None;
-        for (c, result) in claim.members.into_iter().zip(results) {
+        for ((s, _), result) in members.iter().zip(results) {
             match result {
                 Ok(confirm) => {
                     published += 1;
-                    let Claimed {
-                        member,
-                        due_ms,
-                        attempt,
-                    } = c;
-                    let _ = tx.send(ToSettle::Published(
-                        Outstanding {
-                            member,
-                            due_ms,
-                            attempt,
-                            record: record.clone(),
-                            claim_now_ms: claim.now_ms,
-                            claimed_at,
-                        },
-                        confirm,
-                    ));
+                    let _ = tx.send(ToSettle::Published(*s, confirm));
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
-                    unpublished.push(c);
+                    unpublished.push(*s);
                 }
             }
         }
         if let Some(e) = first_error {
-            if !channel_error_logged {
+            if let Some(reason) = topology_error(&e) {
+                lane.pause.pause(&b.name, &reason);
+            } else if !channel_error_logged {
                 tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
                 channel_error_logged = true;
             }
-            let _ = tx.send(ToSettle::Unpublished(unpublished, record));
+            let _ = tx.send(ToSettle::Unpublished(unpublished));
             channel = None;
         }
         METRICS
@@ -334,18 +388,39 @@ async fn scan(
 /// connection (or a blocked one, which is waited out) takes this long.
 const PUBLISH_STALL: Duration = Duration::from_secs(30);
 
-/// Waits for a batch of publishes to be handed to the socket; `None` if that
-/// stalls for [`PUBLISH_STALL`] while the broker is not blocking publishers.
+/// How handing a batch to lapin ended.
+enum Published<T> {
+    /// Every publish returned (each with its confirm or its error).
+    All(T),
+    /// Nothing moved for [`PUBLISH_STALL`] while the broker was not blocking.
+    Stalled,
+    /// The stop deadline passed while the broker still blocked.
+    Deadline,
+}
+
+/// Waits for a batch of publishes to be handed to the socket. A blocked
+/// broker is waited out, but never past the stop deadline.
 async fn publish_or_give_up<F: std::future::Future>(
     publishes: F,
     broker: &Broker,
-) -> Option<F::Output> {
+    stop: &CancellationToken,
+    drain_deadline: &tokio::sync::OnceCell<tokio::time::Instant>,
+) -> Published<F::Output> {
     tokio::pin!(publishes);
+    let mut stalled_since = tokio::time::Instant::now();
     loop {
-        match tokio::time::timeout(PUBLISH_STALL, &mut publishes).await {
-            Ok(results) => return Some(results),
-            Err(_) if broker.is_blocked() => continue,
-            Err(_) => return None,
+        let deadline = drain_deadline.get().copied();
+        tokio::select! {
+            results = &mut publishes => return Published::All(results),
+            _ = sleep_until_opt(deadline) => return Published::Deadline,
+            // A stop sets the deadline just before it cancels: look again.
+            _ = stop.cancelled(), if deadline.is_none() && !stop.is_cancelled() => {}
+            _ = tokio::time::sleep_until(stalled_since + PUBLISH_STALL) => {
+                if !broker.is_blocked() {
+                    return Published::Stalled;
+                }
+                stalled_since = tokio::time::Instant::now();
+            }
         }
     }
 }
@@ -390,8 +465,10 @@ async fn idle(
     }
 }
 
-/// Settles published members by their confirms, in batches: everything that
+/// Settles claimed members by their confirms, in batches: everything that
 /// has resolved by the time the previous batch is written goes in the next.
+/// It holds every member from its claim until it is settled, extends their
+/// leases while they wait, and at the stop deadline hands back the rest.
 async fn settle(
     lane: Arc<Lane>,
     mut rx: mpsc::UnboundedReceiver<ToSettle>,
@@ -399,8 +476,7 @@ async fn settle(
     drain_deadline: Arc<tokio::sync::OnceCell<tokio::time::Instant>>,
 ) {
     let b = lane.business.clone();
-    let mut next_seq = 0u64;
-    let mut outstanding: BTreeMap<u64, Outstanding> = BTreeMap::new();
+    let mut held: HashMap<u64, Holding> = HashMap::new();
     let mut confirms = FuturesUnordered::new();
     let mut open = true;
     let lease_check = (b.lease / 3).max(Duration::from_millis(100));
@@ -409,34 +485,41 @@ async fn settle(
     let mut batch = Batch::default();
 
     loop {
-        if !open && outstanding.is_empty() {
+        if !open && held.is_empty() {
             break;
         }
-        let deadline = if open {
-            None
-        } else {
-            drain_deadline.get().copied()
-        };
+        let deadline = drain_deadline.get().copied();
         tokio::select! {
             biased;
-            msg = rx.recv(), if open => match msg {
-                Some(ToSettle::Published(o, confirm)) => {
-                    let seq = next_seq;
-                    next_seq += 1;
-                    outstanding.insert(seq, o);
-                    confirms.push(confirm.map(move |r| (seq, r)));
-                }
-                Some(ToSettle::Claimed(record, n)) => {
-                    batch.records.insert(record, n);
-                }
-                Some(ToSettle::Unpublished(members, record)) => {
-                    let n = members.len();
-                    for c in members {
-                        batch.release(c.member, c.due_ms, record.clone());
+            // First, so a steady stream of confirms cannot starve it.
+            _ = extend_tick.tick() => {
+                extend(&lane, &held, lease_check).await;
+            }
+            _ = sleep_until_opt(deadline) => {
+                if open {
+                    // The scanner hands back what it still publishes.
+                    while let Ok(msg) = rx.try_recv() {
+                        take(&mut held, &mut confirms, &mut batch, msg);
                     }
-                    flush(&lane, &mut batch, drain_deadline.get().copied()).await;
+                }
+                tracing::warn!(
+                    unconfirmed = held.len(),
+                    "shutdown_timeout reached with confirms still owed; handing those members back to pending"
+                );
+                for (_, h) in held.drain() {
+                    batch.add(h, Outcome::Release);
+                }
+                flush(&lane, &mut batch, Some(tokio::time::Instant::now())).await;
+                break;
+            }
+            msg = rx.recv(), if open => match msg {
+                Some(ToSettle::Unpublished(seqs)) => {
+                    let n = seqs.len();
+                    take(&mut held, &mut confirms, &mut batch, ToSettle::Unpublished(seqs));
+                    flush(&lane, &mut batch, deadline).await;
                     window.add_permits(n);
                 }
+                Some(msg) => take(&mut held, &mut confirms, &mut batch, msg),
                 None => open = false,
             },
             Some((seq, result)) = confirms.next(), if !confirms.is_empty() => {
@@ -448,44 +531,183 @@ async fn settle(
                         _ => break,
                     }
                 }
-                let mut done = 0usize;
-                for (seq, result) in ready {
-                    if let Some(o) = outstanding.remove(&seq) {
-                        batch.add(o, result);
-                        done += 1;
-                    }
-                }
+                let done = ready.len();
+                settle_confirms(&lane, &mut held, &mut batch, ready);
                 // The window bounds what the broker owes us; writing the
                 // outcomes to Redis is a separate stage, so the scanner may
                 // publish again while they are written.
                 window.add_permits(done);
-                flush(&lane, &mut batch, drain_deadline.get().copied()).await;
-            }
-            _ = extend_tick.tick() => {
-                let old: Vec<Vec<u8>> = outstanding
-                    .values()
-                    .filter(|o| o.claimed_at.elapsed() >= lease_check)
-                    .map(|o| o.member.clone())
-                    .collect();
-                if !old.is_empty() {
-                    if let Err(e) = lane.store.extend(&old, b.lease).await {
-                        tracing::warn!(error = %e, members = old.len(), "could not extend leases of members awaiting a confirm");
-                    }
-                }
-            }
-            _ = sleep_until_opt(deadline) => {
-                let owed = std::mem::take(&mut outstanding);
-                tracing::warn!(
-                    unconfirmed = owed.len(),
-                    "shutdown_timeout reached with confirms still owed; handing those members back to pending"
-                );
-                for o in owed.into_values() {
-                    batch.release(o.member, o.due_ms, o.record);
-                }
-                flush(&lane, &mut batch, drain_deadline.get().copied()).await;
-                break;
+                flush(&lane, &mut batch, deadline).await;
             }
         }
+    }
+}
+
+type Confirms =
+    FuturesUnordered<futures::future::BoxFuture<'static, (u64, lapin::Result<Confirmation>)>>;
+
+/// Takes one message from the scanner into the settler's state.
+fn take(
+    held: &mut HashMap<u64, Holding>,
+    confirms: &mut Confirms,
+    batch: &mut Batch,
+    msg: ToSettle,
+) {
+    match msg {
+        ToSettle::Claimed(claim, members) => {
+            if let Some(r) = &claim.record {
+                batch.records.insert(r.clone(), members.len());
+            }
+            for (seq, claimed) in members {
+                held.insert(
+                    seq,
+                    Holding {
+                        claimed,
+                        claim: claim.clone(),
+                        published: false,
+                        returned: None,
+                    },
+                );
+            }
+        }
+        ToSettle::Published(seq, confirm) => {
+            if let Some(h) = held.get_mut(&seq) {
+                h.published = true;
+                confirms.push(Box::pin(async move { (seq, confirm.await) }));
+            }
+        }
+        ToSettle::Unpublished(seqs) => {
+            for seq in seqs {
+                if let Some(h) = held.remove(&seq) {
+                    batch.add(h, Outcome::Release);
+                }
+            }
+        }
+    }
+}
+
+/// Extends the leases of every member held longer than `older_than`,
+/// published or not: a batch stuck behind a blocked connection is as much
+/// ours as one awaiting its confirms.
+async fn extend(lane: &Lane, held: &HashMap<u64, Holding>, older_than: Duration) {
+    let mut groups: BTreeMap<u16, Vec<&[u8]>> = BTreeMap::new();
+    for h in held.values() {
+        if h.claim.at.elapsed() >= older_than {
+            groups
+                .entry(h.claim.tag)
+                .or_default()
+                .push(h.claimed.member.as_slice());
+        }
+    }
+    if groups.is_empty() {
+        return;
+    }
+    let groups: Vec<Held<&[u8]>> = groups.into_iter().collect();
+    let n: usize = groups.iter().map(|g| g.1.len()).sum();
+    if let Err(e) = lane.store.extend(&groups, lane.business.lease).await {
+        tracing::warn!(error = %e, members = n, "could not extend leases of members awaiting a confirm");
+    }
+}
+
+/// Classifies resolved confirms, matching every return to the member it
+/// carries rather than to the confirm lapin pinned it on.
+fn settle_confirms(
+    lane: &Lane,
+    held: &mut HashMap<u64, Holding>,
+    batch: &mut Batch,
+    ready: Vec<(u64, lapin::Result<Confirmation>)>,
+) {
+    let mut resolved = Vec::with_capacity(ready.len());
+    let mut returns = Vec::new();
+    for (seq, result) in ready {
+        let Some(h) = held.remove(&seq) else { continue };
+        let outcome = match result {
+            // lapin hands a pending basic.return to whichever confirm it
+            // completes next, and completes a multiple ack's tags in no
+            // fixed order: the ack is this member's, the return may not be.
+            Ok(Confirmation::Ack(ret)) => {
+                returns.extend(ret);
+                Outcome::Ack
+            }
+            Ok(Confirmation::Nack(ret)) => {
+                returns.extend(ret);
+                Outcome::Nack
+            }
+            Ok(Confirmation::NotRequested) => Outcome::Release,
+            Err(e) => error_outcome(lane, &e, &h, batch),
+        };
+        resolved.push((h, outcome));
+    }
+    for ret in returns {
+        let reason = format!(
+            "returned as unroutable ({} {})",
+            ret.reply_code,
+            ret.reply_text.as_str()
+        );
+        let id = ret.properties.message_id().as_ref().map(|s| s.as_str());
+        let key = &lane.store.keys().pending;
+        let is_it = |h: &Holding| {
+            h.claimed.member == ret.delivery.data
+                && id.is_none_or(|id| {
+                    id == amqp::message_id(key, &h.claimed.member, h.claimed.due_ms)
+                })
+        };
+        // Every member the return can belong to is taken as returned: a
+        // duplicate is acceptable, a member deleted as delivered is lost.
+        let mut found = false;
+        for (h, outcome) in resolved.iter_mut() {
+            if is_it(h) {
+                *outcome = Outcome::Returned(reason.clone());
+                found = true;
+            }
+        }
+        for h in held.values_mut() {
+            if h.published && is_it(h) {
+                h.returned = Some(reason.clone());
+                found = true;
+            }
+        }
+        if !found {
+            tracing::error!(
+                reason = %reason,
+                "a returned message matches no member awaiting a confirm"
+            );
+        }
+    }
+    for (mut h, outcome) in resolved {
+        let outcome = match (h.returned.take(), outcome) {
+            (_, Outcome::Returned(r)) => Outcome::Returned(r),
+            (Some(r), Outcome::Ack | Outcome::Nack) => Outcome::Returned(r),
+            (_, other) => other,
+        };
+        batch.add(h, outcome);
+    }
+}
+
+/// What a confirm that failed with an error means for its member.
+fn error_outcome(lane: &Lane, e: &lapin::Error, h: &Holding, batch: &Batch) -> Outcome {
+    if let Some(reason) = topology_error(e) {
+        // Nothing is wrong with the member: keep it pending, not dead.
+        lane.pause.pause(&lane.business.name, &reason);
+        return Outcome::Release;
+    }
+    match precondition_failure(e) {
+        // The broker refused one message and closed the channel: every
+        // confirm still owed on it fails with the same error, including
+        // those of earlier messages whose confirms were not sent yet, and
+        // they arrive in no particular order. Count an attempt only for
+        // the refused message, so it ends in the dead set instead of
+        // wedging the scanner; the others go back untouched.
+        Some(reason) => match max_message_size(&reason) {
+            // The error names the limit: blame exactly what exceeds it.
+            Some(max) if h.claimed.member.len() > max => Outcome::Rejected(reason),
+            Some(_) => Outcome::Release,
+            // Otherwise one member per batch, so a message the broker
+            // keeps refusing still runs out of attempts.
+            None if !batch.has_rejected() => Outcome::Rejected(reason),
+            None => Outcome::Release,
+        },
+        None => Outcome::Release,
     }
 }
 
@@ -496,28 +718,53 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A member the broker refused, on its way back to pending or the dead set.
-struct Refused {
-    member: Vec<u8>,
-    due_ms: i64,
-    attempt: u32,
-    record: Option<Arc<str>>,
+/// What the broker's answer means for one member.
+enum Outcome {
+    /// Delivered: forget it.
+    Ack,
+    /// Refused for now: back after a backoff, no attempt counted.
+    Nack,
+    /// Unroutable: an attempt, then back with backoff or dead.
+    Returned(String),
+    /// Refused for good (too large, ...): an attempt, as for a return.
+    Rejected(String),
+    /// Never confirmed: back at its due time, no attempt counted.
+    Release,
+}
+
+/// Members of one kind of outcome, grouped by the claim (tag) holding them.
+#[derive(Default)]
+struct Group {
+    members: BTreeMap<u16, Vec<Arc<Claimed>>>,
+    records: Vec<Arc<str>>,
+    reason: String,
+}
+
+impl Group {
+    fn push(&mut self, h: Holding) {
+        self.members.entry(h.claim.tag).or_default().push(h.claimed);
+        self.records.extend(h.claim.record.clone());
+    }
+
+    fn len(&self) -> usize {
+        self.members.values().map(Vec::len).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
 }
 
 /// Outcomes gathered for one round of Redis writes, and the claim records
 /// still owed settles.
 #[derive(Default)]
 struct Batch {
-    ack: Vec<Vec<u8>>,
-    ack_records: Vec<Arc<str>>,
+    ack: Group,
     lateness: Vec<f64>,
-    returned: Vec<Refused>,
-    returned_reason: String,
-    nacked: Vec<Refused>,
-    rejected: Vec<Refused>,
-    rejected_reason: String,
-    release: Vec<(Vec<u8>, i64)>,
-    release_records: Vec<Arc<str>>,
+    returned: Group,
+    nacked: Group,
+    rejected: Group,
+    release: Group,
     /// Members of each claim record not settled in Redis yet.
     records: HashMap<Arc<str>, usize>,
     /// Records whose members are all settled: to delete.
@@ -525,9 +772,29 @@ struct Batch {
 }
 
 impl Batch {
-    fn release(&mut self, member: Vec<u8>, due_ms: i64, record: Option<Arc<str>>) {
-        self.release.push((member, due_ms));
-        self.release_records.extend(record);
+    fn has_rejected(&self) -> bool {
+        !self.rejected.is_empty()
+    }
+
+    fn add(&mut self, h: Holding, outcome: Outcome) {
+        match outcome {
+            Outcome::Ack => {
+                let now = h.claim.now_ms as f64 + h.claim.at.elapsed().as_secs_f64() * 1000.0;
+                self.lateness
+                    .push(((now - h.claimed.due_ms as f64) / 1000.0).max(0.0));
+                self.ack.push(h);
+            }
+            Outcome::Nack => self.nacked.push(h),
+            Outcome::Returned(r) => {
+                self.returned.reason = r;
+                self.returned.push(h);
+            }
+            Outcome::Rejected(r) => {
+                self.rejected.reason = r;
+                self.rejected.push(h);
+            }
+            Outcome::Release => self.release.push(h),
+        }
     }
 
     /// Counts members of these records as settled, before their write is
@@ -548,76 +815,21 @@ impl Batch {
 
     /// After a failed write: those members stay in flight and whoever
     /// recovers them needs their records, so keep them for good; the
-    /// recovery deletes them afterwards.
+    /// sweep deletes them once nothing needs them.
     fn keep(&mut self, records: &[Arc<str>]) {
         for r in records {
             self.records.remove(r);
         }
     }
 
-    /// After a retry or release write that carried no record deletions:
-    /// queue the records it completed for one HDEL, or keep them if it
-    /// failed.
+    /// After a write that carried no record deletions: queue the records it
+    /// completed for one HDEL, or keep them if it failed.
     fn written(&mut self, records: &[Arc<str>], ok: bool) {
         let done = self.count_down(records);
         if ok {
             self.forget.extend(done);
         } else {
             self.keep(records);
-        }
-    }
-
-    fn add(&mut self, o: Outstanding, result: lapin::Result<Confirmation>) {
-        let refused = |o: Outstanding| Refused {
-            member: o.member,
-            due_ms: o.due_ms,
-            attempt: o.attempt,
-            record: o.record,
-        };
-        match result {
-            Ok(Confirmation::Ack(None)) => {
-                let now = o.claim_now_ms as f64 + o.claimed_at.elapsed().as_secs_f64() * 1000.0;
-                self.lateness
-                    .push(((now - o.due_ms as f64) / 1000.0).max(0.0));
-                self.ack.push(o.member);
-                self.ack_records.extend(o.record);
-            }
-            // An unroutable mandatory publish is still acked: the return
-            // rides on the ack and must not be taken for delivery.
-            Ok(Confirmation::Ack(Some(ret))) | Ok(Confirmation::Nack(Some(ret))) => {
-                self.returned_reason = format!(
-                    "returned as unroutable ({} {})",
-                    ret.reply_code,
-                    ret.reply_text.as_str()
-                );
-                self.returned.push(refused(o));
-            }
-            Ok(Confirmation::Nack(None)) => self.nacked.push(refused(o)),
-            Ok(Confirmation::NotRequested) => self.release(o.member, o.due_ms, o.record),
-            // The broker refused one message and closed the channel: every
-            // confirm still owed on it fails with the same error, including
-            // those of earlier messages whose confirms were not sent yet, and
-            // they arrive in no particular order. Count an attempt only for
-            // the refused message, so it ends in the dead set instead of
-            // wedging the scanner; the others go back untouched.
-            Err(e) => match precondition_failure(&e) {
-                Some(reason) => match max_message_size(&reason) {
-                    // The error names the limit: blame exactly what exceeds it.
-                    Some(max) if o.member.len() > max => {
-                        self.rejected_reason = reason;
-                        self.rejected.push(refused(o));
-                    }
-                    Some(_) => self.release(o.member, o.due_ms, o.record),
-                    // Otherwise one member per batch, so a message the broker
-                    // keeps refusing still runs out of attempts.
-                    None if self.rejected.is_empty() => {
-                        self.rejected_reason = reason;
-                        self.rejected.push(refused(o));
-                    }
-                    None => self.release(o.member, o.due_ms, o.record),
-                },
-                None => self.release(o.member, o.due_ms, o.record),
-            },
         }
     }
 }
@@ -641,6 +853,49 @@ fn precondition_failure(e: &lapin::Error) -> Option<String> {
     }
 }
 
+/// A channel closed because the exchange does not exist (404) or the user
+/// may not publish to it (403): the topology, not the member, is at fault.
+fn topology_error(e: &lapin::Error) -> Option<String> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            let text = amqp.to_string();
+            (text.contains("NOT_FOUND") || text.contains("ACCESS_REFUSED")).then_some(text)
+        }
+        _ => None,
+    }
+}
+
+/// Publishing paused for a business because its exchange is missing or
+/// forbidden; reported once on the log, a metric and `/readyz`.
+#[derive(Default)]
+pub struct Pause(std::sync::Mutex<Option<String>>);
+
+impl Pause {
+    /// True while publishing is paused.
+    pub fn is_paused(&self) -> bool {
+        self.0.lock().map(|g| g.is_some()).unwrap_or(false)
+    }
+
+    fn pause(&self, business: &str, reason: &str) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            tracing::error!(%reason, "the broker refused the exchange (missing or forbidden); members stay pending and publishing resumes once it is back");
+            METRICS.paused.with_label_values(&[business]).set(1);
+            crate::telemetry::set_paused(business, Some(reason));
+        }
+        *g = Some(reason.to_string());
+    }
+
+    fn resume(&self, business: &str) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if g.take().is_some() {
+            tracing::info!("the exchange answers again; publishing resumes");
+            METRICS.paused.with_label_values(&[business]).set(0);
+            crate::telemetry::set_paused(business, None);
+        }
+    }
+}
+
 /// Runs one Redis write until it succeeds, or `None` once `give_up` passes.
 async fn until_written<T, F, Fut>(
     lane: &Lane,
@@ -659,9 +914,17 @@ where
                 return Some(v);
             }
             Err(e) => {
-                lane.redis.down(&e);
-                if Instant::now() > give_up {
-                    return None;
+                if e.is_wrong_type() {
+                    // Only a producer can fix the key; the members stay in
+                    // flight (nothing was written) and are recovered later.
+                    if Instant::now() > give_up {
+                        return None;
+                    }
+                } else {
+                    lane.redis.down(&e);
+                    if Instant::now() > give_up {
+                        return None;
+                    }
                 }
                 tokio::time::sleep(backoff.next_delay()).await;
             }
@@ -669,8 +932,17 @@ where
     }
 }
 
+fn held_refs(g: &Group) -> Vec<Held<&Claimed>> {
+    g.members
+        .iter()
+        .map(|(tag, ms)| (*tag, ms.iter().map(|c| c.as_ref()).collect()))
+        .collect()
+}
+
 /// Writes a batch of outcomes to Redis, retrying while Redis is away: an ack
-/// that is not written becomes a duplicate once the lease expires.
+/// that is not written becomes a duplicate once the lease expires. Every
+/// write names the claim holding its members, so a retry after a lost reply
+/// changes nothing the first run did not.
 async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::time::Instant>) {
     let b = &lane.business;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
@@ -681,94 +953,123 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
         give_up = give_up.min(d.into_std() + Duration::from_secs(1));
     }
     if !batch.ack.is_empty() {
-        let records = std::mem::take(&mut batch.ack_records);
-        let done = batch.count_down(&records);
-        let ack = &batch.ack;
-        let ok = until_written(lane, give_up, &mut backoff, || lane.store.ack(ack, &done))
-            .await
-            .is_some();
+        let group = std::mem::take(&mut batch.ack);
+        let done = batch.count_down(&group.records);
+        let groups: Vec<Held<&[u8]>> = group
+            .members
+            .iter()
+            .map(|(tag, ms)| (*tag, ms.iter().map(|c| c.member.as_slice()).collect()))
+            .collect();
+        let ok = until_written(lane, give_up, &mut backoff, || {
+            lane.store.ack(&groups, &done)
+        })
+        .await
+        .is_some();
         if !ok {
-            tracing::error!(members = ack.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
-            batch.keep(&records);
+            tracing::error!(members = group.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
+            batch.keep(&group.records);
         }
         METRICS
             .confirmed
             .with_label_values(&[&b.name])
-            .inc_by(batch.ack.len() as u64);
+            .inc_by(group.len() as u64);
         let h = METRICS.lateness.with_label_values(&[&b.name]);
         for l in &batch.lateness {
             h.observe(*l);
         }
-        batch.ack.clear();
         batch.lateness.clear();
     }
     let groups = [
         (
             std::mem::take(&mut batch.returned),
-            std::mem::take(&mut batch.returned_reason),
+            Back::Refused,
             "returned",
         ),
         (
-            std::mem::take(&mut batch.nacked),
-            "nacked by the broker".to_string(),
-            "nacked",
-        ),
-        (
             std::mem::take(&mut batch.rejected),
-            std::mem::take(&mut batch.rejected_reason),
+            Back::Refused,
             "rejected",
         ),
+        (std::mem::take(&mut batch.nacked), Back::Nack, "nacked"),
+        (
+            std::mem::take(&mut batch.release),
+            Back::Release,
+            "released",
+        ),
     ];
-    for (members, reason, kind) in groups {
-        if members.is_empty() {
+    for (group, mode, kind) in groups {
+        if group.is_empty() {
             continue;
         }
+        let n = group.len() as u64;
         match kind {
-            "returned" => METRICS
-                .returned
-                .with_label_values(&[&b.name])
-                .inc_by(members.len() as u64),
-            "nacked" => METRICS
-                .nacked
-                .with_label_values(&[&b.name])
-                .inc_by(members.len() as u64),
+            "returned" => METRICS.returned.with_label_values(&[&b.name]).inc_by(n),
+            "nacked" => METRICS.nacked.with_label_values(&[&b.name]).inc_by(n),
             _ => {}
         }
-        let max_attempt = members.iter().map(|r| r.attempt).max().unwrap_or(0);
-        let mut bodies = Vec::with_capacity(members.len());
-        let mut records = Vec::new();
-        for r in members {
-            bodies.push((r.member, r.due_ms));
-            records.extend(r.record);
-        }
-        let retried = until_written(lane, give_up, &mut backoff, || {
-            lane.store.retry(
-                &bodies,
-                &reason,
-                b.max_attempts,
-                b.retry_backoff,
-                b.retry_backoff_max,
-            )
+        let reason = match kind {
+            "nacked" => "nacked by the broker (a queue refused it for now)".to_string(),
+            "released" => "not confirmed".to_string(),
+            _ => group.reason.clone(),
+        };
+        let policy = BackPolicy {
+            reason: &reason,
+            max_attempts: b.max_attempts,
+            backoff: b.retry_backoff,
+            backoff_max: b.retry_backoff_max,
+        };
+        let refs = held_refs(&group);
+        let out = until_written(lane, give_up, &mut backoff, || {
+            lane.store.back(mode, &refs, &policy)
         })
         .await;
-        batch.written(&records, retried.is_some());
-        let Some(out) = retried else {
-            tracing::error!(members = bodies.len(), reason = %reason, "could not reschedule refused members in Redis in time; they stay in flight and are recovered after their lease");
+        batch.written(&group.records, out.is_some());
+        let Some(out) = out else {
+            tracing::error!(members = n, reason = %reason, "could not hand members back in Redis in time; they stay in flight and are recovered after their lease");
             continue;
         };
-        if out.retried > 0 {
-            METRICS
-                .retried
-                .with_label_values(&[&b.name, kind])
-                .inc_by(out.retried);
-            tracing::warn!(
-                reason = %reason,
-                members = out.retried,
-                attempt = max_attempt,
-                exchange = %b.exchange,
-                routing_key = %b.routing_key,
-                "publish not delivered; rescheduled with backoff"
-            );
+        let max_attempt = group
+            .members
+            .values()
+            .flatten()
+            .map(|c| c.attempt)
+            .max()
+            .unwrap_or(0);
+        match mode {
+            Back::Release => {
+                METRICS
+                    .released
+                    .with_label_values(&[&b.name])
+                    .inc_by(out.back);
+            }
+            Back::Nack if out.back > 0 => {
+                METRICS
+                    .retried
+                    .with_label_values(&[&b.name, kind])
+                    .inc_by(out.back);
+                tracing::warn!(
+                    members = out.back,
+                    exchange = %b.exchange,
+                    routing_key = %b.routing_key,
+                    "the broker nacked publishes (a queue at its length limit, or without a leader); kept pending, retried after {:?}, no attempt counted",
+                    b.retry_backoff
+                );
+            }
+            Back::Refused if out.back > 0 => {
+                METRICS
+                    .retried
+                    .with_label_values(&[&b.name, kind])
+                    .inc_by(out.back);
+                tracing::warn!(
+                    reason = %reason,
+                    members = out.back,
+                    attempt = max_attempt,
+                    exchange = %b.exchange,
+                    routing_key = %b.routing_key,
+                    "publish not delivered; rescheduled with backoff"
+                );
+            }
+            _ => {}
         }
         if out.dead > 0 {
             METRICS
@@ -785,33 +1086,50 @@ async fn flush(lane: &Lane, batch: &mut Batch, drain_deadline: Option<tokio::tim
             );
         }
     }
-    if !batch.release.is_empty() {
-        let release = &batch.release;
-        let released =
-            until_written(lane, give_up, &mut backoff, || lane.store.release(release)).await;
-        match released {
-            Some(n) => METRICS.released.with_label_values(&[&b.name]).inc_by(n),
-            None => tracing::error!(members = release.len(), "could not hand unconfirmed members back in Redis in time; they are recovered after their lease"),
-        }
-        batch.release.clear();
-        let records = std::mem::take(&mut batch.release_records);
-        batch.written(&records, released.is_some());
-    }
-    // Claims completed by retries or releases (rare): their records go in
-    // one more call.
+    // Claims completed by hand-backs (rare): their records go in one more
+    // call.
     if !batch.forget.is_empty() {
-        let forget = &batch.forget;
-        if until_written(lane, give_up, &mut backoff, || lane.store.forget(forget))
+        let forget = std::mem::take(&mut batch.forget);
+        if until_written(lane, give_up, &mut backoff, || lane.store.forget(&forget))
             .await
             .is_none()
         {
-            // Only the record (a few KB) stays behind; a later recovery on
-            // this key deletes it.
+            // Only the record (a few KB) stays behind; the sweep deletes it.
             tracing::warn!(
                 records = forget.len(),
                 "could not delete settled claim records in time"
             );
         }
-        batch.forget.clear();
+    }
+}
+
+/// How often a key's stale retry state and orphaned claim records are
+/// swept: once per lease, between 1 s and 30 s. A record is only swept once
+/// it is older than a lease, so sweeping more often would find nothing new.
+pub fn sweep_interval(lease: Duration) -> Duration {
+    lease.clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+/// Sweeps one key every [`sweep_interval`] until `stop`: cancelled members'
+/// retry state and claim records whose settle write was lost. An idle key
+/// costs one cheap script call per interval.
+pub async fn sweep(lane: Arc<Lane>, stop: CancellationToken) {
+    let every = sweep_interval(lane.business.lease);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match lane.store.sweep(lane.business.lease).await {
+            Ok(out) if out.meta + out.records > 0 => tracing::debug!(
+                business = %lane.business.name,
+                key = %lane.store.keys().pending,
+                stale_meta = out.meta,
+                orphan_records = out.records,
+                "swept state nothing needs any more"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "sweep failed; trying again next interval"),
+        }
     }
 }

@@ -37,15 +37,14 @@ impl StoreError {
 pub struct KeyFamily {
     /// `K`: pending members, score = due time.
     pub pending: String,
-    /// Claimed, awaiting the broker: score = lease deadline (ms).
+    /// Claimed, awaiting the broker: score = lease deadline (ms), whose
+    /// fraction (n/1024) is the tag of the claim that holds the member.
     pub inflight: String,
-    /// Original due time (ms) of retried and recovered members.
-    pub due: String,
+    /// Retried, released and recovered members: `attempts:due_ms:score`.
+    pub meta: String,
     /// One record per claim: the due times of its first attempts, needed
     /// only to recover them if the claiming process dies.
     pub claims: String,
-    /// Publish attempts per member.
-    pub attempts: String,
     /// Given up: score = when it died (ms).
     pub dead: String,
     /// Why each dead member died.
@@ -69,9 +68,8 @@ impl KeyFamily {
         Self {
             pending: key.to_string(),
             inflight: format!("{base}:inflight"),
-            due: format!("{base}:due"),
+            meta: format!("{base}:meta"),
             claims: format!("{base}:claims"),
-            attempts: format!("{base}:attempts"),
             dead: format!("{base}:dead"),
             reasons: format!("{base}:dead-reason"),
             body: format!("{base}:body"),
@@ -80,13 +78,12 @@ impl KeyFamily {
     }
 
     /// Every key of the family, for clean-up in tests and benchmarks.
-    pub fn all(&self) -> [&str; 9] {
-        [
+    pub fn all(&self) -> Vec<&str> {
+        vec![
             &self.pending,
             &self.inflight,
-            &self.due,
+            &self.meta,
             &self.claims,
-            &self.attempts,
             &self.dead,
             &self.reasons,
             &self.body,
@@ -127,8 +124,8 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/claim.lua")));
 static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ack.lua")));
 static RETRY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/retry.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/extend.lua")));
+static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/sweep.lua")));
 static STATS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/stats.lua")));
 static DEAD_LIST: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dead_list.lua")));
@@ -136,6 +133,12 @@ static DEAD_REQUEUE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dead_requeue.lua")));
 static DEAD_PURGE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dead_purge.lua")));
+
+/// Most members in one settle call: Lua's `unpack` is bounded, and one call
+/// should hold Redis for a few milliseconds at most.
+const CALL_MEMBERS: usize = 2000;
+/// Most body bytes in one settle call, far below Redis's query buffer limit.
+const CALL_BYTES: usize = 8 << 20;
 
 /// One claimed member.
 #[derive(Debug, Clone)]
@@ -159,8 +162,12 @@ pub struct Claim {
     /// Expired leases moved back to pending.
     pub recovered: u64,
     /// The id of this claim's record of due times, if it wrote one: pass it
-    /// to [`Store::forget`] once every member of the claim is settled.
+    /// to [`Store::ack`] or [`Store::forget`] once every member of the claim
+    /// is settled.
     pub record: Option<String>,
+    /// The claim's tag: every settle write names it, and acts only on
+    /// members this claim still holds.
+    pub tag: u16,
     /// The members now leased to the caller.
     pub members: Vec<Claimed>,
 }
@@ -195,13 +202,96 @@ pub struct DeadMember {
     pub reason: String,
 }
 
-/// Outcome of a retry call.
+/// Members one claim holds, by the claim's tag.
+pub type Held<T> = (u16, Vec<T>);
+
+/// How refused or unconfirmed members go back (see `retry.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Back {
+    /// Never confirmed: back at the original due time, attempt not counted.
+    Release,
+    /// Refused for now (a nack): back after the first backoff, attempt not
+    /// counted, never dead.
+    Nack,
+    /// Refused for good (returned, rejected): back with doubling backoff,
+    /// or dead after `max_attempts`.
+    Refused,
+}
+
+impl Back {
+    fn as_str(self) -> &'static str {
+        match self {
+            Back::Release => "release",
+            Back::Nack => "nack",
+            Back::Refused => "refused",
+        }
+    }
+}
+
+/// What to do with members going back, besides their mode.
+#[derive(Debug, Clone, Copy)]
+pub struct BackPolicy<'a> {
+    /// Why, for the dead set and logs.
+    pub reason: &'a str,
+    /// Attempts before a refused member is dead.
+    pub max_attempts: u32,
+    /// First backoff (and the nack delay).
+    pub backoff: Duration,
+    /// Cap of the doubling backoff.
+    pub backoff_max: Duration,
+}
+
+/// Outcome of a settle call that hands members back.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct RetryOutcome {
-    /// Members rescheduled with backoff.
-    pub retried: u64,
+pub struct BackOutcome {
+    /// Members back in pending.
+    pub back: u64,
     /// Members moved to the dead set.
     pub dead: u64,
+    /// Members this claim no longer held (already settled by an earlier run
+    /// of the same write, or recovered and taken by another claim).
+    pub skipped: u64,
+}
+
+/// Outcome of one maintenance sweep.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SweepOutcome {
+    /// Stale retry state deleted (cancelled or re-added members).
+    pub meta: u64,
+    /// Orphaned claim records deleted.
+    pub records: u64,
+}
+
+/// Splits groups into calls of at most [`CALL_MEMBERS`] members and about
+/// [`CALL_BYTES`] bytes; a group may be split, its tag travels with each part.
+fn calls<T>(groups: &[Held<T>], bytes: impl Fn(&T) -> usize) -> Vec<Vec<(u16, &[T])>> {
+    let mut out = vec![Vec::new()];
+    let (mut n, mut size) = (0usize, 0usize);
+    for (tag, members) in groups {
+        let mut start = 0;
+        for (i, m) in members.iter().enumerate() {
+            let b = bytes(m) + 16;
+            if n > 0 && (n >= CALL_MEMBERS || size + b > CALL_BYTES) {
+                if i > start {
+                    out.last_mut()
+                        .expect("non-empty")
+                        .push((*tag, &members[start..i]));
+                }
+                out.push(Vec::new());
+                start = i;
+                n = 0;
+                size = 0;
+            }
+            n += 1;
+            size += b;
+        }
+        if members.len() > start {
+            out.last_mut()
+                .expect("non-empty")
+                .push((*tag, &members[start..]));
+        }
+    }
+    out
 }
 
 /// Typed calls to the scripts for one key family.
@@ -229,103 +319,91 @@ impl Store {
         let reply: Vec<redis::Value> = CLAIM
             .key(&self.keys.pending)
             .key(&self.keys.inflight)
-            .key(&self.keys.due)
-            .key(&self.keys.attempts)
+            .key(&self.keys.meta)
             .key(&self.keys.claims)
             .arg(limit)
             .arg(lease.as_millis() as u64)
             .arg(self.unit.millis())
-            .arg(limit.max(100))
-            .arg(format!("{:016x}", rand::random::<u64>()))
+            .arg(limit.clamp(100, 1000))
+            .arg(rand::random_range(1..1024u16))
             .invoke_async(&mut conn)
             .await?;
         parse_claim(reply)
     }
 
     /// Forgets members the broker confirmed, and, in the same atomic step,
-    /// the records of the claims this completes.
-    pub async fn ack(&self, members: &[Vec<u8>], records: &[String]) -> Result<u64, StoreError> {
-        if members.is_empty() && records.is_empty() {
+    /// the records of the claims this completes. Members another claim
+    /// holds now are left alone, so repeating the call is harmless.
+    pub async fn ack(&self, groups: &[Held<&[u8]>], records: &[String]) -> Result<u64, StoreError> {
+        if groups.iter().all(|g| g.1.is_empty()) && records.is_empty() {
             return Ok(0);
         }
         let mut conn = self.conn.clone();
         let mut total = 0;
-        // Lua's unpack is bounded; a few thousand members per call is safe.
-        let chunks: Vec<&[Vec<u8>]> = if members.is_empty() {
-            vec![&[]]
-        } else {
-            members.chunks(2000).collect()
-        };
-        let last = chunks.len() - 1;
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            // The records go with the last chunk: deleted only if all of
+        let calls = calls(groups, |m| m.len());
+        let last = calls.len() - 1;
+        for (i, call) in calls.into_iter().enumerate() {
+            // The records go with the last call: deleted only if all of
             // their members were.
             let records = if i == last { records } else { &[] };
             let mut inv = ACK.prepare_invoke();
             inv.key(&self.keys.inflight)
-                .key(&self.keys.due)
-                .key(&self.keys.attempts)
+                .key(&self.keys.meta)
                 .key(&self.keys.claims)
                 .arg(records.len());
             for r in records {
                 inv.arg(r.as_str());
             }
-            for m in chunk {
-                inv.arg(m.as_slice());
+            for (tag, members) in call {
+                inv.arg(tag).arg(members.len());
+                for m in members {
+                    inv.arg(*m);
+                }
             }
             total += inv.invoke_async::<u64>(&mut conn).await?;
         }
         Ok(total)
     }
 
-    /// Reschedules refused members with backoff, or dead-letters them.
-    pub async fn retry(
+    /// Hands members back to pending (or, refused too often, to the dead
+    /// set). Members another claim holds now are skipped, so repeating the
+    /// call after a lost reply is harmless.
+    pub async fn back(
         &self,
-        members: &[(Vec<u8>, i64)],
-        reason: &str,
-        max_attempts: u32,
-        backoff: Duration,
-        backoff_max: Duration,
-    ) -> Result<RetryOutcome, StoreError> {
-        if members.is_empty() {
-            return Ok(RetryOutcome::default());
+        mode: Back,
+        groups: &[Held<&Claimed>],
+        policy: &BackPolicy<'_>,
+    ) -> Result<BackOutcome, StoreError> {
+        let mut out = BackOutcome::default();
+        if groups.iter().all(|g| g.1.is_empty()) {
+            return Ok(out);
         }
         let mut conn = self.conn.clone();
-        let mut inv = RETRY.prepare_invoke();
-        inv.key(&self.keys.pending)
-            .key(&self.keys.inflight)
-            .key(&self.keys.due)
-            .key(&self.keys.attempts)
-            .key(&self.keys.dead)
-            .key(&self.keys.reasons)
-            .arg(max_attempts)
-            .arg(backoff.as_millis() as u64)
-            .arg(backoff_max.as_millis() as u64)
-            .arg(self.unit.millis())
-            .arg(reason);
-        for (m, due) in members {
-            inv.arg(m.as_slice()).arg(*due);
+        for call in calls(groups, |c| c.member.len()) {
+            let mut inv = RETRY.prepare_invoke();
+            inv.key(&self.keys.pending)
+                .key(&self.keys.inflight)
+                .key(&self.keys.meta)
+                .key(&self.keys.dead)
+                .key(&self.keys.reasons)
+                .arg(mode.as_str())
+                .arg(policy.max_attempts)
+                .arg(policy.backoff.as_millis() as u64)
+                .arg(policy.backoff_max.as_millis() as u64)
+                .arg(self.unit.millis())
+                .arg(policy.reason);
+            for (tag, members) in call {
+                inv.arg(tag).arg(members.len());
+                for c in members {
+                    inv.arg(c.member.as_slice()).arg(c.due_ms).arg(c.attempt);
+                }
+            }
+            let (back, dead, skipped): (u64, u64, u64) = inv.invoke_async(&mut conn).await?;
+            out.back += back;
+            out.dead += dead;
+            out.skipped += skipped;
         }
-        let (retried, dead): (u64, u64) = inv.invoke_async(&mut conn).await?;
-        Ok(RetryOutcome { retried, dead })
-    }
-
-    /// Hands unconfirmed members back to pending at their original due time.
-    pub async fn release(&self, members: &[(Vec<u8>, i64)]) -> Result<u64, StoreError> {
-        if members.is_empty() {
-            return Ok(0);
-        }
-        let mut conn = self.conn.clone();
-        let mut inv = RELEASE.prepare_invoke();
-        inv.key(&self.keys.pending)
-            .key(&self.keys.inflight)
-            .key(&self.keys.due)
-            .key(&self.keys.attempts)
-            .arg(self.unit.millis());
-        for (m, due) in members {
-            inv.arg(m.as_slice()).arg(*due);
-        }
-        Ok(inv.invoke_async(&mut conn).await?)
+        Ok(out)
     }
 
     /// Deletes the records of claims whose members are all settled.
@@ -334,26 +412,62 @@ impl Store {
             return Ok(());
         }
         let mut conn = self.conn.clone();
-        let _: i64 = redis::cmd("HDEL")
-            .arg(&self.keys.claims)
-            .arg(records)
-            .query_async(&mut conn)
-            .await?;
+        for chunk in records.chunks(CALL_MEMBERS) {
+            let _: i64 = redis::cmd("HDEL")
+                .arg(&self.keys.claims)
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await?;
+        }
         Ok(())
     }
 
-    /// Pushes the lease deadline of members still awaiting a confirm.
-    pub async fn extend(&self, members: &[Vec<u8>], lease: Duration) -> Result<u64, StoreError> {
-        if members.is_empty() {
-            return Ok(0);
+    /// Pushes the lease deadline of members their claims still hold.
+    pub async fn extend(&self, groups: &[Held<&[u8]>], lease: Duration) -> Result<u64, StoreError> {
+        let mut total = 0;
+        if groups.iter().all(|g| g.1.is_empty()) {
+            return Ok(total);
         }
         let mut conn = self.conn.clone();
-        let mut inv = EXTEND.prepare_invoke();
-        inv.key(&self.keys.inflight).arg(lease.as_millis() as u64);
-        for m in members {
-            inv.arg(m.as_slice());
+        for call in calls(groups, |m| m.len()) {
+            let mut inv = EXTEND.prepare_invoke();
+            inv.key(&self.keys.inflight).arg(lease.as_millis() as u64);
+            for (tag, members) in call {
+                inv.arg(tag).arg(members.len());
+                for m in members {
+                    inv.arg(*m);
+                }
+            }
+            total += inv.invoke_async::<u64>(&mut conn).await?;
         }
-        Ok(inv.invoke_async(&mut conn).await?)
+        Ok(total)
+    }
+
+    /// One full pass over the retry state and the claim records, deleting
+    /// what no member needs any more (cancelled or re-added members, records
+    /// whose settle write was lost). A few hundred fields per call.
+    pub async fn sweep(&self, lease: Duration) -> Result<SweepOutcome, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut out = SweepOutcome::default();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, meta, records): (String, u64, u64) = SWEEP
+                .key(&self.keys.pending)
+                .key(&self.keys.inflight)
+                .key(&self.keys.meta)
+                .key(&self.keys.claims)
+                .arg(&cursor)
+                .arg(200)
+                .arg(lease.as_millis() as u64)
+                .invoke_async(&mut conn)
+                .await?;
+            out.meta += meta;
+            out.records += records;
+            if next == "0" {
+                return Ok(out);
+            }
+            cursor = next;
+        }
     }
 
     /// A consistent snapshot of pending, due, in-flight and dead counts.
@@ -420,8 +534,7 @@ impl Store {
             .key(&self.keys.pending)
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
-            .key(&self.keys.due)
-            .key(&self.keys.attempts)
+            .key(&self.keys.meta)
             .arg(limit)
             .arg(self.unit.millis())
             .invoke_async(&mut conn)
@@ -479,6 +592,11 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
         Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
         other => return Err(StoreError::Reply(format!("claim record {other:?}"))),
     };
+    let tag = int_of(it.next())?;
+    let tag = u16::try_from(tag)
+        .ok()
+        .filter(|t| (1..1024).contains(t))
+        .ok_or_else(|| StoreError::Reply(format!("claim tag {tag}")))?;
     let rest: Vec<redis::Value> = it.collect();
     let mut members = Vec::with_capacity(rest.len() / 3);
     let mut rest = rest.into_iter();
@@ -500,6 +618,7 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
         next_due_ms: (next != -1).then_some(next),
         recovered,
         record,
+        tag,
         members,
     })
 }
@@ -515,7 +634,8 @@ mod tests {
             Int(1000),
             Int(-1),
             Int(0),
-            BulkString(b"1000:00ff".to_vec()),
+            BulkString(b"1000:7".to_vec()),
+            Int(7),
             BulkString(b"a".to_vec()),
             BulkString(b"1790000000000".to_vec()),
             Int(1),
@@ -525,7 +645,8 @@ mod tests {
         ];
         let c = parse_claim(reply).unwrap();
         assert_eq!(c.members.len(), 2);
-        assert_eq!(c.record.as_deref(), Some("1000:00ff"));
+        assert_eq!(c.record.as_deref(), Some("1000:7"));
+        assert_eq!(c.tag, 7);
         assert_eq!(c.members[0].due_ms, 1_790_000_000_000);
         assert_eq!(c.members[1].member, b"");
         assert_eq!((c.members[1].due_ms, c.members[1].attempt), (5, 2));
@@ -534,6 +655,7 @@ mod tests {
             Int(-1),
             Int(0),
             BulkString(Vec::new()),
+            Int(3),
             BulkString(b"a".to_vec()),
             BulkString(b"1.5e3".to_vec()),
             Int(1),

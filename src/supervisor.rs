@@ -138,6 +138,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
                 limiter: limiter.clone(),
                 redis: redis_health.clone(),
                 lead_claims: std::sync::atomic::AtomicU64::new(0),
+                pause: Default::default(),
             }));
         }
     }
@@ -171,6 +172,9 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         stop.clone(),
     ));
 
+    for lane in &lanes {
+        tokio::spawn(scanner::sweep(lane.clone(), stop.clone()));
+    }
     let mut tasks = Vec::new();
     for lane in &lanes {
         let bi = config

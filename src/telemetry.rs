@@ -72,6 +72,9 @@ pub struct Metrics {
     pub connection_up: IntGaugeVec,
     /// 1 while RabbitMQ blocks publishing.
     pub amqp_blocked: IntGauge,
+    /// 1 while a business's publishing is paused (exchange missing or
+    /// forbidden).
+    pub paused: IntGaugeVec,
 }
 
 /// The process-wide metrics.
@@ -186,6 +189,12 @@ impl Metrics {
             lateness,
             connection_up: gauge(&r, "delayd_connection_up", "1 while connected", &["server"]),
             amqp_blocked,
+            paused: gauge(
+                &r,
+                "delayd_publish_paused",
+                "1 while the business's exchange is missing or forbidden; members stay pending",
+                b,
+            ),
             registry: r,
         }
     }
@@ -327,20 +336,37 @@ pub async fn serve_http(
     axum::serve(listener, app).await
 }
 
+/// Businesses whose publishing is paused, and why, for `/readyz`.
+static PAUSED: LazyLock<std::sync::Mutex<std::collections::BTreeMap<String, String>>> =
+    LazyLock::new(Default::default);
+
+/// Records that `business` cannot publish (`Some(reason)`) or can again.
+pub fn set_paused(business: &str, reason: Option<&str>) {
+    let mut p = PAUSED.lock().unwrap_or_else(|e| e.into_inner());
+    match reason {
+        Some(r) => p.insert(business.to_string(), r.to_string()),
+        None => p.remove(business),
+    };
+}
+
 async fn ready_handler(
     axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
 ) -> (axum::http::StatusCode, String) {
     let redis = state.redis.is_up();
     let amqp = state.amqp.is_up();
-    let code = if redis && amqp {
+    let paused = PAUSED.lock().map(|p| p.clone()).unwrap_or_default();
+    let code = if redis && amqp && paused.is_empty() {
         axum::http::StatusCode::OK
     } else {
         axum::http::StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        code,
-        format!("redis: {}\namqp: {}\n", up_word(redis), up_word(amqp)),
-    )
+    let mut body = format!("redis: {}\namqp: {}\n", up_word(redis), up_word(amqp));
+    for (business, reason) in paused {
+        body.push_str(&format!(
+            "business {business}: publishing paused, members stay pending ({reason})\n"
+        ));
+    }
+    (code, body)
 }
 
 fn up_word(up: bool) -> &'static str {

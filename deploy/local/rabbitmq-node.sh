@@ -7,6 +7,7 @@
 #   deploy/local/rabbitmq-node.sh stop   DIR AMQP_PORT   graceful stop; wait until the port is closed
 #   deploy/local/rabbitmq-node.sh kill   DIR AMQP_PORT   SIGKILL the Erlang VM (a crash)
 #   deploy/local/rabbitmq-node.sh status DIR AMQP_PORT   exit 0 if it answers AMQP
+#   deploy/local/rabbitmq-node.sh ctl    DIR AMQP_PORT ARGS...  rabbitmqctl ARGS against the node
 #
 # All of the node's state (database, logs, cookie, config) lives in DIR, so
 # it can be restarted on the same DIR and port and keeps its durable queues
@@ -23,14 +24,16 @@ LOG_TAG=rabbitmq-node
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
-	sed -n '6,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '6,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
-(($# == 3)) || usage
+(($# >= 3)) || usage
 cmd="$1"
 dir="$2"
 port="$3"
+shift 3
+[[ "$cmd" == ctl || $# -eq 0 ]] || usage
 [[ -n "$dir" ]] || usage
 valid_port "$port" AMQP_PORT
 if ((port + 10000 <= 65535)); then
@@ -50,6 +53,10 @@ start)
 	ensure_packages
 	rmq_start "$dir" "$node" "$port" "$dist"
 	printf 'amqp://guest:guest@127.0.0.1:%s/%%2f\n' "$port"
+	;;
+ctl)
+	dir="$(cd "$dir" && pwd -P)"
+	rmq_ctl "$dir" "$node" "$port" "$dist" "$@"
 	;;
 stop | kill | status)
 	if [[ -d "$dir" ]]; then

@@ -1,38 +1,40 @@
 -- ack.lua: forget members the broker has confirmed, and the records of
 -- claims this settles completely.
--- KEYS[1] in-flight ZSET, KEYS[2] due HASH, KEYS[3] attempts HASH,
--- KEYS[4] claims HASH
--- ARGV[1] number r of claim ids, ARGV[2..r+1] claim ids,
--- ARGV[r+2..] members (at most a few thousand per call)
--- Returns the number of members that were still in flight.
+-- KEYS[1] in-flight ZSET, KEYS[2] meta HASH, KEYS[3] claims HASH
+-- ARGV[1] number r of record ids, ARGV[2..r+1] record ids, then groups of
+-- {tag, n, m1..mn}: the members one claim (tag) holds; at most a few
+-- thousand members per call.
+-- Returns the number of members forgotten. A member whose in-flight tag is
+-- not the group's (its lease expired and another claim took it, or this
+-- call already ran once) is not ours to forget and is left alone.
 local r = tonumber(ARGV[1])
 if r > 0 then
-  redis.call('HDEL', KEYS[4], unpack(ARGV, 2, r + 1))
+  redis.call('HDEL', KEYS[3], unpack(ARGV, 2, r + 1))
 end
-local members = {unpack(ARGV, r + 2)}
-if #members == 0 then return 0 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  -- No member has been retried or recovered, so none of these can have
-  -- been recovered and claimed again since our claim: everything named
-  -- here is ours to forget.
-  local n = redis.call('ZREM', KEYS[1], unpack(members))
-  -- First attempts keep their due time in their claim's record, not here.
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    redis.call('HDEL', KEYS[2], unpack(members))
+local has_meta = redis.call('EXISTS', KEYS[2]) == 1
+local total = 0
+local i = r + 2
+while i <= #ARGV do
+  local tag = tonumber(ARGV[i])
+  local n = tonumber(ARGV[i + 1])
+  local first, last = i + 2, i + 1 + n
+  i = last + 1
+  if n > 0 then
+    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, last))
+    local ours = {}
+    for k, score in ipairs(scores) do
+      if score then
+        local s = tonumber(score)
+        if math.floor((s - math.floor(s)) * 1024 + 0.5) == tag then
+          ours[#ours + 1] = ARGV[first + k - 1]
+        end
+      end
+    end
+    if #ours > 0 then
+      redis.call('ZREM', KEYS[1], unpack(ours))
+      if has_meta then redis.call('HDEL', KEYS[2], unpack(ours)) end
+      total = total + #ours
+    end
   end
-  return n
 end
--- A member whose lease expired and was recovered elsewhere is no longer
--- ours to forget: its due time and attempt count now belong to its new
--- claim.
-local present = redis.call('ZMSCORE', KEYS[1], unpack(members))
-local ours = {}
-for i, score in ipairs(present) do
-  if score then ours[#ours + 1] = members[i] end
-end
-if #ours > 0 then
-  redis.call('ZREM', KEYS[1], unpack(ours))
-  redis.call('HDEL', KEYS[2], unpack(ours))
-  redis.call('HDEL', KEYS[3], unpack(ours))
-end
-return #ours
+return total

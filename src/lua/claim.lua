@@ -1,28 +1,36 @@
 -- claim.lua: recover expired leases, then claim due members, atomically.
 -- The clock is Redis's own TIME, so every instance agrees on "due".
 -- KEYS[1] pending ZSET K (score = due, in score units)
--- KEYS[2] in-flight ZSET (score = lease deadline, epoch ms)
--- KEYS[3] due HASH (member -> original due, epoch ms)
--- KEYS[4] attempts HASH (member -> attempt number of its latest claim;
---         absent means 1 while claimed, 0 while pending)
--- KEYS[5] claims HASH (claim id -> msgpack list {m1, due1, m2, due2, ...} of
---         the members of one claim whose due time is not in KEYS[3])
+-- KEYS[2] in-flight ZSET (score = lease deadline ms + tag/1024: the
+--         fraction names the claim that holds the member, see below)
+-- KEYS[3] meta HASH (member -> "attempts:due_ms:score": the attempts made
+--         and the original due time of a member that was retried, released
+--         or recovered, and the score delayd gave it in K; a member whose
+--         score in K differs was re-added by a producer and starts afresh)
+-- KEYS[4] claims HASH ("<claim ms>:<tag>" -> msgpack list {m1, due1, ...}
+--         of the first attempts of one claim, read only to recover them)
 -- ARGV[1] most members to claim (>= 0)
 -- ARGV[2] lease, ms
 -- ARGV[3] milliseconds per score unit (1 or 1000)
--- ARGV[4] most expired leases to recover
--- ARGV[5] a random tag for this claim's id
--- Returns {now_ms, next_due_ms or -1, recovered, claim id or '', m1, due1,
--- attempt1, m2, ...}; each due is an integer or its decimal digits. The
--- caller deletes the claim's record once every member of it is settled.
--- Members are returned as bulk strings, so an empty member is a member,
--- never "nothing due". Writes are batched per command: one removal from K
--- also means one keyspace event per claim, not one per member.
+-- ARGV[4] most expired leases to recover in this call
+-- ARGV[5] a random claim tag, 1..1023
+-- Returns {now_ms, next_due_ms or -1, recovered, record id or '', tag,
+-- m1, due1, attempt1, m2, ...}; each due is an integer or its decimal
+-- digits. Members are bulk strings, so an empty member is a member, never
+-- "nothing due". The caller settles each member with the returned tag: a
+-- settle write acts only on members whose in-flight fraction is that tag,
+-- so a write that is repeated, or that arrives after the lease expired and
+-- another claim took the member, changes nothing.
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a sorted set')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local unit = tonumber(ARGV[3])
+local tag = tonumber(ARGV[5])
 local fmt = '%.17g'
 -- Lua's unpack is bounded by the C stack; stay well below it.
 local CHUNK = 1000
@@ -34,123 +42,136 @@ local function batched(cmd, key, list, per)
   end
 end
 
--- A claim id starts with its claim time, so the newest record that names a
--- member is the claim that holds it now.
-local function claimed_at(id)
-  return tonumber(string.match(id, '^(%d+):')) or 0
+local function tag_of(score)
+  local s = tonumber(score)
+  return math.floor((s - math.floor(s)) * 1024 + 0.5)
+end
+
+local function score_of(due_ms)
+  return string.format(fmt, due_ms / unit)
+end
+
+-- "attempts:due:score" -> attempts, due (string), score (string, may be '')
+local function parse_meta(v)
+  if not v then return nil end
+  local a, d, s = string.match(v, '^(%d+):(%-?%d+):(.*)$')
+  if not a then return nil end
+  return tonumber(a), d, s
 end
 
 local recovered = 0
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 if #expired > 0 then
-  local dues, wanted = {}, {}
-  local gone = {}
-  for i, m in ipairs(expired) do
-    gone[m] = true
-    dues[i] = redis.call('HGET', KEYS[3], m)
-    if not dues[i] then wanted[m] = i end
+  local members, tags, metas, need = {}, {}, {}, {}
+  for i = 1, #expired, 2 do
+    local m = expired[i]
+    members[#members + 1] = m
+    tags[#tags + 1] = tag_of(expired[i + 1])
+    local a, d = parse_meta(redis.call('HGET', KEYS[3], m))
+    metas[#metas + 1] = a and {a, d} or false
+    if not a then need[tags[#tags]] = true end
   end
-  -- Every record is read whenever a lease has expired: for the due times
-  -- of first attempts, and to retire the records of claims whose process
-  -- died or stalled.
-  local records, lists, newest = redis.call('HGETALL', KEYS[5]), {}, {}
-  for r = 1, #records, 2 do
-    local id = records[r]
-    local list = cmsgpack.unpack(records[r + 1])
-    lists[id] = list
-    for k = 1, #list, 2 do
-      local m = list[k]
-      if not newest[m] or claimed_at(id) > claimed_at(newest[m]) then
-        newest[m] = id
-      end
+  -- First attempts keep their due time in their claim's record. Only the
+  -- records with the tags of expired first attempts are read; the newest
+  -- one that names a member is the claim that held it.
+  local dues, from = {}, {}
+  if next(need) then
+    local ids = redis.call('HKEYS', KEYS[4])
+    local wanted = {}
+    for _, id in ipairs(ids) do
+      local ms, tg = string.match(id, '^(%d+):(%d+)$')
+      if ms and need[tonumber(tg)] then wanted[#wanted + 1] = id end
     end
-  end
-  for id, list in pairs(lists) do
-    for k = 1, #list, 2 do
-      local i = wanted[list[k]]
-      if i and newest[list[k]] == id then dues[i] = list[k + 1] end
-    end
-  end
-  for i, m in ipairs(expired) do
-    local due = tonumber(dues[i]) or now
-    -- NX: a producer that rescheduled the member meanwhile wins.
-    redis.call('ZADD', KEYS[1], 'NX', string.format(fmt, due / unit), m)
-    -- The lost attempt counts, so the next claim numbers its attempt 2,
-    -- and from now on the due time is kept beside the count, as for a
-    -- retried member.
-    redis.call('HSETNX', KEYS[4], m, 1)
-    redis.call('HSETNX', KEYS[3], m, string.format('%.0f', due))
-    recovered = recovered + 1
-  end
-  batched('ZREM', KEYS[2], expired, 1)
-  -- A record that names an expired member belongs to a claim whose process
-  -- died or stalled: its members still in flight get their due time beside
-  -- them, as recovered members do, and the record goes. A record none of
-  -- whose members is in flight any more goes too.
-  for id, list in pairs(lists) do
-    local named = false
-    local members = {}
-    for k = 1, #list, 2 do
-      members[#members + 1] = list[k]
-      if gone[list[k]] then named = true end
-    end
-    local alive = false
-    for i = 1, #members, CHUNK do
-      local j = math.min(#members, i + CHUNK - 1)
-      local scores = redis.call('ZMSCORE', KEYS[2], unpack(members, i, j))
-      for k, sc in ipairs(scores) do
-        if sc then
-          alive = true
-          local m = members[i + k - 1]
-          if named and newest[m] == id then
-            redis.call('HSETNX', KEYS[3], m, list[2 * (i + k - 1)])
+    for i = 1, #wanted, CHUNK do
+      local j = math.min(#wanted, i + CHUNK - 1)
+      local vals = redis.call('HMGET', KEYS[4], unpack(wanted, i, j))
+      for k, v in ipairs(vals) do
+        if v then
+          local id = wanted[i + k - 1]
+          local ms, tg = string.match(id, '^(%d+):(%d+)$')
+          ms, tg = tonumber(ms), tonumber(tg)
+          local list = cmsgpack.unpack(v)
+          for x = 1, #list, 2 do
+            local key = list[x] .. '\0' .. tg
+            if not from[key] or from[key] < ms then
+              from[key] = ms
+              dues[key] = list[x + 1]
+            end
           end
         end
       end
     end
-    if named or not alive then redis.call('HDEL', KEYS[5], id) end
   end
+  for i, m in ipairs(members) do
+    local attempts, due
+    if metas[i] then
+      attempts, due = metas[i][1], metas[i][2]
+    else
+      -- The lost attempt counts, so the next claim numbers its attempt 2.
+      attempts, due = 1, dues[m .. '\0' .. tags[i]]
+    end
+    due = tonumber(due) or now
+    local score = score_of(due)
+    -- NX: a producer that rescheduled the member meanwhile wins, and its
+    -- copy starts afresh.
+    if redis.call('ZADD', KEYS[1], 'NX', score, m) == 1 then
+      redis.call('HSET', KEYS[3], m, attempts .. ':' .. string.format('%.0f', due) .. ':' .. score)
+    else
+      redis.call('HDEL', KEYS[3], m)
+    end
+    recovered = recovered + 1
+  end
+  batched('ZREM', KEYS[2], members, 1)
 end
 
-local out = {now, -1, recovered, ''}
+local out = {now, -1, recovered, '', tag}
 local claimed = 0
 if limit > 0 then
   local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format(fmt, now / unit),
     'WITHSCORES', 'LIMIT', 0, limit)
   claimed = #items / 2
   if claimed > 0 then
+    -- A claim id must not name a live record: move to the next tag if it does.
+    local id = string.format('%.0f', now) .. ':' .. tag
+    for _ = 1, 1023 do
+      if redis.call('HEXISTS', KEYS[4], id) == 0 then break end
+      tag = tag % 1023 + 1
+      id = string.format('%.0f', now) .. ':' .. tag
+    end
+    out[5] = tag
     -- Numbers handed to redis.call are printed with printf, which showed up
     -- as the largest share of Redis's time in a drain: the deadline is
     -- printed once, and due times pass through as the strings Redis gave.
-    local deadline = string.format('%.0f', now + lease)
+    local deadline = string.format(fmt, now + lease + tag / 1024)
     local members, leased = {}, {}
     for i = 1, #items, 2 do
       members[#members + 1] = items[i]
       leased[#leased + 1] = deadline
       leased[#leased + 1] = items[i]
     end
-    -- A retried, released or recovered member keeps the due time of its
-    -- first claim, so its message_id and lateness stay those of the
-    -- original schedule. Such a member always has an attempts entry, so
-    -- while that hash is empty (no retries: the common case) nothing needs
+    -- A member with a meta entry keeps its first due time and attempt count,
+    -- so its message_id and lateness stay those of the original schedule.
+    -- While that hash is empty (no retries: the common case) nothing needs
     -- to be read back.
-    local dues, attempts = {}, {}
-    if redis.call('EXISTS', KEYS[4]) == 1 then
+    local metas = {}
+    if redis.call('EXISTS', KEYS[3]) == 1 then
       for i = 1, #members, CHUNK do
         local j = math.min(#members, i + CHUNK - 1)
-        local d = redis.call('HMGET', KEYS[3], unpack(members, i, j))
-        local a = redis.call('HMGET', KEYS[4], unpack(members, i, j))
-        for k = 1, #d do
-          dues[i + k - 1] = d[k]
-          attempts[i + k - 1] = a[k]
-        end
+        local v = redis.call('HMGET', KEYS[3], unpack(members, i, j))
+        for k = 1, #v do metas[i + k - 1] = v[k] end
       end
     end
-    local new_dues, new_attempts = {}, {}
+    local new_dues, new_meta, stale = {}, {}, {}
     for i, m in ipairs(members) do
-      local due = dues[i]
-      if not (due and tonumber(due)) then
-        local score = items[2 * i]
+      local score = items[2 * i]
+      local a, d, s = parse_meta(metas[i])
+      local due, attempt
+      if a and s ~= '' and tonumber(s) == tonumber(score) then
+        due, attempt = d, a + 1
+        new_meta[#new_meta + 1] = m
+        new_meta[#new_meta + 1] = attempt .. ':' .. d .. ':'
+      else
+        if metas[i] then stale[#stale + 1] = m end
         if unit == 1 and string.find(score, '^%d+$') then
           -- An integral score in ms is already its due time, as digits.
           due = score
@@ -158,15 +179,9 @@ if limit > 0 then
           -- A negative or -inf score is due at once; clamp it to stay an integer.
           due = string.format('%.0f', math.max(0, math.floor(tonumber(score) * unit)))
         end
+        attempt = 1
         new_dues[#new_dues + 1] = m
         new_dues[#new_dues + 1] = due
-      elseif not string.find(due, '^%d+$') then
-        due = string.format('%.0f', math.max(0, math.floor(tonumber(due))))
-      end
-      local attempt = (tonumber(attempts[i]) or 0) + 1
-      if attempt > 1 then
-        new_attempts[#new_attempts + 1] = m
-        new_attempts[#new_attempts + 1] = attempt
       end
       out[#out + 1] = m
       out[#out + 1] = due
@@ -180,10 +195,11 @@ if limit > 0 then
     -- times are needed only if this claim's process dies, and writing and
     -- deleting a field per member was a quarter of Redis's work per message.
     if #new_dues > 0 then
-      out[4] = string.format('%.0f', now) .. ':' .. ARGV[5]
-      redis.call('HSET', KEYS[5], out[4], cmsgpack.pack(new_dues))
+      out[4] = id
+      redis.call('HSET', KEYS[4], id, cmsgpack.pack(new_dues))
     end
-    if #new_attempts > 0 then batched('HSET', KEYS[4], new_attempts, 2) end
+    if #new_meta > 0 then batched('HSET', KEYS[3], new_meta, 2) end
+    if #stale > 0 then batched('HDEL', KEYS[3], stale, 1) end
   end
 end
 

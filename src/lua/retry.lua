@@ -1,41 +1,74 @@
--- retry.lua: reschedule members the broker refused (returned or nacked),
--- or dead-letter them once they have used up their attempts.
--- KEYS[1] pending ZSET K, KEYS[2] in-flight ZSET, KEYS[3] due HASH,
--- KEYS[4] attempts HASH, KEYS[5] dead ZSET, KEYS[6] dead-reason HASH
--- ARGV[1] max attempts, ARGV[2] first backoff ms, ARGV[3] backoff cap ms,
--- ARGV[4] ms per score unit, ARGV[5] reason, ARGV[6..] member, due (ms) pairs
--- Returns {retried, dead}.
+-- retry.lua: hand members a claim holds back to pending, or dead-letter
+-- them. One script for every way back, so each keeps the member in K,
+-- in flight or dead at every step:
+--   "release"  never confirmed (stop deadline, broken channel, topology
+--              error): back at its original due time, attempt not counted;
+--   "nack"     refused for now (queue full, no quorum leader): back after
+--              ARGV[3] ms, attempt not counted, never dead;
+--   "refused"  refused for good (returned unroutable, rejected): back after
+--              a backoff doubling from ARGV[3] ms up to ARGV[4] ms, or dead
+--              once it has used ARGV[2] attempts.
+-- KEYS[1] pending ZSET K, KEYS[2] in-flight ZSET, KEYS[3] meta HASH,
+-- KEYS[4] dead ZSET, KEYS[5] dead-reason HASH
+-- ARGV[1] mode, ARGV[2] max attempts, ARGV[3] (first) backoff ms,
+-- ARGV[4] backoff cap ms, ARGV[5] ms per score unit, ARGV[6] reason,
+-- then groups of {tag, n, m1, due1, attempt1, ..., mn, duen, attemptn}.
+-- Returns {back, dead, skipped}. A member whose in-flight tag is not the
+-- group's is skipped: this call already ran (a lost reply, retried), or
+-- the lease expired and another claim holds the member now. The producer's
+-- own schedule wins: a member already pending again is not moved.
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  -- Checked before any write: a failed ZADD after the ZREM would lose it.
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a sorted set')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local max_attempts = tonumber(ARGV[1])
-local backoff = tonumber(ARGV[2])
-local cap = tonumber(ARGV[3])
-local unit = tonumber(ARGV[4])
-local reason = ARGV[5]
-local retried, dead = 0, 0
-for i = 6, #ARGV, 2 do
-  local m = ARGV[i]
-  -- The broker refused this copy, so it was not delivered. Even if the
-  -- member is no longer in flight (a producer re-added it and another copy
-  -- was settled first), it must go back rather than vanish.
-  redis.call('ZREM', KEYS[2], m)
-  do
-    local attempts = tonumber(redis.call('HGET', KEYS[4], m)) or 1
-    if attempts >= max_attempts then
-      redis.call('ZADD', KEYS[5], now, m)
-      redis.call('HSET', KEYS[6], m, reason .. ' after ' .. attempts .. ' attempts')
+local mode = ARGV[1]
+local max_attempts = tonumber(ARGV[2])
+local backoff = tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
+local unit = tonumber(ARGV[5])
+local reason = ARGV[6]
+local back, dead, skipped = 0, 0, 0
+local i = 7
+while i <= #ARGV do
+  local tag = tonumber(ARGV[i])
+  local n = tonumber(ARGV[i + 1])
+  i = i + 2
+  for _ = 1, n do
+    local m, due, attempt = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    i = i + 3
+    local score = redis.call('ZSCORE', KEYS[2], m)
+    local s = score and tonumber(score)
+    if not s or math.floor((s - math.floor(s)) * 1024 + 0.5) ~= tag then
+      skipped = skipped + 1
+    elseif mode == 'refused' and attempt >= max_attempts then
+      redis.call('ZADD', KEYS[4], now, m)
+      redis.call('HSET', KEYS[5], m, reason .. ' after ' .. attempt .. ' attempts')
       redis.call('HDEL', KEYS[3], m)
-      redis.call('HDEL', KEYS[4], m)
+      redis.call('ZREM', KEYS[2], m)
       dead = dead + 1
     else
-      local delay = math.min(cap, backoff * 2 ^ (attempts - 1))
-      -- The next claim reads these to number its attempt and to keep the
-      -- original due time (a first attempt's is not stored yet).
-      redis.call('HSET', KEYS[4], m, attempts)
-      redis.call('HSETNX', KEYS[3], m, ARGV[i + 1])
-      redis.call('ZADD', KEYS[1], string.format('%.17g', (now + delay) / unit), m)
-      retried = retried + 1
+      local at, made
+      if mode == 'release' then
+        at, made = due, attempt - 1
+      elseif mode == 'nack' then
+        at, made = now + backoff, attempt - 1
+      else
+        at, made = now + math.min(cap, backoff * 2 ^ (attempt - 1)), attempt
+      end
+      local pscore = string.format('%.17g', at / unit)
+      -- Written before the member leaves the in-flight set, so no failure
+      -- in between can leave it nowhere.
+      if redis.call('ZADD', KEYS[1], 'NX', pscore, m) == 1 then
+        redis.call('HSET', KEYS[3], m, math.max(0, made) .. ':' .. string.format('%.0f', due) .. ':' .. pscore)
+      else
+        redis.call('HDEL', KEYS[3], m)
+      end
+      redis.call('ZREM', KEYS[2], m)
+      back = back + 1
     end
   end
 end
-return {retried, dead}
+return {back, dead, skipped}

@@ -240,6 +240,14 @@ pub fn write_config(
     path
 }
 
+/// The binary the daemon tests run: this build's, or `DELAYD_TEST_BIN` (to
+/// show that a test fails against an older build).
+pub fn daemon_bin() -> PathBuf {
+    std::env::var_os("DELAYD_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_delayd")))
+}
+
 /// The daemon as a child process, killed when dropped.
 pub struct Daemon {
     pub child: Child,
@@ -251,7 +259,7 @@ impl Daemon {
     pub fn start(config: &Path) -> Self {
         let log = config.with_extension(format!("{}.log", rand::random::<u32>()));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_delayd"))
+        let child = Command::new(daemon_bin())
             .args(["run", "--config"])
             .arg(config)
             .stdout(Stdio::null())
@@ -660,6 +668,25 @@ impl PrivateRabbit {
     pub async fn start(&mut self) {
         self.running = true;
         self.run("start", Duration::from_secs(90)).await;
+    }
+
+    /// Runs `rabbitmqctl ARGS` against the node; panics if it fails.
+    pub async fn ctl(&self, args: &[&str]) {
+        let out = tokio::process::Command::new(Self::script())
+            .arg("ctl")
+            .arg(&self.dir)
+            .arg(self.port.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("cannot run rabbitmq-node.sh");
+        assert!(
+            out.status.success(),
+            "rabbitmqctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Graceful stop; returns once the AMQP port is closed.

@@ -1,0 +1,986 @@
+//! Loss, duplicate and hang paths: each test names one way delayd could lose
+//! a claimed member, deliver it twice outside a crash, or hang, and shows it
+//! does not. Real Redis and RabbitMQ throughout. The script-level tests call
+//! the library's `Store` directly, so they can stage the exact interleaving
+//! (a lost reply, a producer's cancel between two claims) that a running
+//! daemon only hits by chance.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use delayd::config::ScoreUnit;
+use delayd::store::{Back, BackPolicy, Claimed, KeyFamily, Store};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn store(key: &str) -> Store {
+    let client = redis::Client::open(redis_url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    Store::new(conn, KeyFamily::new(key), ScoreUnit::Millis)
+}
+
+fn policy(reason: &str) -> BackPolicy<'_> {
+    BackPolicy {
+        reason,
+        max_attempts: 5,
+        backoff: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(1),
+    }
+}
+
+async fn score(conn: &mut redis::aio::MultiplexedConnection, key: &str, m: &[u8]) -> Option<f64> {
+    redis::cmd("ZSCORE")
+        .arg(key)
+        .arg(m)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn hlen(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("HLEN").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn del_family(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+    let _: i64 = redis::cmd("DEL")
+        .arg(&family(key).all()[..])
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Claims exactly the given members (all due now) and returns the claim.
+async fn claim_now(
+    s: &Store,
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    members: &[&[u8]],
+) -> delayd::store::Claim {
+    let now = redis_now_ms(conn).await;
+    let items: Vec<(f64, Vec<u8>)> = members
+        .iter()
+        .map(|m| ((now - 10) as f64, m.to_vec()))
+        .collect();
+    zadd_many(conn, key, &items).await;
+    let c = s.claim(members.len(), LEASE).await.unwrap();
+    assert_eq!(c.members.len(), members.len(), "claimed what was due");
+    c
+}
+
+fn held(c: &delayd::store::Claim) -> Vec<(u16, Vec<&Claimed>)> {
+    vec![(c.tag, c.members.iter().collect())]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_type_key_at_release_or_retry_loses_nothing() {
+    let key = unique("test:wrongtype");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    for mode in [Back::Release, Back::Refused, Back::Nack] {
+        let c = claim_now(&s, &mut conn, &key, &[b"m"]).await;
+        // A producer turns K into a list while m is in flight.
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg("oops")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let err = s.back(mode, &held(&c), &policy("test")).await.unwrap_err();
+        assert!(err.is_wrong_type(), "{mode:?}: {err}");
+        assert!(
+            score(&mut conn, &f.inflight, b"m").await.is_some(),
+            "{mode:?}: a failed hand-back left the member nowhere"
+        );
+        // The key is fixed: the same write now goes through.
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let out = s.back(mode, &held(&c), &policy("test")).await.unwrap();
+        assert_eq!(out.back, 1, "{mode:?}");
+        assert!(
+            score(&mut conn, &key, b"m").await.is_some(),
+            "{mode:?}: back in K"
+        );
+        assert!(score(&mut conn, &f.inflight, b"m").await.is_none());
+        del_family(&mut conn, &key).await;
+    }
+    // A claim on a wrong-type key writes nothing, even with leases to recover.
+    let c = claim_now(&s, &mut conn, &key, &[b"r"]).await;
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&f.inflight)
+        .arg(1)
+        .arg("r")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&key)
+        .arg("oops")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(s.claim(10, LEASE).await.unwrap_err().is_wrong_type());
+    assert!(
+        score(&mut conn, &f.inflight, b"r").await.is_some(),
+        "recovery waited"
+    );
+    drop(c);
+    del_family(&mut conn, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_member_readded_starts_fresh_and_leaves_nothing_behind() {
+    let key = unique("test:cancel");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    let c = claim_now(&s, &mut conn, &key, &[b"m", b"n"]).await;
+    let first_due = c.members[0].due_ms;
+    // Both refused once: pending again with a retry state.
+    let out = s
+        .back(Back::Refused, &held(&c), &policy("unroutable"))
+        .await
+        .unwrap();
+    assert_eq!(out.back, 2);
+    // As the settler does once a claim's last member is settled.
+    s.forget(&c.record.iter().cloned().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(hlen(&mut conn, &f.meta).await, 2);
+    // The producer cancels both, and re-adds m with a new due time.
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&key)
+        .arg("m")
+        .arg("n")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let now = redis_now_ms(&mut conn).await;
+    let new_due = now - 5;
+    assert_ne!(new_due, first_due);
+    zadd_many(&mut conn, &key, &[(new_due as f64, b"m".to_vec())]).await;
+    let c2 = s.claim(10, LEASE).await.unwrap();
+    assert_eq!(c2.members.len(), 1);
+    let m = &c2.members[0];
+    assert_eq!(m.attempt, 1, "a re-added member starts at attempt 1");
+    assert_eq!(
+        m.due_ms, new_due,
+        "a re-added member keeps its new due time"
+    );
+    let members: Vec<&[u8]> = vec![b"m"];
+    s.ack(
+        &[(c2.tag, members)],
+        &c2.record.iter().cloned().collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    // n was cancelled for good: one sweep deletes what it left.
+    let swept = s.sweep(LEASE).await.unwrap();
+    assert_eq!(
+        hlen(&mut conn, &f.meta).await,
+        0,
+        "stale retry state swept ({swept:?})"
+    );
+    assert_family_empty(&mut conn, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_writes_repeated_after_a_lost_reply_change_nothing() {
+    let key = unique("test:repeat");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    for mode in [Back::Release, Back::Refused, Back::Nack] {
+        let first = claim_now(&s, &mut conn, &key, &[b"m"]).await;
+        // The hand-back runs, but its reply is lost...
+        s.back(mode, &held(&first), &policy("test")).await.unwrap();
+        s.forget(&first.record.iter().cloned().collect::<Vec<_>>())
+            .await
+            .unwrap();
+        // ...m is claimed again (made due now if backoff delayed it)...
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&key)
+            .arg("XX")
+            .arg(0)
+            .arg("m")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let second = s.claim(10, LEASE).await.unwrap();
+        assert_eq!(second.members.len(), 1);
+        let before = score(&mut conn, &f.inflight, b"m").await;
+        // ...and the retried write arrives: it must not touch the new claim.
+        let out = s.back(mode, &held(&first), &policy("test")).await.unwrap();
+        assert_eq!((out.back, out.dead, out.skipped), (0, 0, 1), "{mode:?}");
+        assert_eq!(
+            score(&mut conn, &f.inflight, b"m").await,
+            before,
+            "{mode:?}: lease kept"
+        );
+        assert!(
+            score(&mut conn, &key, b"m").await.is_none(),
+            "{mode:?}: not put back"
+        );
+        // A repeated ack of the first claim leaves the second claim's member too.
+        let m: Vec<&[u8]> = vec![b"m"];
+        assert_eq!(s.ack(&[(first.tag, m.clone())], &[]).await.unwrap(), 0);
+        assert!(
+            score(&mut conn, &f.inflight, b"m").await.is_some(),
+            "{mode:?}: ack of an old claim"
+        );
+        assert_eq!(s.extend(&[(first.tag, m.clone())], LEASE).await.unwrap(), 0);
+        assert_eq!(
+            s.ack(
+                &[(second.tag, m)],
+                &second.record.iter().cloned().collect::<Vec<_>>()
+            )
+            .await
+            .unwrap(),
+            1
+        );
+        s.sweep(LEASE).await.unwrap();
+        assert_family_empty(&mut conn, &key).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_and_requeue_never_override_a_producer_schedule() {
+    let key = unique("test:override");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    let c = claim_now(&s, &mut conn, &key, &[b"m"]).await;
+    // The producer reschedules m while it is in flight.
+    let later = redis_now_ms(&mut conn).await + 3_600_000;
+    zadd_many(&mut conn, &key, &[(later as f64, b"m".to_vec())]).await;
+    for mode in [Back::Refused, Back::Nack, Back::Release] {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&f.inflight)
+            .arg(format!(
+                "{}",
+                (redis_now_ms(&mut conn).await + 30_000) as f64 + c.tag as f64 / 1024.0
+            ))
+            .arg("m")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        s.back(mode, &held(&c), &policy("unroutable"))
+            .await
+            .unwrap();
+        assert_eq!(
+            score(&mut conn, &key, b"m").await,
+            Some(later as f64),
+            "{mode:?} kept the producer's schedule"
+        );
+    }
+    // A dead member that the producer scheduled again keeps that schedule.
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&f.dead)
+        .arg(1)
+        .arg("m")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(s.dead_requeue(10).await.unwrap(), 1);
+    assert_eq!(
+        score(&mut conn, &key, b"m").await,
+        Some(later as f64),
+        "requeue kept the producer's schedule"
+    );
+    assert_eq!(zcard(&mut conn, &f.dead).await, 0);
+    // And the member later starts afresh: attempt 1 at the producer's due time.
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg("XX")
+        .arg(later - 3_600_000 - 1)
+        .arg("m")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let c2 = s.claim(1, LEASE).await.unwrap();
+    assert_eq!(c2.members[0].attempt, 1);
+    del_family(&mut conn, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_claim_records_are_swept_without_any_lease_expiring() {
+    let key = unique("test:records");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    let lease = Duration::from_millis(300);
+    let now = redis_now_ms(&mut conn).await;
+    zadd_many(
+        &mut conn,
+        &key,
+        &[
+            ((now - 1) as f64, b"a".to_vec()),
+            ((now - 1) as f64, b"b".to_vec()),
+        ],
+    )
+    .await;
+    let c = s.claim(10, lease).await.unwrap();
+    assert!(c.record.is_some());
+    // Both acked, but the record's deletion was lost (failed HDEL, lost reply).
+    let m: Vec<&[u8]> = vec![b"a", b"b"];
+    assert_eq!(s.ack(&[(c.tag, m)], &[]).await.unwrap(), 2);
+    assert_eq!(hlen(&mut conn, &f.claims).await, 1);
+    // Younger than a lease: kept (its claim may still be settling).
+    s.sweep(lease).await.unwrap();
+    assert_eq!(
+        hlen(&mut conn, &f.claims).await,
+        1,
+        "a young record is kept"
+    );
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let out = s.sweep(lease).await.unwrap();
+    assert_eq!(out.records, 1);
+    assert_family_empty(&mut conn, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_reads_only_the_records_it_needs_and_keeps_due_times() {
+    let key = unique("test:recover");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    let now = redis_now_ms(&mut conn).await;
+    // 200 claims of 50 members with 1 KB bodies each: 10 MB in records.
+    let lease = Duration::from_secs(3);
+    let mut dues = std::collections::HashMap::new();
+    let mut items = Vec::new();
+    for c in 0..200 {
+        for i in 0..50 {
+            let mut body = format!("c{c}-{i}-").into_bytes();
+            body.resize(1024, b'x');
+            let due = now - 1000 + c;
+            dues.insert(body.clone(), due);
+            items.push((due as f64, body));
+        }
+    }
+    zadd_many(&mut conn, &key, &items).await;
+    for _ in 0..200 {
+        let claim = s.claim(50, lease).await.unwrap();
+        assert_eq!(claim.members.len(), 50);
+        assert_eq!(claim.recovered, 0);
+    }
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    // Each recovering claim call is bounded; together they recover all,
+    // each at its original due time.
+    let mut recovered = 0;
+    let mut slowest = Duration::ZERO;
+    while recovered < 10_000 {
+        let t = Instant::now();
+        let c = s.claim(0, LEASE).await.unwrap();
+        slowest = slowest.max(t.elapsed());
+        assert!(c.recovered > 0, "recovery made no progress");
+        recovered += c.recovered;
+    }
+    assert!(
+        slowest < Duration::from_millis(2000),
+        "one recovery call took {slowest:?}"
+    );
+    let items: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 10_000);
+    for (m, sc) in items {
+        assert_eq!(sc as i64, dues[&m], "recovered at its original due time");
+    }
+    assert_eq!(zcard(&mut conn, &f.inflight).await, 0);
+    del_family(&mut conn, &key).await;
+}
+
+/// A flow where routed and unroutable members alternate within every batch:
+/// a headers exchange routes only the members whose `x-delayd-due` is bound
+/// (`all-with-x`: plain `all` ignores headers that start with `x-`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returns_are_matched_to_their_own_member() {
+    let mut b = BusinessSpec::random("returns");
+    b.extra = "max_attempts = 1\nbatch_size = 64".into();
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    ch.exchange_declare(
+        b.exchange.as_str().into(),
+        lapin::ExchangeKind::Headers,
+        lapin::options::ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let queue = unique("q");
+    ch.queue_declare(
+        queue.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let mut redis = redis().await;
+    let now = redis_now_ms(&mut redis).await;
+    // 40 due times, 30 members each; every even due time is routed.
+    let mut routed = HashSet::new();
+    let mut unroutable = HashSet::new();
+    let mut items = Vec::new();
+    for g in 0..40i64 {
+        let due = now - 10_000 + g;
+        if g % 2 == 0 {
+            let mut args = FieldTable::default();
+            args.insert(
+                "x-match".into(),
+                AMQPValue::LongString(LongString::from("all-with-x")),
+            );
+            args.insert("x-delayd-due".into(), AMQPValue::LongLongInt(due));
+            ch.queue_bind(
+                queue.as_str().into(),
+                b.exchange.as_str().into(),
+                "".into(),
+                Default::default(),
+                args,
+            )
+            .await
+            .unwrap();
+        }
+        for i in 0..30 {
+            let m = format!("ret-{g}-{i}").into_bytes();
+            if g % 2 == 0 {
+                routed.insert(m.clone())
+            } else {
+                unroutable.insert(m.clone())
+            };
+            items.push((due as f64, m));
+        }
+    }
+    let inbox = consume(&amqp, &queue).await;
+    zadd_many(&mut redis, &b.key, &items).await;
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let d = Daemon::start(&config);
+    let f = family(&b.key);
+    let settled = eventually(Duration::from_secs(30), || {
+        let inbox = inbox.clone();
+        let mut r = redis.clone();
+        let (key, dead) = (b.key.clone(), f.dead.clone());
+        async move {
+            zcard(&mut r, &key).await == 0
+                && zcard(&mut r, &family(&key).inflight).await == 0
+                && zcard(&mut r, &dead).await + inbox.len() as u64 >= 1200
+        }
+    })
+    .await;
+    inbox.settle(Duration::from_millis(500)).await;
+    assert!(settled, "not settled within 30s; log:\n{}", d.logs());
+    let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&f.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let dead: HashSet<Vec<u8>> = dead.into_iter().collect();
+    let lost: Vec<_> = unroutable.difference(&dead).collect();
+    assert!(
+        lost.is_empty(),
+        "{} unroutable members neither dead nor pending (deleted as delivered)",
+        lost.len()
+    );
+    let wrongly_dead: Vec<_> = routed.intersection(&dead).collect();
+    assert!(
+        wrongly_dead.is_empty(),
+        "{} routed members were taken for returned",
+        wrongly_dead.len()
+    );
+    assert_eq!(got, routed, "every routed member arrived");
+    assert_eq!(inbox.len(), routed.len(), "and exactly once");
+    del_family(&mut redis, &b.key).await;
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    ch.exchange_delete(b.exchange.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}
+
+/// Restores the broker's memory watermark however the test ends.
+struct Alarm<'a>(&'a PrivateRabbit);
+
+impl Alarm<'_> {
+    async fn raise(&self) {
+        self.0
+            .ctl(&["set_vm_memory_high_watermark", "0.000001"])
+            .await;
+    }
+    async fn clear(&self) {
+        self.0.ctl(&["set_vm_memory_high_watermark", "0.4"]).await;
+    }
+}
+
+impl Drop for Alarm<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(
+            std::env::var_os("DELAYD_TEST_RABBITMQ_NODE_SCRIPT")
+                .unwrap_or_else(|| "deploy/local/rabbitmq-node.sh".into()),
+        )
+        .arg("ctl")
+        .arg(&self.0.dir)
+        .arg(self.0.port.to_string())
+        .args(["set_vm_memory_high_watermark", "0.4"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    }
+}
+
+/// Under a memory alarm RabbitMQ blocks publishers: a batch caught mid-publish
+/// must keep its lease (no other claim may take and publish it again), and a
+/// stop during the alarm must end within shutdown_timeout with the batch back
+/// in pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rabbit = PrivateRabbit::new(dir.path());
+    rabbit.start().await;
+    let mut b = BusinessSpec::random("blocked");
+    b.extra = "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2".into();
+    let amqp = amqp_at(&rabbit.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config(dir.path(), &redis_url(), &rabbit.url(), &[&b]);
+    let mut redis = redis().await;
+    let alarm = Alarm(&rabbit);
+
+    // A steady flow over 12 s; the alarm holds for 3 leases in the middle.
+    let now = redis_now_ms(&mut redis).await;
+    let items: Vec<(f64, Vec<u8>)> = (0..1200)
+        .map(|i| ((now + 500 + i * 10) as f64, format!("blk-{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut redis, &b.key, &items).await;
+    let mut d = Daemon::start(&config);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    alarm.raise().await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    alarm.clear().await;
+    let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+    let ok = eventually(Duration::from_secs(40), || {
+        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+        let done = want.is_subset(&got);
+        async move { done }
+    })
+    .await;
+    assert!(ok, "not all delivered after the alarm; log:\n{}", d.logs());
+    inbox.settle(Duration::from_secs(1)).await;
+    assert_eq!(
+        inbox.len(),
+        want.len(),
+        "members delivered twice without a crash; log:\n{}",
+        d.logs()
+    );
+
+    // Blocked again, with members coming due: SIGTERM must still stop in time.
+    alarm.raise().await;
+    let now = redis_now_ms(&mut redis).await;
+    let more: Vec<(f64, Vec<u8>)> = (0..200)
+        .map(|i| ((now + i * 5) as f64, format!("blk2-{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut redis, &b.key, &more).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    d.signal(15);
+    let status = d.wait(Duration::from_secs(15));
+    assert!(status.success(), "exit status {status}; log:\n{}", d.logs());
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "stop took {:?} with shutdown_timeout = 3s",
+        t.elapsed()
+    );
+    let f = family(&b.key);
+    assert_eq!(
+        zcard(&mut redis, &f.inflight).await,
+        0,
+        "unconfirmed members went back to pending"
+    );
+    alarm.clear().await;
+    // Everything is delivered by the next run.
+    let d2 = Daemon::start(&config);
+    let want2: HashSet<Vec<u8>> = more.iter().map(|(_, m)| m.clone()).collect();
+    let ok = eventually(Duration::from_secs(30), || {
+        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+        let done = want2.is_subset(&got);
+        async move { done }
+    })
+    .await;
+    assert!(
+        ok,
+        "members lost across a stop under alarm; log:\n{}",
+        d2.logs()
+    );
+    del_family(&mut redis, &b.key).await;
+    drop(alarm);
+}
+
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, buf)
+}
+
+fn metric(text: &str, name: &str, business: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(&format!("business=\"{business}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A deleted exchange closes the channel with 404 at every publish: delayd
+/// must back off and keep the members pending, not claim and hand back at
+/// round-trip speed, and resume by itself once the exchange is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_exchange_pauses_publishing_without_spinning() {
+    let b = BusinessSpec::random("noexchange");
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let port = free_port(44000..45000, &[]);
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"off\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut redis = redis().await;
+    let d = Daemon::start(&config);
+    let now = redis_now_ms(&mut redis).await;
+    zadd_many(&mut redis, &b.key, &[(now as f64, b"before".to_vec())]).await;
+    inbox.wait_for(1, Duration::from_secs(15)).await;
+
+    ch.exchange_delete(b.exchange.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let now = redis_now_ms(&mut redis).await;
+    let items: Vec<(f64, Vec<u8>)> = (0..50)
+        .map(|i| (now as f64, format!("nx-{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut redis, &b.key, &items).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, metrics) = http_get(port, "/metrics").await;
+    let released = metric(&metrics, "delayd_released_total", &b.name);
+    let claimed = metric(&metrics, "delayd_claimed_total", &b.name);
+    assert!(
+        claimed < 300.0,
+        "claimed {claimed} times in 5 s against a missing exchange (spinning); released {released}"
+    );
+    assert_eq!(
+        metric(&metrics, "delayd_publish_paused", &b.name),
+        1.0,
+        "paused metric"
+    );
+    let (code, ready) = http_get(port, "/readyz").await;
+    assert_eq!(code, 503, "{ready}");
+    assert!(
+        ready.contains(&b.name) && ready.contains("paused"),
+        "{ready}"
+    );
+    let f = family(&b.key);
+    assert_eq!(zcard(&mut redis, &f.dead).await, 0, "nothing dead");
+    assert_eq!(
+        zcard(&mut redis, &b.key).await + zcard(&mut redis, &f.inflight).await,
+        50,
+        "every member still pending"
+    );
+    assert_eq!(
+        d.logs().matches("the broker refused the exchange").count(),
+        1,
+        "reported once; log:\n{}",
+        d.logs()
+    );
+
+    // The exchange comes back: everything is delivered, once.
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    inbox.wait_for(51, Duration::from_secs(40)).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    assert_eq!(inbox.len(), 51);
+    let (code, ready) = http_get(port, "/readyz").await;
+    assert_eq!(code, 200, "{ready}");
+    wait_drained(&mut redis, &b.key, Duration::from_secs(5)).await;
+    assert_family_empty(&mut redis, &b.key).await;
+}
+
+/// A minute of everything at once: a steady flow while, at random, the only
+/// queue is unbound and rebound, K is turned into a list and back, members
+/// are cancelled and re-added, and delayd is SIGKILLed twice. At the end
+/// every member was delivered or sits in K or the dead set, and the key
+/// family holds nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
+    let mut b = BusinessSpec::random("soak");
+    b.extra = "lease = \"2s\"\nmax_attempts = 1000\nretry_backoff = \"200ms\"\nretry_backoff_max = \"1s\"".into();
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let mut redis = redis().await;
+    let f = family(&b.key);
+    let saved = format!("{}:saved", f.meta);
+
+    let secs = 60u64;
+    let start = Instant::now();
+    let mut d = Daemon::start(&config);
+    let mut kills: Vec<u64> = vec![rand::random_range(5..25), rand::random_range(30..50)];
+    let mut scheduled: HashSet<Vec<u8>> = HashSet::new();
+    let mut cancelled: HashSet<Vec<u8>> = HashSet::new();
+    let mut n = 0u64;
+    let mut unbound = false;
+    let mut listed = false;
+    while start.elapsed() < Duration::from_secs(secs) {
+        let elapsed = start.elapsed().as_secs();
+        // ~100 members a second, due within the next two seconds.
+        if !listed {
+            let now = redis_now_ms(&mut redis).await;
+            let items: Vec<(f64, Vec<u8>)> = (0..10)
+                .map(|_| {
+                    n += 1;
+                    (
+                        (now + rand::random_range(0..2000)) as f64,
+                        format!("soak-{n}").into_bytes(),
+                    )
+                })
+                .collect();
+            zadd_many(&mut redis, &b.key, &items).await;
+            scheduled.extend(items.into_iter().map(|(_, m)| m));
+        }
+        match rand::random_range(0..100) {
+            0..3 => {
+                if unbound {
+                    ch.queue_bind(
+                        queue.as_str().into(),
+                        b.exchange.as_str().into(),
+                        b.routing_key.as_str().into(),
+                        Default::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                } else {
+                    ch.queue_unbind(
+                        queue.as_str().into(),
+                        b.exchange.as_str().into(),
+                        b.routing_key.as_str().into(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                }
+                unbound = !unbound;
+            }
+            3..5 => {
+                // K becomes a list for a moment; its members wait aside.
+                if listed {
+                    let _: i64 = redis::cmd("DEL")
+                        .arg(&b.key)
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap();
+                    let _: () = redis::cmd("RENAME")
+                        .arg(&saved)
+                        .arg(&b.key)
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap_or(());
+                } else {
+                    let _: () = redis::cmd("RENAME")
+                        .arg(&b.key)
+                        .arg(&saved)
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap_or(());
+                    let _: i64 = redis::cmd("RPUSH")
+                        .arg(&b.key)
+                        .arg("oops")
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap();
+                }
+                listed = !listed;
+            }
+            5..15 if !listed => {
+                // Cancel a few pending members; re-add half of them later.
+                let some: Vec<Vec<u8>> = redis::cmd("ZRANDMEMBER")
+                    .arg(&b.key)
+                    .arg(3)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap_or_default();
+                for m in some {
+                    let removed: i64 = redis::cmd("ZREM")
+                        .arg(&b.key)
+                        .arg(&m)
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap();
+                    if removed == 1 {
+                        if rand::random::<bool>() {
+                            let now = redis_now_ms(&mut redis).await;
+                            zadd_many(&mut redis, &b.key, &[((now + 500) as f64, m.clone())]).await;
+                        } else {
+                            cancelled.insert(m);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        if kills.first().is_some_and(|k| elapsed >= *k) {
+            kills.remove(0);
+            d.kill();
+            d = Daemon::start(&config);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Calm: the queue bound, K a sorted set again, and time to settle.
+    if listed {
+        let _: i64 = redis::cmd("DEL")
+            .arg(&b.key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("RENAME")
+            .arg(&saved)
+            .arg(&b.key)
+            .query_async(&mut redis)
+            .await
+            .unwrap_or(());
+    }
+    if unbound {
+        ch.queue_bind(
+            queue.as_str().into(),
+            b.exchange.as_str().into(),
+            b.routing_key.as_str().into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let want: HashSet<Vec<u8>> = scheduled.difference(&cancelled).cloned().collect();
+    let ok = eventually(Duration::from_secs(60), || {
+        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+        let done = want.is_subset(&got);
+        async move { done }
+    })
+    .await;
+    let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&f.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let pending: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&b.key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let lost: Vec<_> = want
+        .iter()
+        .filter(|m| !got.contains(*m) && !dead.contains(*m) && !pending.contains(*m))
+        .collect();
+    assert!(
+        ok && lost.is_empty(),
+        "{} of {} members lost; log:\n{}",
+        lost.len(),
+        want.len(),
+        d.logs()
+    );
+    // Nothing else stays: the sweep takes what the kills and cancels left.
+    let clean = eventually(Duration::from_secs(20), || {
+        let mut r = redis.clone();
+        let fam = f.clone();
+        async move {
+            let mut left = 0i64;
+            for k in [
+                &fam.pending,
+                &fam.inflight,
+                &fam.meta,
+                &fam.claims,
+                &fam.dead,
+                &fam.reasons,
+            ] {
+                let e: i64 = redis::cmd("EXISTS")
+                    .arg(k)
+                    .query_async(&mut r)
+                    .await
+                    .unwrap();
+                left += e;
+            }
+            left == 0
+        }
+    })
+    .await;
+    let meta = hlen(&mut redis, &f.meta).await;
+    let claims = hlen(&mut redis, &f.claims).await;
+    assert!(
+        clean,
+        "key family not empty after the soak: {meta} meta, {claims} records; log:\n{}",
+        d.logs()
+    );
+    let _: i64 = redis::cmd("DEL")
+        .arg(&saved)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}
