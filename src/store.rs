@@ -664,6 +664,43 @@ mod tests {
     }
 
     #[test]
+    fn settle_calls_are_bounded_in_members_and_bytes() {
+        let small: Vec<Vec<u8>> = (0..4500).map(|i| vec![0u8; i % 3]).collect();
+        let groups = vec![
+            (7u16, small.iter().collect::<Vec<_>>()),
+            (9, vec![&small[0]]),
+        ];
+        let split = calls(&groups, |m| m.len());
+        let sizes: Vec<usize> = split
+            .iter()
+            .map(|c| c.iter().map(|(_, ms)| ms.len()).sum())
+            .collect();
+        assert_eq!(sizes, vec![2000, 2000, 501]);
+        // A group split over calls keeps its tag in each part.
+        assert!(split[..2].iter().all(|c| c.len() == 1 && c[0].0 == 7));
+        assert_eq!(split[2].iter().map(|g| g.0).collect::<Vec<_>>(), vec![7, 9]);
+        // 10 KB bodies: about 8 MB per call, far below the query buffer limit.
+        let big: Vec<Vec<u8>> = (0..3000).map(|_| vec![0u8; 10_240]).collect();
+        let groups = vec![(1u16, big.iter().collect::<Vec<_>>())];
+        let split = calls(&groups, |m| m.len());
+        assert!(split.len() >= 4);
+        for c in &split {
+            let bytes: usize = c
+                .iter()
+                .flat_map(|(_, ms)| ms.iter())
+                .map(|m| m.len())
+                .sum();
+            assert!(bytes <= CALL_BYTES, "{bytes} bytes in one call");
+        }
+        let total: usize = split
+            .iter()
+            .flat_map(|c| c.iter())
+            .map(|(_, ms)| ms.len())
+            .sum();
+        assert_eq!(total, 3000);
+    }
+
+    #[test]
     fn keyspace_flags_need_k_and_z_or_a() {
         assert!(flags_notify_zsets("Kz"));
         assert!(flags_notify_zsets("AK"));
