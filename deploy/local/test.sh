@@ -8,8 +8,9 @@
 #    linker) when missing; cargo itself is assumed;
 # 2. starts the servers (deploy/local/servers.sh start) and exports
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
-# 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test --release;
-#    all three run even when one fails, so one report shows every problem;
+# 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test --release and
+#    the container test (deploy/container/test.sh);
+#    all run even when one fails, so one report shows every problem;
 # 4. exits non-zero if any step failed.
 #
 # Servers this script started are stopped when it exits; servers that were
@@ -97,6 +98,13 @@ step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --all-targets -- -D warnings
 # --no-fail-fast: run every test binary even after one fails.
 step "tests " cargo test --release --no-fail-fast "$@"
+# The image, built and run beside the same servers. It installs podman as
+# root; elsewhere it runs only where podman already is.
+if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
+	step "image " deploy/container/test.sh
+else
+	results+=("image : skipped (no podman, and not root to install it)")
+fi
 
 log "summary:"
 for r in "${results[@]}"; do
