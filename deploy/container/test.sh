@@ -10,9 +10,9 @@
 #   4. `podman stop` (SIGTERM) in the middle of a burst gives exit code 0, no
 #      member left in flight, and every member either delivered once or back
 #      in its key (none lost, none twice);
-#   5. a bad config makes the container exit 2 with one line in `podman logs`
+#   5. the AMQP password never reaches the logs;
+#   6. a bad config makes the container exit 2 with one line in `podman logs`
 #      that names the file and the field;
-#   6. the AMQP password never reaches the logs;
 # and prints the image size and the build time. The image is built once and
 # every check runs against it.
 #
@@ -263,7 +263,10 @@ cleanup() {
 		"${PODMAN[@]}" rm -f -t 0 "$c" >/dev/null 2>&1 || true
 	done
 	"$PY" deploy/container/amqp.py delete "$EXCHANGE" "$QUEUE" >/dev/null 2>&1 || true
-	rcli DEL "$KEY" "{$KEY}:inflight" "{$KEY}:dead" >/dev/null 2>&1 || true
+	{
+		printf '%s\n' "$KEY"
+		rcli --scan --pattern "{$KEY}:*" 2>/dev/null
+	} | xargs -r redis-cli -u "$DELAYD_TEST_REDIS_URL" DEL >/dev/null 2>&1 || true
 	rm -rf "$RUN_DIR"
 	stop_noted_servers
 	exit "$rc"
@@ -408,14 +411,14 @@ sort -m "$RUN_DIR/delivered" "$RUN_DIR/pending" | cmp -s - "$RUN_DIR/burst.sorte
 	fail "delivered ($delivered) + pending ($pending) is not the burst of $BURST members"
 pass "podman stop (SIGTERM) mid-burst: exit 0 after $stop_ms ms; of $BURST members $delivered delivered once, $pending back in $KEY, 0 in flight, none lost"
 
-# 6. The AMQP URL (with its password) never reached the logs.
+# 5. The AMQP URL (with its password) never reached the logs.
 logs="$("${PODMAN[@]}" logs "$NAME" 2>&1)"
 if [[ "$DELAYD_TEST_AMQP_URL" == *:*@* ]] && grep -qF "$DELAYD_TEST_AMQP_URL" <<<"$logs"; then
 	fail "the AMQP URL with its password appears in podman logs"
 fi
 "${PODMAN[@]}" rm "$NAME" >/dev/null
 
-# 5. A bad config: exit 2 and one line naming the file and the field.
+# 6. A bad config: exit 2 and one line naming the file and the field.
 sed 's/^shutdown_timeout = .*/shutdown_timeout = "soon"/' "$RUN_DIR/delayd.toml" >"$RUN_DIR/bad.toml"
 chmod 644 "$RUN_DIR/bad.toml"
 CURRENT="$NAME-bad"
