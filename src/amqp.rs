@@ -1,5 +1,10 @@
-//! The RabbitMQ side: one supervised connection per process, confirm-mode
-//! channels for the scanners, and the message delayd publishes.
+//! The RabbitMQ side: one supervised connection per process (to one of the
+//! configured nodes at a time, clear text or TLS), confirm-mode channels for
+//! the scanners, and the message delayd publishes.
+
+mod nodes;
+
+pub use nodes::{parse_uri, Nodes};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,12 +15,11 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::uri::AMQPUri;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Event};
+use lapin::{BasicProperties, Channel, Connection, Event};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Business, Properties, SecretUrl};
+use crate::config::{AmqpConfig, Business, Properties};
 use crate::store::Claimed;
 use crate::telemetry::{Backoff, Health, METRICS};
 
@@ -30,6 +34,17 @@ pub enum AmqpError {
         /// The parser's complaint.
         reason: String,
     },
+    /// A node could not be reached, or refused delayd.
+    #[error("RabbitMQ node {node}: {reason}")]
+    Connect {
+        /// The node's URL, password masked.
+        node: String,
+        /// What went wrong and what to do about it.
+        reason: String,
+    },
+    /// The TLS files are unusable.
+    #[error("{0}")]
+    Tls(String),
     /// The broker refused or dropped something.
     #[error("{0}")]
     Lapin(#[from] lapin::Error),
@@ -42,27 +57,19 @@ pub enum AmqpError {
 /// it was used, lapin may never answer, which would wedge the scanner: bound it.
 const CHANNEL_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Parses the URL and asks for 10 s heartbeats unless the URL sets its own,
-/// so a dead TCP connection is noticed in seconds rather than minutes.
-pub fn parse_uri(url: &SecretUrl) -> Result<AMQPUri, AmqpError> {
-    let mut uri: AMQPUri = url
-        .expose()
-        .parse()
-        .map_err(|reason: String| AmqpError::Url {
-            url: url.redacted(),
-            reason: crate::config::redact_url(&reason),
-        })?;
-    if uri.query.heartbeat.is_none() {
-        uri.query.heartbeat = Some(10);
+/// Opens one connection for a command that needs no supervision: to the
+/// first node that answers, trying each once from a random start.
+pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, AmqpError> {
+    let nodes = Nodes::new(cfg)?;
+    let start = rand::random_range(0..nodes.len());
+    let mut last = None;
+    for i in start..start + nodes.len() {
+        match nodes.connect(i, name).await {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
     }
-    Ok(uri)
-}
-
-/// Opens one connection (for commands that do not need supervision).
-pub async fn connect(url: &SecretUrl, name: &str) -> Result<Connection, AmqpError> {
-    let uri = parse_uri(url)?;
-    let props = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect_uri(uri, props).await?)
+    Err(last.unwrap_or(AmqpError::Tls("[amqp] no node configured".into())))
 }
 
 /// A shared, supervised connection: scanners ask it for channels and wait
@@ -77,12 +84,12 @@ pub struct Broker {
 
 impl Broker {
     /// Starts the connection supervisor; it runs until `stop` is cancelled.
-    pub fn start(url: &SecretUrl, stop: CancellationToken) -> Result<Self, AmqpError> {
-        let uri = parse_uri(url)?;
+    pub fn start(cfg: &AmqpConfig, stop: CancellationToken) -> Result<Self, AmqpError> {
+        let nodes = Nodes::new(cfg)?;
         let health = Health::new("amqp");
         let (conn_tx, conn_rx) = watch::channel(None);
         let (blocked_tx, blocked_rx) = watch::channel(false);
-        tokio::spawn(supervise(uri, conn_tx, blocked_tx, health.clone(), stop));
+        tokio::spawn(supervise(nodes, conn_tx, blocked_tx, health.clone(), stop));
         Ok(Self {
             conn: conn_rx,
             blocked: blocked_rx,
@@ -137,8 +144,11 @@ impl Broker {
     }
 }
 
+/// Keeps one connection open, to the nodes in rotation from a random start:
+/// a lost or refusing node is followed at once by the next, and only a full
+/// round of failures waits out a backoff.
 async fn supervise(
-    uri: AMQPUri,
+    nodes: Nodes,
     conn_tx: watch::Sender<Option<Arc<Connection>>>,
     blocked_tx: watch::Sender<bool>,
     health: Arc<Health>,
@@ -147,16 +157,21 @@ async fn supervise(
     // Capped at 5 s: with jitter a retry then comes at most 5 s after the
     // broker is back, so delivery resumes within 10 s of a restart.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let mut next = rand::random_range(0..nodes.len());
+    let mut failures_in_round = 0;
     loop {
-        let props = ConnectionProperties::default().with_connection_name("delayd".into());
+        let node = next;
+        next = (next + 1) % nodes.len();
         let attempt = tokio::select! {
             _ = stop.cancelled() => return,
-            r = Connection::connect_uri(uri.clone(), props) => r,
+            r = nodes.connect(node, "delayd") => r,
         };
         match attempt {
             Ok(conn) => {
                 backoff.reset();
+                failures_in_round = 0;
                 health.up();
+                tracing::info!(node = nodes.name(node), "connected to RabbitMQ");
                 let conn = Arc::new(conn);
                 let mut events = conn.events_listener();
                 conn_tx.send_replace(Some(conn.clone()));
@@ -182,18 +197,18 @@ async fn supervise(
                             // Channel errors arrive here too; only a dead
                             // connection needs a new one.
                             Some(Event::Error(e)) if !conn.status().connected() => {
-                                health.down(&e);
+                                health.down(&format_args!("RabbitMQ node {}: connection lost ({e})", nodes.name(node)));
                                 break;
                             }
                             None => {
-                                health.down(&"connection event stream ended");
+                                health.down(&format_args!("RabbitMQ node {}: connection lost (event stream ended)", nodes.name(node)));
                                 break;
                             }
                             _ => {}
                         },
                         _ = check.tick() => {
                             if !conn.status().connected() {
-                                health.down(&"connection closed");
+                                health.down(&format_args!("RabbitMQ node {}: connection closed", nodes.name(node)));
                                 break;
                             }
                         }
@@ -202,12 +217,24 @@ async fn supervise(
                 conn_tx.send_replace(None);
                 METRICS.amqp_blocked.set(0);
                 blocked_tx.send_replace(false);
+                if nodes.len() > 1 {
+                    tracing::warn!(
+                        lost = nodes.name(node),
+                        next = nodes.name(next),
+                        "lost the RabbitMQ node; connecting to the next one"
+                    );
+                }
             }
             Err(e) => {
                 health.down(&e);
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                tracing::debug!(error = %e, "RabbitMQ node refused or unreachable");
+                failures_in_round += 1;
+                if failures_in_round >= nodes.len() {
+                    failures_in_round = 0;
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
                 }
             }
         }

@@ -97,21 +97,16 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     })?;
     let amqp = tokio::time::timeout(
         Duration::from_secs(10),
-        crate::amqp::connect(&cfg.amqp_url, "delayd bench"),
+        crate::amqp::connect(&cfg.amqp, "delayd bench"),
     )
     .await
     .map_err(|_| {
         Failure::runtime(format!(
             "bench: cannot reach RabbitMQ at {} within 10s",
-            cfg.amqp_url
+            cfg.amqp
         ))
     })?
-    .map_err(|e| {
-        Failure::runtime(format!(
-            "bench: cannot reach RabbitMQ at {}: {e}",
-            cfg.amqp_url
-        ))
-    })?;
+    .map_err(|e| Failure::runtime(format!("bench: cannot reach RabbitMQ at {}: {e}", cfg.amqp)))?;
 
     // `timeout`, a closed terminal and Ctrl-C all end the run the same way:
     // through the clean-up below, so no queue, key or temporary config with
@@ -236,9 +231,9 @@ async fn bench(
     // delayd as users run it, on a temporary business.
     let extra = args.business.join("\n");
     let toml = format!(
-        "[redis]\nurl = \"{}\"\n[amqp]\nurl = \"{}\"\n[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
+        "[redis]\nurl = \"{}\"\n{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
         cfg.redis_url.expose(),
-        cfg.amqp_url.expose(),
+        cfg.amqp.to_toml(),
         names.key,
         names.exchange,
         names.routing_key

@@ -239,31 +239,29 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
             None
         }
     };
-    let amqp = match tokio::time::timeout(
-        Duration::from_secs(10),
-        crate::amqp::connect(&cfg.amqp_url, "delayd check"),
-    )
-    .await
-    {
-        Ok(Ok(c)) => {
-            println!("amqp      {}: ok", cfg.amqp_url);
-            Some(c)
+    // Every node is tried: a cluster node that cannot be reached, or that
+    // refuses delayd's certificate, fails when delayd fails over to it.
+    let mut amqp = None;
+    match crate::amqp::Nodes::new(&cfg.amqp) {
+        Ok(nodes) => {
+            for i in 0..nodes.len() {
+                match nodes.connect(i, "delayd check").await {
+                    Ok(c) => {
+                        println!("amqp      {}: ok", nodes.name(i));
+                        amqp.get_or_insert(c);
+                    }
+                    Err(e) => {
+                        println!("amqp      FAILED: {e}");
+                        failed = true;
+                    }
+                }
+            }
         }
-        Ok(Err(e)) => {
-            println!(
-                "amqp      {}: FAILED: {}",
-                cfg.amqp_url,
-                config::redact_url(&e.to_string())
-            );
+        Err(e) => {
+            println!("amqp      {}: FAILED: {e}", cfg.amqp);
             failed = true;
-            None
         }
-        Err(_) => {
-            println!("amqp      {}: FAILED: timed out after 10s", cfg.amqp_url);
-            failed = true;
-            None
-        }
-    };
+    }
     for b in &cfg.businesses {
         let mut notes = Vec::new();
         if let Some(conn) = &redis {

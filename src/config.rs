@@ -182,8 +182,8 @@ pub struct Config {
     pub path: PathBuf,
     /// Redis connection URL.
     pub redis_url: SecretUrl,
-    /// RabbitMQ connection URL.
-    pub amqp_url: SecretUrl,
+    /// RabbitMQ: its nodes and how to reach them.
+    pub amqp: AmqpConfig,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` turns the server off.
     pub http_listen: Option<SocketAddr>,
     /// Log format.
@@ -208,6 +208,50 @@ impl Config {
                     known.join(", ")
                 )
             })
+    }
+}
+
+/// The `[amqp]` section: one node (`url`) or several (`urls`), all reached
+/// the same way, clear text or TLS.
+#[derive(Debug, Clone)]
+pub struct AmqpConfig {
+    /// The nodes, at least one; `url` is the one-node form.
+    pub urls: Vec<SecretUrl>,
+    /// Private CA and client certificate for `amqps://`.
+    pub tls: crate::tls::TlsFiles,
+    /// Longest wait for TCP, TLS and the AMQP handshake of one node.
+    pub connect_timeout: Duration,
+}
+
+impl AmqpConfig {
+    /// The section as TOML, secrets included, for a configuration file that
+    /// delayd writes for its own child processes (`delayd bench`).
+    pub fn to_toml(&self) -> String {
+        let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+        let urls: Vec<String> = self.urls.iter().map(|u| quote(u.expose())).collect();
+        let mut out = format!(
+            "[amqp]\nurls = [{}]\nconnect_timeout = \"{}\"\n",
+            urls.join(", "),
+            humantime::format_duration(self.connect_timeout)
+        );
+        for (field, path) in [
+            ("tls_ca_file", &self.tls.ca_file),
+            ("tls_cert_file", &self.tls.cert_file),
+            ("tls_key_file", &self.tls.key_file),
+        ] {
+            if let Some(p) = path {
+                out.push_str(&format!("{field} = {}\n", quote(&p.to_string_lossy())));
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for AmqpConfig {
+    /// The nodes, passwords masked.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(SecretUrl::redacted).collect();
+        f.write_str(&urls.join(", "))
     }
 }
 
@@ -293,6 +337,11 @@ struct RawRedis {
 #[serde(deny_unknown_fields)]
 struct RawAmqp {
     url: Option<SecretUrl>,
+    urls: Option<Vec<SecretUrl>>,
+    tls_ca_file: Option<PathBuf>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    connect_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -442,18 +491,9 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
             SecretUrl::new("")
         }
     };
-    let amqp_url = match raw.amqp.and_then(|a| a.url) {
-        Some(u) if !u.expose().is_empty() => u,
-        _ => {
-            problems.push(
-                "[amqp] field \"url\" is required (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)"
-                    .into(),
-            );
-            SecretUrl::new("")
-        }
-    };
-    // This build has no TLS stack: a rediss:// or amqps:// URL would either
-    // fail late or, worse, connect in clear text. Refuse it up front.
+    let amqp = validate_amqp(raw.amqp, &mut problems);
+    // This build has no Redis TLS stack: a rediss:// URL would either fail
+    // late or, worse, connect in clear text. Refuse it up front.
     let redis_ok = ["redis://", "unix://", "redis+unix://"];
     if redis_url.expose().starts_with("rediss://") {
         problems.push(
@@ -465,16 +505,6 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
         problems.push(format!(
             "[redis] field \"url\" must start with redis:// or unix:// (got {})",
             redis_url.redacted()
-        ));
-    }
-    if amqp_url.expose().starts_with("amqps://") {
-        problems.push(
-            "[amqp] field \"url\": amqps:// (TLS) is not supported by this build; use amqp:// on a private network or a TLS sidecar such as stunnel".into(),
-        );
-    } else if !amqp_url.expose().is_empty() && !amqp_url.expose().starts_with("amqp://") {
-        problems.push(format!(
-            "[amqp] field \"url\" must start with amqp:// (got {})",
-            amqp_url.redacted()
         ));
     }
     let http_listen = match raw.http.and_then(|h| h.listen) {
@@ -545,12 +575,117 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
     Ok(Config {
         path: path.to_path_buf(),
         redis_url,
-        amqp_url,
+        amqp,
         http_listen,
         log_format,
         log_level,
         businesses,
     })
+}
+
+/// The `[amqp]` rules: one of `url`/`urls`, valid AMQP URLs of one scheme,
+/// TLS files only with `amqps://`, and readable, matching TLS files.
+fn validate_amqp(raw: Option<RawAmqp>, problems: &mut Vec<String>) -> AmqpConfig {
+    let raw = raw.unwrap_or(RawAmqp {
+        url: None,
+        urls: None,
+        tls_ca_file: None,
+        tls_cert_file: None,
+        tls_key_file: None,
+        connect_timeout: None,
+    });
+    let (field, urls) = match (raw.url, raw.urls) {
+        (Some(_), Some(_)) => {
+            problems.push("[amqp] fields \"url\" and \"urls\" are both set: use \"url\" for one node or \"urls\" for a cluster's nodes, not both".into());
+            ("urls", Vec::new())
+        }
+        (Some(u), None) if !u.expose().is_empty() => ("url", vec![u]),
+        (None, Some(list)) if list.is_empty() => {
+            problems.push("[amqp] field \"urls\" must list at least one node".into());
+            ("urls", Vec::new())
+        }
+        (None, Some(list)) => ("urls", list),
+        _ => {
+            problems.push(
+                "[amqp] field \"url\" is required (e.g. amqp://guest:guest@127.0.0.1:5672/%2f), or \"urls\" for a cluster's nodes"
+                    .into(),
+            );
+            ("url", Vec::new())
+        }
+    };
+    let mut schemes = std::collections::BTreeSet::new();
+    let mut external = false;
+    for (i, u) in urls.iter().enumerate() {
+        let place = if field == "url" {
+            "[amqp] field \"url\"".to_string()
+        } else {
+            format!("[amqp] field \"urls\", entry {}", i + 1)
+        };
+        let text = u.expose();
+        let scheme = ["amqp://", "amqps://"]
+            .into_iter()
+            .find(|p| text.starts_with(p));
+        let Some(scheme) = scheme else {
+            problems.push(format!(
+                "{place} must start with amqp:// or amqps:// (got {})",
+                u.redacted()
+            ));
+            continue;
+        };
+        schemes.insert(scheme);
+        match text.parse::<lapin::uri::AMQPUri>() {
+            Ok(uri) => {
+                external |= uri.query.auth_mechanism == Some(lapin::uri::SASLMechanism::External);
+            }
+            Err(e) => problems.push(format!(
+                "{place} is not a valid AMQP URL ({}): {}",
+                redact_url(&e),
+                u.redacted()
+            )),
+        }
+    }
+    if schemes.len() > 1 {
+        problems.push("[amqp] field \"urls\" mixes amqp:// and amqps://: a password sent in clear text to one node is exposed for all; reach every node the same way".into());
+    }
+    let tls = crate::tls::TlsFiles {
+        ca_file: raw.tls_ca_file,
+        cert_file: raw.tls_cert_file,
+        key_file: raw.tls_key_file,
+    };
+    let tls_urls = schemes.contains("amqps://");
+    if !tls.is_empty() && !tls_urls && !urls.is_empty() && schemes.len() == 1 {
+        problems.push(format!(
+            "[amqp] field \"{}\" is set but [amqp] {field} is amqp:// (clear text), which ignores it: use amqps://",
+            tls.first_field()
+        ));
+    }
+    if external && tls.cert_file.is_none() {
+        problems.push("[amqp] auth_mechanism=external in the URL logs in with a client certificate: set tls_cert_file and tls_key_file (and use amqps://)".into());
+    }
+    tls.check("amqp", problems);
+    let connect_timeout = match raw.connect_timeout {
+        None => Duration::from_secs(10),
+        Some(s) => match humantime::parse_duration(s.trim()) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                problems.push(format!(
+                    "[amqp] field \"connect_timeout\" must be longer than zero (got \"{s}\")"
+                ));
+                Duration::from_secs(10)
+            }
+            Err(e) => {
+                problems.push(format!(
+                    "[amqp] field \"connect_timeout\": cannot parse \"{s}\" as a duration ({e}); write e.g. \"10s\""
+                ));
+                Duration::from_secs(10)
+            }
+        },
+    };
+    AmqpConfig {
+        urls,
+        tls,
+        connect_timeout,
+    }
 }
 
 fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) -> Option<Business> {
@@ -838,11 +973,233 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
         assert!(e.contains("invalid type"), "{e}");
     }
 
+    /// `[amqp]` as given, with a valid business.
+    fn amqp_err(section: &str) -> String {
+        err_of(&business("").replace(
+            "[amqp]\nurl = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\n",
+            &format!("[amqp]\n{section}\n"),
+        ))
+    }
+
+    /// `deploy/local/certs.sh` certificates, made once for these tests.
+    fn certs() -> &'static Path {
+        static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| {
+            let dir =
+                std::env::temp_dir().join(format!("delayd-unit-certs-{}", std::process::id()));
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/certs.sh");
+            let out = std::process::Command::new(script)
+                .arg(&dir)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir
+        })
+    }
+
+    fn tls_section(url: &str, ca: &str, cert: &str, key: &str) -> String {
+        let c = certs();
+        let mut s = format!("url = \"{url}\"\n");
+        for (field, file) in [
+            ("tls_ca_file", ca),
+            ("tls_cert_file", cert),
+            ("tls_key_file", key),
+        ] {
+            if !file.is_empty() {
+                s.push_str(&format!("{field} = \"{}\"\n", c.join(file).display()));
+            }
+        }
+        s
+    }
+
     #[test]
-    fn tls_urls_are_refused_rather_than_sent_in_clear() {
-        let body = business("").replace("amqp://guest", "amqps://guest");
-        let e = err_of(&body);
-        assert!(e.contains("amqps://") && e.contains("not supported"), "{e}");
+    fn amqps_with_a_private_ca_and_client_certificate_is_accepted() {
+        let body = business("").replace(
+            "url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+            &tls_section(
+                "amqps://guest:secret@127.0.0.1:5671/%2f",
+                "ca.crt",
+                "client.crt",
+                "client.key",
+            ),
+        );
+        let c = load_str(&body).unwrap();
+        assert_eq!(c.amqp.urls.len(), 1);
+        assert!(c.amqp.tls.cert_file.is_some());
+        assert_eq!(c.amqp.connect_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn amqps_without_tls_files_is_accepted() {
+        let c = load_str(&business("").replace("amqp://guest", "amqps://guest")).unwrap();
+        assert!(c.amqp.urls[0].expose().starts_with("amqps://"));
+    }
+
+    #[test]
+    fn url_and_urls_together_are_refused() {
+        let e = amqp_err("url = \"amqp://h/%2f\"\nurls = [\"amqp://h/%2f\"]");
+        assert!(
+            e.contains("[amqp] fields \"url\" and \"urls\" are both set"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn neither_url_nor_urls_is_refused() {
+        let e = amqp_err("connect_timeout = \"5s\"");
+        assert!(e.contains("[amqp] field \"url\" is required"), "{e}");
+    }
+
+    #[test]
+    fn empty_urls_is_refused() {
+        let e = amqp_err("urls = []");
+        assert!(
+            e.contains("[amqp] field \"urls\" must list at least one node"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_node_list_is_kept_in_order() {
+        let body = business("").replace(
+            "url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+            "urls = [\"amqp://u:p@a:5672/%2f\", \"amqp://u:p@b:5672/%2f\", \"amqp://u:p@c:5672/%2f\"]",
+        );
+        let c = load_str(&body).unwrap();
+        let hosts: Vec<String> = c.amqp.urls.iter().map(|u| u.redacted()).collect();
+        assert_eq!(
+            hosts,
+            [
+                "amqp://u:***@a:5672/%2f",
+                "amqp://u:***@b:5672/%2f",
+                "amqp://u:***@c:5672/%2f"
+            ]
+        );
+        assert_eq!(c.amqp.to_string(), hosts.join(", "));
+    }
+
+    #[test]
+    fn a_node_with_another_scheme_is_named_by_position() {
+        let e = amqp_err("urls = [\"amqp://a/%2f\", \"http://u:pw@b/\"]");
+        assert!(
+            e.contains("[amqp] field \"urls\", entry 2 must start with amqp:// or amqps:// (got http://u:***@b/)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unparseable_node_url_is_named() {
+        let e = amqp_err("url = \"amqp://u:pw@host:notaport/%2f\"");
+        assert!(
+            e.contains("[amqp] field \"url\" is not a valid AMQP URL"),
+            "{e}"
+        );
+        assert!(!e.contains("pw@"), "{e}");
+    }
+
+    #[test]
+    fn mixing_clear_text_and_tls_nodes_is_refused() {
+        let e = amqp_err("urls = [\"amqp://a/%2f\", \"amqps://b/%2f\"]");
+        assert!(e.contains("mixes amqp:// and amqps://"), "{e}");
+    }
+
+    #[test]
+    fn tls_files_with_a_clear_text_url_are_refused() {
+        let e = amqp_err(&tls_section("amqp://h/%2f", "ca.crt", "", ""));
+        assert!(
+            e.contains("[amqp] field \"tls_ca_file\" is set but") && e.contains("amqps://"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_without_its_key_is_refused() {
+        let e = amqp_err(&tls_section("amqps://h/%2f", "", "client.crt", ""));
+        assert!(
+            e.contains("[amqp] field \"tls_cert_file\" is set without \"tls_key_file\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_key_without_its_client_certificate_is_refused() {
+        let e = amqp_err(&tls_section("amqps://h/%2f", "", "", "client.key"));
+        assert!(
+            e.contains("[amqp] field \"tls_key_file\" is set without \"tls_cert_file\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_tls_file_is_named() {
+        let e = amqp_err("url = \"amqps://h/%2f\"\ntls_ca_file = \"/nonexistent/ca.pem\"");
+        assert!(
+            e.contains("[amqp] field \"tls_ca_file\": cannot read /nonexistent/ca.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        // A key is PEM, but not a certificate.
+        let e = amqp_err(&tls_section("amqps://h/%2f", "client.key", "", ""));
+        assert!(
+            e.contains("[amqp] field \"tls_ca_file\"") && e.contains("holds no PEM certificate"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_key_file_without_a_key_is_refused() {
+        let e = amqp_err(&tls_section(
+            "amqps://h/%2f",
+            "",
+            "client.crt",
+            "client.crt",
+        ));
+        assert!(
+            e.contains("[amqp] field \"tls_key_file\"")
+                && e.contains("no usable unencrypted private key"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused() {
+        let e = amqp_err(&tls_section(
+            "amqps://h/%2f",
+            "",
+            "client.crt",
+            "server.key",
+        ));
+        assert!(e.contains("do not make a usable client certificate"), "{e}");
+    }
+
+    #[test]
+    fn external_login_without_a_client_certificate_is_refused() {
+        let e = amqp_err("url = \"amqps://h/%2f?auth_mechanism=external\"");
+        assert!(
+            e.contains("auth_mechanism=external") && e.contains("tls_cert_file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_zero_or_unparseable_connect_timeout_is_refused() {
+        let e = amqp_err("url = \"amqp://h/%2f\"\nconnect_timeout = \"0s\"");
+        assert!(
+            e.contains("[amqp] field \"connect_timeout\" must be longer than zero"),
+            "{e}"
+        );
+        let e = amqp_err("url = \"amqp://h/%2f\"\nconnect_timeout = \"soon\"");
+        assert!(
+            e.contains("[amqp] field \"connect_timeout\": cannot parse \"soon\""),
+            "{e}"
+        );
     }
 
     #[test]
@@ -943,7 +1300,7 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
     #[test]
     fn passwords_are_redacted() {
         let c = load_str(&business("")).unwrap();
-        let shown = format!("{:?} {}", c.amqp_url, c.amqp_url);
+        let shown = format!("{:?} {}", c.amqp, c.amqp);
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
         assert_eq!(redact_url("redis://:pw@h:1/0"), "redis://:***@h:1/0");

@@ -6,7 +6,8 @@
 //!
 //! - [`config`]: the TOML file, environment overrides and validation;
 //! - [`store`]: the Redis side, key names and the Lua scripts (`src/lua/`);
-//! - [`amqp`]: the RabbitMQ side, a supervised connection and the message;
+//! - [`amqp`]: the RabbitMQ side: nodes, TLS, a supervised connection and the message;
+//! - [`tls`]: the CA and client certificate files the configuration names;
 //! - [`scanner`]: one claim → publish → settle loop;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
@@ -21,3 +22,4 @@ pub mod scanner;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;
+pub mod tls;

@@ -83,7 +83,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let client = redis_client(&config)?;
     let stop = CancellationToken::new();
     let conn_stop = CancellationToken::new();
-    let broker = Broker::start(&config.amqp_url, conn_stop.clone())?;
+    let broker = Broker::start(&config.amqp, conn_stop.clone())?;
     let redis_health = Health::new("redis");
     let deadlines: Vec<Arc<OnceCell<tokio::time::Instant>>> = config
         .businesses
@@ -109,7 +109,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
 
     tracing::info!(
         redis = %config.redis_url,
-        amqp = %config.amqp_url,
+        amqp = %config.amqp,
         businesses = config.businesses.len(),
         "delayd starting"
     );

@@ -213,6 +213,8 @@ pub struct Health {
     server: &'static str,
     up: AtomicBool,
     since: std::sync::Mutex<Option<Instant>>,
+    /// The latest failure, for `/readyz`.
+    reason: std::sync::Mutex<String>,
 }
 
 impl Health {
@@ -223,6 +225,7 @@ impl Health {
             server,
             up: AtomicBool::new(false),
             since: std::sync::Mutex::new(None),
+            reason: std::sync::Mutex::new("not connected yet".into()),
         })
     }
 
@@ -250,8 +253,19 @@ impl Health {
         }
     }
 
+    /// Why the server is down, as last reported.
+    pub fn reason(&self) -> String {
+        match self.reason.lock() {
+            Ok(r) => r.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
     /// Records a failure; logs the start of an outage once.
     pub fn down(&self, error: &dyn std::fmt::Display) {
+        if let Ok(mut r) = self.reason.lock() {
+            *r = error.to_string();
+        }
         let was_up = self.up.swap(false, Ordering::Relaxed);
         let mut since = match self.since.lock() {
             Ok(s) => s,
@@ -360,7 +374,11 @@ async fn ready_handler(
     } else {
         axum::http::StatusCode::SERVICE_UNAVAILABLE
     };
-    let mut body = format!("redis: {}\namqp: {}\n", up_word(redis), up_word(amqp));
+    let mut body = format!(
+        "redis: {}\namqp: {}\n",
+        up_word(&state.redis),
+        up_word(&state.amqp)
+    );
     for (business, reason) in paused {
         body.push_str(&format!(
             "business {business}: publishing paused, members stay pending ({reason})\n"
@@ -369,11 +387,12 @@ async fn ready_handler(
     (code, body)
 }
 
-fn up_word(up: bool) -> &'static str {
-    if up {
-        "up"
+/// "up", or "down: " and the latest reason, so a probe's output says why.
+fn up_word(health: &Health) -> String {
+    if health.is_up() {
+        "up".into()
     } else {
-        "down"
+        format!("down: {}", health.reason())
     }
 }
 

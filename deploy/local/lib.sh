@@ -158,9 +158,16 @@ stop_epmd_if_idle() {
 rmq_prepare() {
 	local dir="$1"
 	mkdir -p "$dir/home" "$dir/mnesia" "$dir/log"
-	# One random cookie per node directory; Erlang refuses a cookie file that
-	# others can read, hence 0400.
-	if [[ ! -s "$dir/home/.erlang.cookie" ]]; then
+	# One random cookie per node directory, or DELAYD_RABBITMQ_COOKIE for
+	# nodes that form a cluster; Erlang refuses a cookie file that others can
+	# read, hence 0400.
+	if [[ -n "${DELAYD_RABBITMQ_COOKIE:-}" ]]; then
+		rm -f "$dir/home/.erlang.cookie"
+		(
+			umask 077
+			printf '%s' "$DELAYD_RABBITMQ_COOKIE" >"$dir/home/.erlang.cookie"
+		)
+	elif [[ ! -s "$dir/home/.erlang.cookie" ]]; then
 		(
 			umask 077
 			# 96 upper-case letters from 48 random bytes (hex digits mapped to A-P).
@@ -181,6 +188,66 @@ EOF
 	# An empty env file stops the scripts from sourcing the system's
 	# /etc/rabbitmq/rabbitmq-env.conf.
 	: >"$dir/rabbitmq-env.conf"
+	[[ -z "${DELAYD_RABBITMQ_TLS_PORT:-}" ]] || rmq_prepare_tls "$dir"
+}
+
+# rmq_prepare_tls DIR: an SSL listener on DELAYD_RABBITMQ_TLS_PORT with the
+# certificates of deploy/local/certs.sh in DELAYD_RABBITMQ_TLS_CERTS. Clients
+# must present a certificate signed by its CA (verify_peer,
+# fail_if_no_peer_cert); they may log in with it (EXTERNAL, as the user
+# named by the certificate's CN, "delayd", created here without a password).
+rmq_prepare_tls() {
+	local dir="$1" certs="${DELAYD_RABBITMQ_TLS_CERTS:?DELAYD_RABBITMQ_TLS_CERTS must name a deploy/local/certs.sh directory}"
+	valid_port "$DELAYD_RABBITMQ_TLS_PORT" DELAYD_RABBITMQ_TLS_PORT
+	certs="$(cd "$certs" && pwd -P)"
+	printf '[rabbitmq_auth_mechanism_ssl].\n' >"$dir/enabled_plugins"
+	cat >>"$dir/rabbitmq.conf" <<EOF
+listeners.ssl.default = 127.0.0.1:$DELAYD_RABBITMQ_TLS_PORT
+ssl_options.cacertfile = $certs/ca.crt
+ssl_options.certfile = $certs/server.crt
+ssl_options.keyfile = $certs/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
+load_definitions = $dir/definitions.json
+EOF
+	# guest/guest as on every node (salted SHA-256, RabbitMQ's format), plus
+	# the certificate's user.
+	local salt hash
+	command -v openssl >/dev/null 2>&1 || apt_install openssl
+	# Four random bytes as printf escapes (\xNN), so no NUL passes through a variable.
+	salt="$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n' | sed 's/../\\x&/g')"
+	hash="$({
+		printf '%b' "$salt"
+		{
+			printf '%b' "$salt"
+			printf guest
+		} | openssl dgst -sha256 -binary
+	} | base64 -w0)"
+	cat >"$dir/definitions.json" <<EOF
+{"users": [
+  {"name": "guest", "password_hash": "$hash", "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"]},
+  {"name": "delayd", "password_hash": "", "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": []}],
+ "vhosts": [{"name": "/"}],
+ "permissions": [
+  {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
+  {"user": "delayd", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}
+EOF
+}
+
+# rmq_watch DIR NODENAME AMQP_PORT PID: leaves a background watcher that
+# kills the node once process PID has exited (a test binary, which has no
+# teardown of its own). Detached from the caller's pipes and session.
+rmq_watch() {
+	local dir="$1" node="$2" port="$3" pid="$4"
+	setsid bash -c '
+		source "$1"
+		while kill -0 "$5" 2>/dev/null; do sleep 1; done
+		rmq_kill "$2" "$3" "$4"
+	' rmq-watch "$DELAYD_REPO_ROOT/deploy/local/lib.sh" "$dir" "$node" "$port" "$pid" </dev/null >>"$dir/watch.log" 2>&1 &
 }
 
 # rmq_env DIR NODENAME AMQP_PORT DIST_PORT: exports what the RabbitMQ scripts

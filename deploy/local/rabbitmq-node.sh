@@ -17,6 +17,13 @@
 # Node name: delayd-test-<AMQP_PORT>@localhost. Erlang distribution port:
 # AMQP_PORT+10000 (AMQP_PORT-10000 above 55535), or DELAYD_RABBITMQ_DIST_PORT.
 # Timeout: DELAYD_START_TIMEOUT seconds (default 60).
+#
+# Optional, for `start`:
+#   DELAYD_RABBITMQ_TLS_PORT, DELAYD_RABBITMQ_TLS_CERTS  an SSL listener on that
+#       port with the certificates of deploy/local/certs.sh in that directory
+#       (client certificates required; EXTERNAL login as user "delayd")
+#   DELAYD_RABBITMQ_COOKIE     the Erlang cookie (the same for a cluster's nodes)
+#   DELAYD_RABBITMQ_WATCH_PID  kill the node once this process has exited
 set -euo pipefail
 
 LOG_TAG=rabbitmq-node
@@ -52,6 +59,9 @@ start)
 	dir="$(cd "$dir" && pwd -P)"
 	ensure_packages
 	rmq_start "$dir" "$node" "$port" "$dist"
+	if [[ -n "${DELAYD_RABBITMQ_WATCH_PID:-}" ]]; then
+		rmq_watch "$dir" "$node" "$port" "$DELAYD_RABBITMQ_WATCH_PID"
+	fi
 	printf 'amqp://guest:guest@127.0.0.1:%s/%%2f\n' "$port"
 	;;
 ctl)

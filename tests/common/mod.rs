@@ -223,8 +223,26 @@ pub fn write_config(
     amqp_url: &str,
     businesses: &[&BusinessSpec],
 ) -> PathBuf {
+    write_config_with(
+        dir,
+        redis_url,
+        &format!("url = \"{amqp_url}\""),
+        "off",
+        businesses,
+    )
+}
+
+/// Like [`write_config`], with the body of `[amqp]` as given (node list,
+/// TLS files) and `[http] listen`.
+pub fn write_config_with(
+    dir: &Path,
+    redis_url: &str,
+    amqp_section: &str,
+    http_listen: &str,
+    businesses: &[&BusinessSpec],
+) -> PathBuf {
     let mut s = format!(
-        "[redis]\nurl = \"{redis_url}\"\n[amqp]\nurl = \"{amqp_url}\"\n[http]\nlisten = \"off\"\n[log]\nlevel = \"info\"\n"
+        "[redis]\nurl = \"{redis_url}\"\n[amqp]\n{amqp_section}\n[http]\nlisten = \"{http_listen}\"\n[log]\nlevel = \"info\"\n"
     );
     for b in businesses {
         s.push_str(&format!(
@@ -709,4 +727,55 @@ impl Drop for PrivateRabbit {
                 .status();
         }
     }
+}
+
+/// Runs `deploy/local/NAME ARGS` with extra environment; its stdout, or a
+/// panic with its stderr. The scripts bound their own waits.
+pub fn run_script(name: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/local")
+        .join(name);
+    let out = Command::new(&path)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{name} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Test certificates from `deploy/local/certs.sh`, made once per test binary.
+pub fn certs() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("delayd-certs-{}", std::process::id()));
+        run_script("certs.sh", &[dir.to_str().unwrap()], &[]);
+        dir
+    })
+}
+
+/// An AMQP port in 46000..49000 whose distribution port (AMQP - 10000) is
+/// free too: the range private RabbitMQ nodes of the TLS and cluster tests use.
+pub fn rabbit_port() -> u16 {
+    free_port(36000..39000, &[10000]) + 10000
+}
+
+/// `GET path` on 127.0.0.1:port: (status code, body); `None` if nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
 }
