@@ -409,6 +409,11 @@ pub mod defaults {
 
 /// Reads, layers and validates the configuration at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_with_env(path, delayd_env())
+}
+
+/// [`load`] with the given `DELAYD_*` variables instead of the process's.
+fn load_with_env(path: &Path, env: config::Map<String, String>) -> Result<Config, ConfigError> {
     if let Err(e) = std::fs::metadata(path).and_then(|_| std::fs::read(path)) {
         return Err(ConfigError::Unreadable {
             path: path.to_path_buf(),
@@ -422,7 +427,11 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
                 .prefix_separator("_")
                 .separator("__")
                 .try_parsing(true)
-                .source(Some(delayd_env())),
+                // DELAYD_AMQP__URLS="amqp://a/..,amqp://b/..": the node list
+                // with its passwords, from a secret.
+                .list_separator(",")
+                .with_list_parse_key("amqp.urls")
+                .source(Some(env)),
         )
         .build()
         .map_err(|e| ConfigError::Parse {
@@ -1037,6 +1046,20 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
     fn amqps_without_tls_files_is_accepted() {
         let c = load_str(&business("").replace("amqp://guest", "amqps://guest")).unwrap();
         assert!(c.amqp.urls[0].expose().starts_with("amqps://"));
+    }
+
+    #[test]
+    fn the_node_list_comes_from_the_environment_comma_separated() {
+        let body = business("").replace("url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\n", "");
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(body.as_bytes()).unwrap();
+        let env = config::Map::from([(
+            "DELAYD_AMQP__URLS".to_string(),
+            "amqp://u:p1@a:5672/%2f,amqp://u:p2@b:5672/%2f".to_string(),
+        )]);
+        let c = load_with_env(f.path(), env).unwrap();
+        let urls: Vec<&str> = c.amqp.urls.iter().map(|u| u.expose()).collect();
+        assert_eq!(urls, ["amqp://u:p1@a:5672/%2f", "amqp://u:p2@b:5672/%2f"]);
     }
 
     #[test]
