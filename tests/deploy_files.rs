@@ -208,7 +208,7 @@ fn override_problems(file: &str, env: &[(String, String)], cfg: &Config) -> Vec<
     for (k, v) in env {
         let effective = match k.as_str() {
             "DELAYD_REDIS__URL" => Some(cfg.redis_url.expose().to_string()),
-            "DELAYD_AMQP__URL" => Some(cfg.amqp_url.expose().to_string()),
+            "DELAYD_AMQP__URL" => Some(cfg.amqp.urls[0].expose().to_string()),
             "DELAYD_HTTP__LISTEN" => Some(
                 cfg.http_listen
                     .map_or_else(|| "off".to_string(), |a| a.to_string()),
@@ -480,7 +480,7 @@ fn compose_problems(compose: &Value, img: &Image) -> Vec<String> {
     let services = at(compose, "services").and_then(Value::as_mapping);
     for (what, url) in [
         ("redis", cfg.redis_url.expose()),
-        ("amqp", cfg.amqp_url.expose()),
+        ("amqp", cfg.amqp.urls[0].expose()),
     ] {
         let Some((host, port)) = url_host_port(url) else {
             p.push(format!("{f}: the {what} URL names no host:port"));
