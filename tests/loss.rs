@@ -410,6 +410,11 @@ async fn recovery_reads_only_the_records_it_needs_and_keeps_due_times() {
         assert_eq!(sc as i64, dues[&m], "recovered at its original due time");
     }
     assert_eq!(zcard(&mut conn, &f.inflight).await, 0);
+    assert_eq!(
+        hlen(&mut conn, &f.claims).await,
+        0,
+        "the recovery deleted the records it emptied"
+    );
     del_family(&mut conn, &key).await;
 }
 

@@ -74,7 +74,7 @@ if #expired > 0 then
   -- First attempts keep their due time in their claim's record. Only the
   -- records with the tags of expired first attempts are read; the newest
   -- one that names a member is the claim that held it.
-  local dues, from = {}, {}
+  local dues, from, read = {}, {}, {}
   if next(need) then
     local ids = redis.call('HKEYS', KEYS[4])
     local wanted = {}
@@ -91,6 +91,7 @@ if #expired > 0 then
           local ms, tg = string.match(id, '^(%d+):(%d+)$')
           ms, tg = tonumber(ms), tonumber(tg)
           local list = cmsgpack.unpack(v)
+          read[#read + 1] = {id, tg, list}
           for x = 1, #list, 2 do
             local key = list[x] .. '\0' .. tg
             if not from[key] or from[key] < ms then
@@ -122,6 +123,23 @@ if #expired > 0 then
     recovered = recovered + 1
   end
   batched('ZREM', KEYS[2], members, 1)
+  -- A record read here whose claim holds none of its members any more (its
+  -- process died, or its reply was lost) goes now rather than at the next
+  -- sweep.
+  for _, r in ipairs(read) do
+    local id, tg, list = r[1], r[2], r[3]
+    local names = {}
+    for x = 1, #list, 2 do names[#names + 1] = list[x] end
+    local held = false
+    for i = 1, #names, CHUNK do
+      local j = math.min(#names, i + CHUNK - 1)
+      for _, sc in ipairs(redis.call('ZMSCORE', KEYS[2], unpack(names, i, j))) do
+        if sc and tag_of(sc) == tg then held = true; break end
+      end
+      if held then break end
+    end
+    if not held then redis.call('HDEL', KEYS[4], id) end
+  end
 end
 
 local out = {now, -1, recovered, '', tag}
