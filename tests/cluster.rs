@@ -32,7 +32,7 @@ fn cluster() -> &'static Cluster {
             &args,
             &[
                 ("DELAYD_RABBITMQ_WATCH_PID", std::process::id().to_string()),
-                ("DELAYD_START_TIMEOUT", "120".into()),
+                ("DELAYD_START_TIMEOUT", "180".into()),
             ],
         );
         Cluster { dir, ports }
@@ -62,7 +62,7 @@ impl Cluster {
                     ("DELAYD_RABBITMQ_DIST_PORT", (port - 10000).to_string()),
                     ("DELAYD_RABBITMQ_COOKIE", cookie),
                     ("DELAYD_RABBITMQ_WATCH_PID", std::process::id().to_string()),
-                    ("DELAYD_START_TIMEOUT", "120".into()),
+                    ("DELAYD_START_TIMEOUT", "180".into()),
                 ],
             )
         })
