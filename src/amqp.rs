@@ -53,6 +53,10 @@ pub enum AmqpError {
     ChannelTimeout(Duration),
 }
 
+/// How long delayd waits after losing a cluster node before connecting to
+/// the next one; see `supervise`.
+const FAILOVER_PAUSE: Duration = Duration::from_secs(2);
+
 /// Opening a channel is two round trips. On a connection that died just as
 /// it was used, lapin may never answer, which would wedge the scanner: bound it.
 const CHANNEL_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -223,6 +227,14 @@ async fn supervise(
                         next = nodes.name(next),
                         "lost the RabbitMQ node; connecting to the next one"
                     );
+                    // The cluster needs a moment to notice the loss and elect
+                    // new quorum queue leaders: RabbitMQ 3.10 nacks every
+                    // publish, for a minute and more, on a channel opened on
+                    // a follower in the instant after a leader died.
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(FAILOVER_PAUSE) => {}
+                    }
                 }
             }
             Err(e) => {

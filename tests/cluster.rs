@@ -70,6 +70,13 @@ impl Cluster {
         .unwrap()
     }
 
+    /// Starts any node a failed test left down (a no-op for running nodes).
+    async fn make_whole(&self) {
+        for p in self.ports.clone() {
+            self.node("start", p, &[]).await;
+        }
+    }
+
     /// The node (AMQP port) that leads quorum queue `queue`, asked of `via`.
     async fn leader(&self, queue: &str, via: u16) -> u16 {
         let out = self
@@ -176,9 +183,9 @@ async fn wait_all(inbox: &Inbox, want: &HashSet<Vec<u8>>, limit: Duration, d: &D
 async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_10s() {
     let c = cluster();
     let _turn = TURN.lock().await;
+    c.make_whole().await;
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("cluster_kill");
-    let queue = quorum_queue(&c.url(c.ports[0]), &b).await;
     let urls: Vec<String> = c
         .ports
         .iter()
@@ -198,6 +205,11 @@ async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_
     .await;
     assert!(ok, "delayd did not connect; log:\n{}", tail(&d));
     let victim = connected_port(&d).unwrap();
+    // Declared through the node delayd is on, which then leads the queue
+    // (client-local placement): the kill takes delayd's connection and the
+    // queue's leader at once, the hardest case.
+    let queue = quorum_queue(&c.url(victim), &b).await;
+    assert_eq!(c.leader(&queue, victim).await, victim, "the queue's leader");
     // The consumer stays on a node that survives and acknowledges what it recorded.
     let survivor = *c.ports.iter().find(|p| **p != victim).unwrap();
     let consumer = amqp_at(&c.url(survivor)).await;
@@ -254,6 +266,7 @@ async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_
 async fn stopping_the_quorum_leader_stalls_confirms_then_they_resume_and_nothing_is_dead() {
     let c = cluster();
     let _turn = TURN.lock().await;
+    c.make_whole().await;
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("cluster_leader");
     let queue = quorum_queue(&c.url(c.ports[0]), &b).await;
