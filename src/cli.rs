@@ -1,7 +1,6 @@
 //! The `delayd` commands and their exit codes: 0 success, 1 a runtime
 //! failure (a server unreachable, a check failed), 2 a usage or config error.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,6 +9,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Business, Config};
 use crate::store::{KeyFamily, Stats, Store};
+
+mod by_id;
 
 /// Command-line interface of `delayd`.
 #[derive(Debug, Parser)]
@@ -44,26 +45,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Schedule one member (for operators and demos).
-    Schedule {
-        #[command(flatten)]
-        config: ConfigArg,
-        /// The business to schedule for.
-        business: String,
-        /// Due after this long, e.g. 250ms, 30s, 5m.
-        #[arg(
-            long = "in",
-            value_name = "DUR",
-            conflicts_with = "at",
-            required_unless_present = "at"
-        )]
-        in_: Option<String>,
-        /// Due at this time: RFC 3339 (2026-01-02T03:04:05Z) or epoch milliseconds.
-        #[arg(long, value_name = "TIME")]
-        at: Option<String>,
-        /// The body; read from standard input when omitted.
-        body: Option<String>,
-    },
+    /// Schedule one task (for operators and demos).
+    Schedule(by_id::ScheduleArgs),
+    /// Show where one task is: pending, in flight, dead or not found (exit 4).
+    Get(by_id::MemberArgs),
+    /// Cancel one pending task (exit 3 if in flight, 4 if not pending).
+    Cancel(by_id::MemberArgs),
+    /// Move one pending task to a new due time (exit 3 if in flight, 4 if not pending).
+    Reschedule(by_id::RescheduleArgs),
+    /// Page through pending tasks in due order.
+    List(by_id::ListArgs),
     /// Look at and act on dead members.
     Dead {
         #[command(subcommand)]
@@ -117,6 +108,15 @@ impl Failure {
             message: message.into(),
         }
     }
+
+    /// An outcome the command has already reported, told by its exit code
+    /// alone (e.g. 3: the task is in flight).
+    pub fn status(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
+        }
+    }
 }
 
 impl From<config::ConfigError> for Failure {
@@ -146,7 +146,9 @@ pub fn main(cli: Cli) -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("delayd: error: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("delayd: error: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }
@@ -165,13 +167,11 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         }
         Command::Check(c) => check(&config::load(&c.config)?).await,
         Command::Inspect { config: c, json } => inspect(&config::load(&c.config)?, json).await,
-        Command::Schedule {
-            config: c,
-            business,
-            in_,
-            at,
-            body,
-        } => schedule(&config::load(&c.config)?, &business, in_, at, body).await,
+        Command::Schedule(a) => by_id::schedule(a).await,
+        Command::Get(a) => by_id::get(a).await,
+        Command::Cancel(a) => by_id::cancel(a).await,
+        Command::Reschedule(a) => by_id::reschedule(a).await,
+        Command::List(a) => by_id::list(a).await,
         Command::Dead { action } => dead(action).await,
         Command::Bench(args) => crate::bench::run(args).await,
     }
@@ -428,66 +428,6 @@ fn parse_at(s: &str) -> Result<i64, Failure> {
                 "--at \"{s}\": {e}; give RFC 3339 (2026-01-02T03:04:05Z) or epoch milliseconds"
             ))
         })
-}
-
-async fn schedule(
-    cfg: &Config,
-    business: &str,
-    in_: Option<String>,
-    at: Option<String>,
-    body: Option<String>,
-) -> Result<(), Failure> {
-    let b = cfg.business(business).map_err(Failure::usage)?;
-    let delay = match &in_ {
-        Some(d) => Some(humantime::parse_duration(d.trim()).map_err(|e| {
-            Failure::usage(format!("--in \"{d}\": {e}; write e.g. 250ms, 30s or 5m"))
-        })?),
-        None => None,
-    };
-    let at_ms = at.as_deref().map(parse_at).transpose()?;
-    let body = match body {
-        Some(b) => b.into_bytes(),
-        None => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Failure::runtime(format!("reading the body from stdin: {e}")))?;
-            buf
-        }
-    };
-    let mut conn = redis_conn(cfg).await?;
-    // Due times are on Redis's clock, the same one the claim script reads.
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| Failure::runtime(format!("redis: {e}")))?;
-    let now_ms = secs * 1000 + micros / 1000;
-    let due_ms = match (delay, at_ms) {
-        (Some(d), _) => now_ms + d.as_millis() as i64,
-        (None, Some(a)) => a,
-        (None, None) => now_ms,
-    };
-    let keys = b.keys();
-    let key = if keys.len() == 1 {
-        keys[0].clone()
-    } else {
-        let shard = xxhash_rust::xxh3::xxh3_64(&body) % keys.len() as u64;
-        keys[shard as usize].clone()
-    };
-    let score = due_ms as f64 / b.score_unit.millis() as f64;
-    let _: i64 = redis::cmd("ZADD")
-        .arg(&key)
-        .arg(score)
-        .arg(&body)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| Failure::runtime(format!("business \"{business}\": ZADD {key}: {e}")))?;
-    println!(
-        "scheduled {} bytes on {key}, due in {} (epoch ms {due_ms})",
-        body.len(),
-        human_ms(Some((due_ms - now_ms).max(0)))
-    );
-    Ok(())
 }
 
 /// Shows bytes as text where printable, `\xNN` where not.

@@ -11,6 +11,8 @@
 //! - [`scanner`]: one claim → publish → settle loop;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
+//! - [`tasks`]: one task addressed by its member (id or body): look up,
+//!   cancel, reschedule, list;
 //! - [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...);
 //! - [`bench`]: `delayd bench`, measured against the raw broker ceiling.
 
@@ -21,5 +23,6 @@ pub mod config;
 pub mod scanner;
 pub mod store;
 pub mod supervisor;
+pub mod tasks;
 pub mod telemetry;
 pub mod tls;

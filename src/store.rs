@@ -189,7 +189,14 @@ pub struct Stats {
     pub in_flight: u64,
     /// Dead members.
     pub dead: u64,
+    /// Pending members due within each of [`FORECAST_WINDOWS`] from now,
+    /// overdue ones included: what is coming, before it comes.
+    pub due_within: [u64; 3],
 }
+
+/// The windows of the `delayd_pending_due_within` forecast: label, ms.
+pub const FORECAST_WINDOWS: [(&str, u64); 3] =
+    [("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000)];
 
 /// One dead member as `dead list` shows it.
 #[derive(Debug, Clone)]
@@ -470,33 +477,20 @@ impl Store {
         }
     }
 
-    /// A consistent snapshot of pending, due, in-flight and dead counts.
+    /// A consistent snapshot of pending, due, in-flight and dead counts,
+    /// and the forecast of what comes due soon.
     pub async fn stats(&self) -> Result<Stats, StoreError> {
         let mut conn = self.conn.clone();
-        let (now, pending, due_now, oldest, next, in_flight, dead): (
-            String,
-            u64,
-            u64,
-            String,
-            String,
-            u64,
-            u64,
-        ) = STATS
-            .key(&self.keys.pending)
+        let mut inv = STATS.prepare_invoke();
+        inv.key(&self.keys.pending)
             .key(&self.keys.inflight)
             .key(&self.keys.dead)
-            .arg(self.unit.millis())
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(Stats {
-            now_ms: now.parse().map_err(|_| StoreError::Reply(now.clone()))?,
-            pending,
-            due_now,
-            oldest_due_ms: oldest.parse().ok(),
-            next_due_ms: next.parse().ok(),
-            in_flight,
-            dead,
-        })
+            .arg(self.unit.millis());
+        for (_, ms) in FORECAST_WINDOWS {
+            inv.arg(ms);
+        }
+        let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+        parse_stats(reply)
     }
 
     /// The oldest `limit` dead members and Redis's clock.
@@ -580,6 +574,35 @@ fn bytes_of(v: &redis::Value) -> Result<Vec<u8>, StoreError> {
             "expected a string, got {other:?}"
         ))),
     }
+}
+
+fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
+    let text = |v: Option<redis::Value>| -> Result<String, StoreError> {
+        let v = v.ok_or_else(|| StoreError::Reply("stats reply too short".into()))?;
+        Ok(String::from_utf8_lossy(&bytes_of(&v)?).into_owned())
+    };
+    let mut it = reply.into_iter();
+    let now = text(it.next())?;
+    let pending = int_of(it.next())? as u64;
+    let due_now = int_of(it.next())? as u64;
+    let oldest = text(it.next())?;
+    let next = text(it.next())?;
+    let in_flight = int_of(it.next())? as u64;
+    let dead = int_of(it.next())? as u64;
+    let mut due_within = [0; 3];
+    for slot in &mut due_within {
+        *slot = int_of(it.next())? as u64;
+    }
+    Ok(Stats {
+        now_ms: now.parse().map_err(|_| StoreError::Reply(now.clone()))?,
+        pending,
+        due_now,
+        oldest_due_ms: oldest.parse().ok(),
+        next_due_ms: next.parse().ok(),
+        in_flight,
+        dead,
+        due_within,
+    })
 }
 
 fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {

@@ -66,6 +66,8 @@ pub struct Metrics {
     pub dead: IntGaugeVec,
     /// Age of the oldest overdue member (read on scrape).
     pub oldest_overdue: prometheus::GaugeVec,
+    /// Pending members due within a window from now (read on scrape).
+    pub pending_due_within: IntGaugeVec,
     /// Due time to broker confirm.
     pub lateness: HistogramVec,
     /// 1 while connected, per server.
@@ -186,6 +188,12 @@ impl Metrics {
             ),
             dead: gauge(&r, "delayd_dead", "Dead members", b),
             oldest_overdue,
+            pending_due_within: gauge(
+                &r,
+                "delayd_pending_due_within",
+                "Pending members due within the window from now, overdue ones included",
+                &["business", "window"],
+            ),
             lateness,
             connection_up: gauge(&r, "delayd_connection_up", "1 while connected", &["server"]),
             amqp_blocked,
@@ -404,6 +412,7 @@ async fn metrics_handler(
     {
         let _guard = state.scrape.lock().await;
         let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
+        let mut forecast: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
         for (business, store) in &state.stores {
             let stats = tokio::time::timeout(Duration::from_secs(2), store.stats()).await;
             if let Ok(Ok(s)) = stats {
@@ -414,6 +423,10 @@ async fn metrics_handler(
                 if let Some(oldest) = s.oldest_due_ms {
                     t.3 = t.3.max((s.now_ms as f64 - oldest) / 1000.0);
                 }
+                let f = forecast.entry(business.as_str()).or_default();
+                for (sum, n) in f.iter_mut().zip(s.due_within) {
+                    *sum += n as i64;
+                }
             }
         }
         for (business, (p, i, d, o)) in totals {
@@ -421,6 +434,14 @@ async fn metrics_handler(
             METRICS.inflight.with_label_values(&[business]).set(i);
             METRICS.dead.with_label_values(&[business]).set(d);
             METRICS.oldest_overdue.with_label_values(&[business]).set(o);
+        }
+        for (business, counts) in forecast {
+            for ((window, _), n) in crate::store::FORECAST_WINDOWS.iter().zip(counts) {
+                METRICS
+                    .pending_due_within
+                    .with_label_values(&[business, window])
+                    .set(n);
+            }
         }
     }
     (

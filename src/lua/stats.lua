@@ -1,8 +1,10 @@
 -- stats.lua: one consistent look at a key family, for inspect and metrics.
 -- KEYS[1] pending ZSET K, KEYS[2] in-flight ZSET, KEYS[3] dead ZSET
--- ARGV[1] ms per score unit
+-- ARGV[1] ms per score unit, ARGV[2..] forecast windows, ms
 -- Returns {now_ms, pending, due_now, oldest_due_ms or '', next_future_due_ms or '',
---          in_flight, dead}; times are strings so nothing is truncated.
+--          in_flight, dead, due_within_1, due_within_2, ...}; times are
+--          strings so nothing is truncated. due_within_i counts the pending
+--          members due by now + window i, overdue ones included.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local unit = tonumber(ARGV[1])
@@ -18,5 +20,10 @@ local fut = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. nowu, '+inf', 'WITHSCORE
 if #fut > 0 then
   nxt = string.format('%.17g', tonumber(fut[2]) * unit)
 end
-return {tostring(now), pending, due_now, oldest, nxt, redis.call('ZCARD', KEYS[2]),
+local out = {tostring(now), pending, due_now, oldest, nxt, redis.call('ZCARD', KEYS[2]),
   redis.call('ZCARD', KEYS[3])}
+for i = 2, #ARGV do
+  out[#out + 1] = redis.call('ZCOUNT', KEYS[1], '-inf',
+    string.format('%.17g', (now + tonumber(ARGV[i])) / unit))
+end
+return out

@@ -1,0 +1,466 @@
+//! Scheduled work addressed by its member: schedule, look up, cancel,
+//! reschedule and list one task at O(log N), for the commands.
+//!
+//! The member is the task id in id mode (`member = "id"`, body in `{K}:body`)
+//! and the body itself in body mode; [`MemberMode`] is consulted here, once,
+//! for where the body lives. Every call is generic over the connection, so
+//! it works over whatever Redis connection the caller holds.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::Script;
+
+use crate::config::{Business, MemberMode, ScoreUnit};
+use crate::store::{KeyFamily, StoreError};
+
+static CANCEL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/cancel.lua")));
+static LIST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/list.lua")));
+
+/// Where a task is, as `delayd get` reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum TaskState {
+    /// Waiting in `K` for its due time.
+    Pending {
+        /// Due time, epoch ms.
+        due_ms: i64,
+    },
+    /// Claimed; a publish is under way or awaiting the broker's confirm.
+    InFlight {
+        /// When its lease ends, epoch ms.
+        lease_deadline_ms: i64,
+        /// Due time of a pending copy re-added meanwhile, epoch ms.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pending_due_ms: Option<i64>,
+    },
+    /// Given up after its attempts, or refused for good.
+    Dead {
+        /// When it died, epoch ms.
+        died_ms: i64,
+        /// Why, as `dead list` shows it.
+        reason: String,
+        /// Publish attempts made, when the reason records them.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        attempts: Option<u32>,
+    },
+    /// Not pending, in flight or dead: delivered, cancelled or never scheduled.
+    NotFound,
+}
+
+/// One task looked up.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Lookup {
+    /// The key (shard) it was found on, or the one it would be on.
+    pub key: String,
+    /// Where it is.
+    #[serde(flatten)]
+    pub state: TaskState,
+    /// Its body in id mode, while one is stored.
+    #[serde(skip)]
+    pub body: Option<Vec<u8>>,
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cancelled {
+    /// Removed while pending: it will not be delivered.
+    Cancelled,
+    /// Claimed already: the delivery under way goes ahead.
+    InFlight,
+    /// In the dead set; `delayd dead purge` removes dead tasks.
+    Dead,
+    /// Nothing pending under this member.
+    NotFound,
+}
+
+/// One pending task on a page of `delayd list`.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// The member: the id in id mode, the body in body mode.
+    pub member: Vec<u8>,
+    /// The score as Redis printed it (exact, for the cursor).
+    pub score: String,
+    /// Due time, epoch ms.
+    pub due_ms: i64,
+}
+
+/// One page of `delayd list`.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// Tasks in due order.
+    pub tasks: Vec<Listed>,
+    /// Pass to the next call to continue after this page; `None` at the end.
+    pub cursor: Option<String>,
+}
+
+/// The shard key a producer-side hash puts `member` on: XXH3-64 of the
+/// member modulo the shard count, as `delayd schedule` uses.
+pub fn shard_of<'a>(keys: &'a [String], member: &[u8]) -> &'a str {
+    if keys.len() == 1 {
+        return &keys[0];
+    }
+    let i = xxhash_rust::xxh3::xxh3_64(member) % keys.len() as u64;
+    &keys[i as usize]
+}
+
+/// The keys to look in for `member`: its hash shard first, then the others,
+/// since producers may spread ids with a hash of their own.
+fn search_order(keys: &[String], member: &[u8]) -> Vec<String> {
+    let first = shard_of(keys, member).to_string();
+    let mut out = vec![first.clone()];
+    out.extend(keys.iter().filter(|k| **k != first).cloned());
+    out
+}
+
+fn to_ms(score: f64, unit: ScoreUnit) -> i64 {
+    let ms = score * unit.millis() as f64;
+    ms.clamp(i64::MIN as f64, i64::MAX as f64) as i64
+}
+
+/// A due time in epoch ms as the score a business's producers write.
+pub fn score_of(due_ms: i64, unit: ScoreUnit) -> f64 {
+    due_ms as f64 / unit.millis() as f64
+}
+
+/// Redis's clock, epoch ms: the clock due times are compared against.
+pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> Result<i64, StoreError> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Schedules `member` due at `due_ms`; in id mode `body` is stored beside it
+/// in the same `MULTI`, so no claim ever sees the id without its body.
+/// Returns the key written.
+pub async fn schedule<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    member: &[u8],
+    body: Option<&[u8]>,
+    due_ms: i64,
+) -> Result<String, StoreError> {
+    let keys = business.keys();
+    let key = shard_of(&keys, member).to_string();
+    let fam = KeyFamily::new(&key);
+    let score = score_of(due_ms, business.score_unit);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    if let (MemberMode::Id { .. }, Some(body)) = (business.member, body) {
+        pipe.hset(&fam.body, member, body).ignore();
+    }
+    pipe.zadd(&key, member, score).ignore();
+    pipe.query_async::<()>(conn).await?;
+    Ok(key)
+}
+
+/// Where `member` is, looking in every shard (its hash shard first).
+pub async fn get<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    member: &[u8],
+) -> Result<Lookup, StoreError> {
+    let keys = business.keys();
+    let order = search_order(&keys, member);
+    for key in &order {
+        let found = get_in(conn, business, key, member).await?;
+        if found.state != TaskState::NotFound {
+            return Ok(found);
+        }
+    }
+    Ok(Lookup {
+        key: order[0].clone(),
+        state: TaskState::NotFound,
+        body: None,
+    })
+}
+
+type Snapshot = (
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<String>,
+    Option<Vec<u8>>,
+);
+
+async fn get_in<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    key: &str,
+    member: &[u8],
+) -> Result<Lookup, StoreError> {
+    let fam = KeyFamily::new(key);
+    // One transaction: a claim cannot run between the reads.
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .zscore(&fam.pending, member)
+        .zscore(&fam.inflight, member)
+        .zscore(&fam.dead, member)
+        .hget(&fam.reasons, member);
+    if business.member.is_id() {
+        pipe.hget(&fam.body, member);
+    }
+    let (pending, in_flight, dead, reason, body): Snapshot = if business.member.is_id() {
+        pipe.query_async(conn).await?
+    } else {
+        let (p, i, d, r): (Option<f64>, Option<f64>, Option<f64>, Option<String>) =
+            pipe.query_async(conn).await?;
+        (p, i, d, r, None)
+    };
+    let unit = business.score_unit;
+    let state = match (in_flight, pending, dead) {
+        (Some(lease), p, _) => TaskState::InFlight {
+            lease_deadline_ms: lease as i64,
+            pending_due_ms: p.map(|s| to_ms(s, unit)),
+        },
+        (None, Some(p), _) => TaskState::Pending {
+            due_ms: to_ms(p, unit),
+        },
+        (None, None, Some(died)) => {
+            let reason = reason.unwrap_or_default();
+            TaskState::Dead {
+                died_ms: died as i64,
+                attempts: attempts_in(&reason),
+                reason,
+            }
+        }
+        (None, None, None) => TaskState::NotFound,
+    };
+    Ok(Lookup {
+        key: key.to_string(),
+        state,
+        body,
+    })
+}
+
+/// The attempt count a dead reason ends with ("... after 5 attempts").
+fn attempts_in(reason: &str) -> Option<u32> {
+    let rest = reason.rsplit_once(" after ")?.1;
+    rest.strip_suffix(" attempts")
+        .or_else(|| rest.strip_suffix(" attempt"))?
+        .parse()
+        .ok()
+}
+
+/// Cancels `member` if it is pending, atomically with respect to claims.
+/// In id mode its body goes too, unless a delivery or the dead set still
+/// needs it.
+pub async fn cancel<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    member: &[u8],
+) -> Result<(String, Cancelled), StoreError> {
+    let keys = business.keys();
+    let order = search_order(&keys, member);
+    let mut seen = (order[0].clone(), Cancelled::NotFound);
+    for key in &order {
+        let fam = KeyFamily::new(key);
+        let (state, _removed): (String, i64) = CANCEL
+            .key(&fam.pending)
+            .key(&fam.inflight)
+            .key(&fam.dead)
+            .key(&fam.body)
+            .arg(member)
+            .arg(if business.member.is_id() { "1" } else { "0" })
+            .invoke_async(conn)
+            .await?;
+        let outcome = match state.as_str() {
+            "cancelled" => Cancelled::Cancelled,
+            "in_flight" => Cancelled::InFlight,
+            "dead" => Cancelled::Dead,
+            "not_found" => Cancelled::NotFound,
+            other => return Err(StoreError::Reply(format!("cancel: {other}"))),
+        };
+        if outcome != Cancelled::NotFound {
+            seen = (key.clone(), outcome);
+            if outcome != Cancelled::Dead {
+                return Ok(seen);
+            }
+        }
+    }
+    Ok(seen)
+}
+
+/// Moves a pending task to `due_ms` (`ZADD XX`): a task in flight, dead or
+/// gone is not re-added. Returns the key it moved on, or `None`.
+pub async fn reschedule<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    member: &[u8],
+    due_ms: i64,
+) -> Result<Option<String>, StoreError> {
+    let score = score_of(due_ms, business.score_unit);
+    for key in search_order(&business.keys(), member) {
+        let (_, now): (i64, Option<f64>) = redis::pipe()
+            .atomic()
+            .cmd("ZADD")
+            .arg(&key)
+            .arg("XX")
+            .arg(score)
+            .arg(member)
+            .zscore(&key, member)
+            .query_async(conn)
+            .await?;
+        if now.is_some() {
+            return Ok(Some(key));
+        }
+    }
+    Ok(None)
+}
+
+/// Bounds of a listing, epoch ms; `None` is open.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Range {
+    /// Earliest due time listed.
+    pub from_ms: Option<i64>,
+    /// Latest due time listed.
+    pub to_ms: Option<i64>,
+}
+
+/// One page of pending tasks in due order, merged over the shards.
+///
+/// The cursor is the (score, member) of the last task shown, which orders
+/// every shard alike, so each page costs O(shards × (log N + limit)).
+pub async fn list<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    range: Range,
+    limit: usize,
+    cursor: Option<&str>,
+) -> Result<Page, StoreError> {
+    let unit = business.score_unit;
+    let bound = |ms: Option<i64>, open: &str| match ms {
+        Some(ms) => format!("{}", score_of(ms, unit)),
+        None => open.to_string(),
+    };
+    let lo = bound(range.from_ms, "-inf");
+    let hi = bound(range.to_ms, "+inf");
+    let (cs, cm) = match cursor {
+        Some(c) => decode_cursor(c)?,
+        None => (String::new(), Vec::new()),
+    };
+    let limit = limit.max(1);
+    let mut all = Vec::new();
+    let mut more = false;
+    for key in business.keys() {
+        let reply: Vec<redis::Value> = LIST
+            .key(&key)
+            .arg(&lo)
+            .arg(&hi)
+            .arg(limit)
+            .arg(&cs)
+            .arg(cm.as_slice())
+            .invoke_async(conn)
+            .await?;
+        let mut it = reply.into_iter();
+        more |= matches!(it.next(), Some(redis::Value::Int(1)));
+        while let (Some(m), Some(s)) = (it.next(), it.next()) {
+            let member = bulk(m)?;
+            let score = String::from_utf8_lossy(&bulk(s)?).into_owned();
+            let due_ms = to_ms(score_num(&score), unit);
+            all.push(Listed {
+                member,
+                score,
+                due_ms,
+            });
+        }
+    }
+    // Redis's own order: score, then the member's bytes.
+    all.sort_by(|a, b| {
+        score_num(&a.score)
+            .total_cmp(&score_num(&b.score))
+            .then_with(|| a.member.cmp(&b.member))
+    });
+    if all.len() > limit {
+        all.truncate(limit);
+        more = true;
+    }
+    let cursor = if more {
+        all.last().map(|t| encode_cursor(&t.score, &t.member))
+    } else {
+        None
+    };
+    Ok(Page { tasks: all, cursor })
+}
+
+fn score_num(s: &str) -> f64 {
+    match s {
+        "inf" | "+inf" => f64::INFINITY,
+        "-inf" => f64::NEG_INFINITY,
+        _ => s.parse().unwrap_or(f64::NAN),
+    }
+}
+
+fn bulk(v: redis::Value) -> Result<Vec<u8>, StoreError> {
+    match v {
+        redis::Value::BulkString(b) => Ok(b),
+        redis::Value::SimpleString(s) => Ok(s.into_bytes()),
+        other => Err(StoreError::Reply(format!("list: {other:?}"))),
+    }
+}
+
+/// `SCORE:HEXMEMBER`: opaque to users, exact for any member bytes.
+fn encode_cursor(score: &str, member: &[u8]) -> String {
+    let hex: String = member.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{score}:{hex}")
+}
+
+fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
+    let bad = || {
+        StoreError::Reply(format!(
+            "--cursor \"{c}\" is not a cursor delayd list printed"
+        ))
+    };
+    let (score, hex) = c.split_once(':').ok_or_else(bad)?;
+    if score_num(score).is_nan() || hex.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let member = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| bad())?;
+    Ok((score.to_string(), member))
+}
+
+/// Whether `c` is a cursor `delayd list` could have printed.
+pub fn valid_cursor(c: &str) -> bool {
+    decode_cursor(c).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_any_bytes() {
+        let c = encode_cursor("1767323045000", b"id:\x00\xff");
+        assert_eq!(
+            decode_cursor(&c).unwrap(),
+            ("1767323045000".to_string(), b"id:\x00\xff".to_vec())
+        );
+        assert!(decode_cursor("nonsense").is_err());
+        assert!(decode_cursor("12:abc").is_err());
+        assert!(decode_cursor("x:00").is_err());
+        assert!(valid_cursor("-inf:"));
+    }
+
+    #[test]
+    fn dead_reasons_give_their_attempts() {
+        assert_eq!(
+            attempts_in("returned as unroutable (312 NO_ROUTE) after 5 attempts"),
+            Some(5)
+        );
+        assert_eq!(attempts_in("no body"), None);
+    }
+
+    #[test]
+    fn one_shard_is_the_key_and_many_spread_by_hash() {
+        let one = vec!["k".to_string()];
+        assert_eq!(shard_of(&one, b"a"), "k");
+        let many: Vec<String> = (0..4).map(|i| format!("k:{i}")).collect();
+        let order = search_order(&many, b"task-1");
+        assert_eq!(order.len(), 4);
+        assert_eq!(order[0], shard_of(&many, b"task-1"));
+    }
+}

@@ -1,0 +1,566 @@
+//! Tasks addressed by id (`member = "id"`), and the commands that address a
+//! task by its member in either mode: schedule, get, cancel, reschedule and
+//! list against the real Redis; the producer snippets of docs/id-mode.md run
+//! as written; the forecast gauge.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use delayd::store::KeyFamily;
+
+/// A business in id mode on a random key.
+fn id_business(name: &str, extra: &str) -> BusinessSpec {
+    let mut b = BusinessSpec::random(name);
+    b.extra = format!("member = \"id\"\n{extra}");
+    b
+}
+
+fn config(dir: &Path, businesses: &[&BusinessSpec]) -> String {
+    write_config(dir, &redis_url(), &amqp_url(), businesses)
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+async fn del_family(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+    for k in family(key).all() {
+        let _: i64 = redis::cmd("DEL").arg(k).query_async(conn).await.unwrap();
+    }
+}
+
+async fn hget(conn: &mut redis::aio::MultiplexedConnection, key: &str, f: &str) -> Option<Vec<u8>> {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(f)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn zscore(conn: &mut redis::aio::MultiplexedConnection, key: &str, m: &str) -> Option<f64> {
+    redis::cmd("ZSCORE")
+        .arg(key)
+        .arg(m)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_get_reschedule_cancel_round_trip_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = id_business("orders", "");
+    let cfg = config(dir.path(), &[&b]);
+    let fam = KeyFamily::new(&b.key);
+    let mut redis = redis().await;
+
+    let (code, out, err) = delayd(&[
+        "schedule",
+        "-c",
+        &cfg,
+        "orders",
+        "--id",
+        "o-1",
+        "--in",
+        "1h",
+        "--json",
+        "payload-1",
+    ]);
+    assert_eq!(code, 0, "schedule: {out}{err}");
+    let due = json(&out)["due_ms"].as_i64().unwrap();
+    assert_eq!(zscore(&mut redis, &b.key, "o-1").await, Some(due as f64));
+    assert_eq!(
+        hget(&mut redis, &fam.body, "o-1").await.as_deref(),
+        Some(&b"payload-1"[..])
+    );
+
+    let (code, out, err) = delayd(&["get", "-c", &cfg, "orders", "o-1", "--json"]);
+    assert_eq!(code, 0, "get: {out}{err}");
+    let v = json(&out);
+    assert_eq!(v["state"], "pending", "{out}");
+    assert_eq!(v["due_ms"], due, "{out}");
+    assert_eq!(v["body"], "payload-1", "{out}");
+    assert_eq!(v["id"], "o-1", "{out}");
+
+    let (code, out, err) = delayd(&[
+        "reschedule",
+        "-c",
+        &cfg,
+        "orders",
+        "o-1",
+        "--at-ms",
+        "4102444800000",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "reschedule: {out}{err}");
+    assert_eq!(json(&out)["result"], "rescheduled");
+    assert_eq!(
+        zscore(&mut redis, &b.key, "o-1").await,
+        Some(4102444800000.0)
+    );
+
+    let (code, out, err) = delayd(&["cancel", "-c", &cfg, "orders", "o-1", "--json"]);
+    assert_eq!(code, 0, "cancel: {out}{err}");
+    assert_eq!(json(&out)["result"], "cancelled");
+    assert_eq!(zscore(&mut redis, &b.key, "o-1").await, None);
+    assert_eq!(
+        hget(&mut redis, &fam.body, "o-1").await,
+        None,
+        "body left behind"
+    );
+
+    // Gone now: every command says so with exit code 4, and nothing comes back.
+    let (code, out, _) = delayd(&["get", "-c", &cfg, "orders", "o-1", "--json"]);
+    assert_eq!((code, json(&out)["state"].as_str()), (4, Some("not_found")));
+    let (code, out, _) = delayd(&["cancel", "-c", &cfg, "orders", "o-1", "--json"]);
+    assert_eq!(
+        (code, json(&out)["result"].as_str()),
+        (4, Some("not_found"))
+    );
+    let (code, out, _) = delayd(&[
+        "reschedule",
+        "-c",
+        &cfg,
+        "orders",
+        "o-1",
+        "--in",
+        "1s",
+        "--json",
+    ]);
+    assert_eq!(
+        (code, json(&out)["result"].as_str()),
+        (4, Some("not_found"))
+    );
+    assert_eq!(
+        zscore(&mut redis, &b.key, "o-1").await,
+        None,
+        "reschedule re-added it"
+    );
+    assert_family_empty(&mut redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_refuses_a_missing_id_in_id_mode_and_an_id_in_body_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = id_business("ids", "");
+    let bodies = BusinessSpec::random("bodies");
+    let cfg = config(dir.path(), &[&ids, &bodies]);
+    let (code, _, err) = delayd(&["schedule", "-c", &cfg, "ids", "--in", "1s", "x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"ids\"") && err.contains("--id"), "{err}");
+    let (code, _, err) = delayd(&[
+        "schedule", "-c", &cfg, "bodies", "--id", "a", "--in", "1s", "x",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("\"bodies\"") && err.contains("member = \"id\""),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_reschedule_of_an_in_flight_id_exit_3_and_leave_it_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = id_business("orders", "");
+    let cfg = config(dir.path(), &[&b]);
+    let fam = KeyFamily::new(&b.key);
+    let mut redis = redis().await;
+    let (code, out, err) = delayd(&[
+        "schedule", "-c", &cfg, "orders", "--id", "o-7", "--in", "0s", "p",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    // A real claim, by the script delayd runs, puts it in flight.
+    let client = redis::Client::open(redis_url()).unwrap();
+    let cm = client.get_connection_manager().await.unwrap();
+    let store = delayd::store::Store::new(cm, fam.clone(), delayd::config::ScoreUnit::Millis);
+    let claim = store.claim(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claim.members.len(), 1);
+
+    let (code, out, _) = delayd(&["get", "-c", &cfg, "orders", "o-7", "--json"]);
+    assert_eq!(
+        (code, json(&out)["state"].as_str()),
+        (0, Some("in_flight")),
+        "{out}"
+    );
+    let (code, out, _) = delayd(&["cancel", "-c", &cfg, "orders", "o-7"]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("in flight: delivery under way"), "{out}");
+    let (code, out, _) = delayd(&[
+        "reschedule",
+        "-c",
+        &cfg,
+        "orders",
+        "o-7",
+        "--in",
+        "1h",
+        "--json",
+    ]);
+    assert_eq!(
+        (code, json(&out)["result"].as_str()),
+        (3, Some("in_flight")),
+        "{out}"
+    );
+    assert_eq!(zcard(&mut redis, &fam.inflight).await, 1);
+    assert_eq!(
+        zcard(&mut redis, &b.key).await,
+        0,
+        "reschedule re-added an in-flight id"
+    );
+    assert_eq!(
+        hget(&mut redis, &fam.body, "o-7").await.as_deref(),
+        Some(&b"p"[..]),
+        "the delivery under way lost its body"
+    );
+    del_family(&mut redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_mode_addresses_a_task_by_its_body_across_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = BusinessSpec::random("bodies");
+    b.extra = "shards = 3".into();
+    let cfg = config(dir.path(), &[&b]);
+    let mut redis = redis().await;
+    let keys: Vec<String> = (0..3).map(|i| format!("{}:{i}", b.key)).collect();
+    // A producer's own hash may pick any shard: put one body on each by hand.
+    for (i, k) in keys.iter().enumerate() {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(k)
+            .arg(4102444800000i64 + i as i64)
+            .arg(format!("body-{i}"))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let (code, out, err) =
+            delayd(&["get", "-c", &cfg, "bodies", &format!("body-{i}"), "--json"]);
+        assert_eq!(code, 0, "{out}{err}");
+        let v = json(&out);
+        assert_eq!(
+            (v["state"].as_str(), v["key"].as_str()),
+            (Some("pending"), Some(k.as_str()))
+        );
+        assert_eq!(v["body"], format!("body-{i}"), "{out}");
+    }
+    let (code, out, _) = delayd(&[
+        "reschedule",
+        "-c",
+        &cfg,
+        "bodies",
+        "body-2",
+        "--at-ms",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(
+        (code, json(&out)["key"].as_str()),
+        (0, Some(keys[2].as_str())),
+        "{out}"
+    );
+    assert_eq!(zscore(&mut redis, &keys[2], "body-2").await, Some(5.0));
+    let (code, out, _) = delayd(&["list", "-c", &cfg, "bodies", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let v = json(&out);
+    let listed: Vec<&str> = v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["body-2", "body-0", "body-1"], "{out}");
+    let (code, _, _) = delayd(&["cancel", "-c", &cfg, "bodies", "body-1"]);
+    assert_eq!(code, 0);
+    assert_eq!(zcard(&mut redis, &keys[1]).await, 0);
+    for k in &keys {
+        del_family(&mut redis, k).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_in_due_order_within_a_range_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = id_business("orders", "");
+    b.extra.push_str("shards = 2\n");
+    let cfg = config(dir.path(), &[&b]);
+    let mut redis = redis().await;
+    // Equal due times too: the cursor must order within a score as Redis does.
+    let base = 4102444800000i64;
+    let mut want = Vec::new();
+    for i in 0..25 {
+        let due = base + (i / 3) as i64;
+        let id = format!("t{i:02}");
+        let (code, out, err) = delayd(&[
+            "schedule",
+            "-c",
+            &cfg,
+            "orders",
+            "--id",
+            &id,
+            "--at-ms",
+            &due.to_string(),
+            "b",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        if (base + 1..=base + 6).contains(&due) {
+            want.push((due, id));
+        }
+    }
+    want.sort();
+    let mut got = Vec::new();
+    let mut cursor: Option<String> = None;
+    let (from, to) = ((base + 1).to_string(), (base + 6).to_string());
+    for _ in 0..20 {
+        let mut args = vec![
+            "list", "-c", &cfg, "orders", "--limit", "4", "--from", &from, "--to", &to, "--json",
+        ];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c.as_str()]);
+        }
+        let (code, out, err) = delayd(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        let v = json(&out);
+        for t in v["tasks"].as_array().unwrap() {
+            got.push((
+                t["due_ms"].as_i64().unwrap(),
+                t["id"].as_str().unwrap().to_string(),
+            ));
+        }
+        match v["cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(got, want);
+    let (code, _, err) = delayd(&["list", "-c", &cfg, "orders", "--cursor", "garbage"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--cursor"), "{err}");
+    for i in 0..2 {
+        del_family(&mut redis, &format!("{}:{i}", b.key)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_paging_over_a_million_pending_returns_every_id_once() {
+    const N: u64 = 1_000_000;
+    let b = id_business("many", "");
+    let mut redis = redis().await;
+    // Pipelined ZADDs of 1000 members each: fast, and none of them holds
+    // the shared server for long.
+    for start in (0..N).step_by(20_000) {
+        let mut pipe = redis::pipe();
+        for chunk in (start..start + 20_000).step_by(1000) {
+            let cmd = pipe.cmd("ZADD").arg(&b.key);
+            for i in chunk..chunk + 1000 {
+                cmd.arg(4102444800000u64 + i % 1000).arg(format!("id{i}"));
+            }
+            cmd.ignore();
+        }
+        let () = pipe.query_async(&mut redis).await.unwrap();
+    }
+    assert_eq!(zcard(&mut redis, &b.key).await, N);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg =
+        delayd::config::load(&write_config(dir.path(), &redis_url(), &amqp_url(), &[&b])).unwrap();
+    let business = cfg.business("many").unwrap();
+    let mut seen = vec![false; N as usize];
+    let mut cursor: Option<String> = None;
+    let mut last: Option<(i64, Vec<u8>)> = None;
+    let mut pages = 0;
+    loop {
+        let page = delayd::tasks::list(
+            &mut redis,
+            business,
+            delayd::tasks::Range::default(),
+            10_000,
+            cursor.as_deref(),
+        )
+        .await
+        .unwrap();
+        pages += 1;
+        for t in &page.tasks {
+            let i: usize = std::str::from_utf8(&t.member[2..])
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(!seen[i], "id{i} listed twice");
+            seen[i] = true;
+            let here = (t.due_ms, t.member.clone());
+            if let Some(prev) = &last {
+                assert!(*prev < here, "out of order: {prev:?} then {here:?}");
+            }
+            last = Some(here);
+        }
+        match page.cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let missing = seen.iter().filter(|s| !**s).count();
+    assert_eq!(missing, 0, "{missing} ids never listed");
+    assert_eq!(pages, 100);
+    del_family(&mut redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forecast_gauge_counts_pending_due_within_a_minute_an_hour_and_a_day() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = id_business("orders", "");
+    let mut path = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    // Port 0: the daemon logs the port it was given.
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("listen = \"off\"", "listen = \"127.0.0.1:0\"");
+    path = dir.path().join("with-http.toml");
+    std::fs::write(&path, text).unwrap();
+    let cfg = path.to_str().unwrap();
+    let mut redis = redis().await;
+    for (id, when) in [("a", "30s"), ("b", "30m"), ("c", "12h"), ("d", "48h")] {
+        let (code, out, err) = delayd(&[
+            "schedule", "-c", cfg, "orders", "--id", id, "--in", when, "x",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    let daemon = Daemon::start(&path);
+    let mut port = None;
+    for _ in 0..400 {
+        let log = std::fs::read_to_string(&daemon.log).unwrap_or_default();
+        port = log
+            .split("listen=127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse::<u16>().ok());
+        if port.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let port = port.expect("the daemon never said where it serves /metrics");
+    let body = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    for (window, n) in [("1m", 1), ("1h", 2), ("1d", 3)] {
+        let line =
+            format!("delayd_pending_due_within{{business=\"orders\",window=\"{window}\"}} {n}");
+        assert!(body.contains(&line), "no `{line}` in:\n{body}");
+    }
+    drop(daemon);
+    del_family(&mut redis, &b.key).await;
+}
+
+/// The fenced block of `lang` in docs/id-mode.md (there is exactly one).
+fn doc_block(lang: &str) -> String {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/id-mode.md")).unwrap();
+    let open = format!("```{lang}\n");
+    let blocks: Vec<&str> = doc.split(&open).skip(1).collect();
+    assert_eq!(
+        blocks.len(),
+        1,
+        "docs/id-mode.md must have one ```{lang} block"
+    );
+    blocks[0].split("\n```").next().unwrap().to_string()
+}
+
+/// `deploy/local/clients.sh WHAT`: installs the client library if needed.
+fn client(what: &str) -> String {
+    let out = std::process::Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/local/clients.sh"
+        ))
+        .arg(what)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "clients.sh {what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Runs a snippet against a fresh key and checks what the docs say it does:
+/// order-42 pending 60 s out with its body, order-43 cancelled with no body.
+async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file);
+    std::fs::write(&path, code).unwrap();
+    let key = unique("test:snippet");
+    let fam = KeyFamily::new(&key);
+    let mut redis = redis().await;
+    let before = redis_now_ms(&mut redis).await;
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg(&path)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("REDIS_URL", redis_url())
+        .env("DELAYD_KEY", &key);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{file} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = redis_now_ms(&mut redis).await;
+    let due = zscore(&mut redis, &key, "order-42")
+        .await
+        .expect("order-42 not pending") as i64;
+    assert!(
+        (before + 55_000..=after + 65_000).contains(&due),
+        "order-42 due {due}, not ~60 s after {before}"
+    );
+    let body = hget(&mut redis, &fam.body, "order-42")
+        .await
+        .expect("order-42 has no body");
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["order"], 42);
+    assert_eq!(
+        zscore(&mut redis, &key, "order-43").await,
+        None,
+        "order-43 not cancelled"
+    );
+    assert_eq!(
+        hget(&mut redis, &fam.body, "order-43").await,
+        None,
+        "order-43's body left"
+    );
+    del_family(&mut redis, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_snippet_in_the_docs_schedules_reschedules_and_cancels_atomically() {
+    let python = client("python");
+    check_snippet(&python, &[], "snippet.py", doc_block("python")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_snippet_in_the_docs_schedules_reschedules_and_cancels_atomically() {
+    let node_path = client("node");
+    check_snippet(
+        "node",
+        &[("NODE_PATH", node_path)],
+        "snippet.js",
+        doc_block("js"),
+    )
+    .await;
+}
