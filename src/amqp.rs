@@ -265,6 +265,16 @@ pub fn message_id(key: &str, member: &[u8], due_ms: i64) -> String {
     format!("{:032x}", h.digest128())
 }
 
+/// The `message_id` of a claimed member's message: per (key, body, due
+/// time) in body mode; per (business, id) in id mode, so consumers can
+/// de-duplicate an id across reschedules, retries and redeliveries.
+pub fn claimed_message_id(business: &Business, key: &str, claimed: &Claimed) -> String {
+    match claimed.body {
+        Some(_) => message_id(&business.name, &claimed.member, 0),
+        None => message_id(key, &claimed.member, claimed.due_ms),
+    }
+}
+
 /// The properties of one claimed member's message, as design.md defines
 /// them: persistent unless configured otherwise, a stable `message_id`, the
 /// claim time and the `x-delayd-*` headers, less what `properties` leaves out.
@@ -277,10 +287,8 @@ pub fn properties(
     let mut props = BasicProperties::default();
     if business.properties != Properties::Bare {
         props = props
-            .with_message_id(ShortString::from(message_id(
-                key,
-                &claimed.member,
-                claimed.due_ms,
+            .with_message_id(ShortString::from(claimed_message_id(
+                business, key, claimed,
             )))
             .with_timestamp((now_ms.max(0) / 1000) as u64);
     }
@@ -327,7 +335,7 @@ pub async fn publish(
                 mandatory: true,
                 immediate: false,
             },
-            &claimed.member,
+            claimed.body(),
             props,
         )
         .await

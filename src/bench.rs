@@ -670,6 +670,7 @@ async fn raw_publish(
                             member: body.clone(),
                             due_ms: wall_ms_f() as i64,
                             attempt: 1,
+                            body: None,
                         };
                         crate::amqp::properties(b, &key, &claimed, claimed.due_ms)
                     }

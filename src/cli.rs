@@ -207,7 +207,7 @@ async fn redis_conn(cfg: &Config) -> Result<redis::aio::ConnectionManager, Failu
 fn stores(conn: &redis::aio::ConnectionManager, b: &Business) -> Vec<Store> {
     b.keys()
         .iter()
-        .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit))
+        .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit).with_member(b.member))
         .collect()
 }
 

@@ -281,8 +281,29 @@ async fn scan(
                 "recovered members whose lease expired (a dispatcher died or stalled); they will be published again"
             );
         }
+        if claim.dead_no_body > 0 {
+            METRICS
+                .dead_lettered
+                .with_label_values(&[&b.name, "no body"])
+                .inc_by(claim.dead_no_body);
+            tracing::error!(
+                dead = claim.dead_no_body,
+                reason = "no body",
+                "ids came due with no body in the body hash; moved to the dead set unpublished (schedule body and id in one MULTI)"
+            );
+        }
+        if claim.deduplicated > 0 {
+            METRICS
+                .deduplicated
+                .with_label_values(&[&b.name])
+                .inc_by(claim.deduplicated);
+        }
         let got = claim.members.len();
         window.add_permits(want - got);
+        if got == 0 && claim.dead_no_body + claim.deduplicated > 0 {
+            // The whole batch was dropped, and more may be due behind it.
+            continue;
+        }
         if got == 0 {
             idle(lane, index, &claim, claimed_at, stop).await;
             continue;
@@ -647,9 +668,9 @@ fn settle_confirms(
         let id = ret.properties.message_id().as_ref().map(|s| s.as_str());
         let key = &lane.store.keys().pending;
         let is_it = |h: &Holding| {
-            h.claimed.member == ret.delivery.data
+            h.claimed.body() == ret.delivery.data.as_slice()
                 && id.is_none_or(|id| {
-                    id == amqp::message_id(key, &h.claimed.member, h.claimed.due_ms)
+                    id == amqp::claimed_message_id(&lane.business, key, &h.claimed)
                 })
         };
         // Every member the return can belong to is taken as returned: a
@@ -700,7 +721,7 @@ fn error_outcome(lane: &Lane, e: &lapin::Error, h: &Holding, batch: &Batch) -> O
         // wedging the scanner; the others go back untouched.
         Some(reason) => match max_message_size(&reason) {
             // The error names the limit: blame exactly what exceeds it.
-            Some(max) if h.claimed.member.len() > max => Outcome::Rejected(reason),
+            Some(max) if h.claimed.body().len() > max => Outcome::Rejected(reason),
             Some(_) => Outcome::Release,
             // Otherwise one member per batch, so a message the broker
             // keeps refusing still runs out of attempts.
@@ -1110,11 +1131,19 @@ pub fn sweep_interval(lease: Duration) -> Duration {
     lease.clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
+/// Id mode: the longest a pass over a key's body hash takes, and so about
+/// how long an orphaned body (a producer's bare `ZREM` cancel) can outlive
+/// its id. Each sweep looks at the share of the hash that keeps a pass
+/// within this, at least 2000 fields: the cost is spread evenly, whatever
+/// the size, and never falls on a claim.
+pub const BODY_PASS: Duration = Duration::from_secs(600);
+
 /// Sweeps one key every [`sweep_interval`] until `stop`: cancelled members'
-/// retry state and claim records whose settle write was lost. An idle key
-/// costs one cheap script call per interval.
+/// retry state, claim records whose settle write was lost and, in id mode,
+/// orphaned bodies. An idle key costs one cheap script call per interval.
 pub async fn sweep(lane: Arc<Lane>, stop: CancellationToken) {
     let every = sweep_interval(lane.business.lease);
+    let (mut body_cursor, mut body_len) = ("0".to_string(), 0u64);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -1130,6 +1159,22 @@ pub async fn sweep(lane: Arc<Lane>, stop: CancellationToken) {
             ),
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "sweep failed; trying again next interval"),
+        }
+        let share = (body_len as u128 * every.as_millis() / BODY_PASS.as_millis()) as u64;
+        match lane.store.sweep_bodies(&body_cursor, share.max(2000)).await {
+            Ok((next, deleted, len)) => {
+                if deleted > 0 {
+                    tracing::debug!(
+                        business = %lane.business.name,
+                        key = %lane.store.keys().pending,
+                        orphan_bodies = deleted,
+                        "swept bodies whose id was cancelled"
+                    );
+                }
+                body_cursor = next;
+                body_len = len;
+            }
+            Err(e) => tracing::debug!(error = %e, "body sweep failed; trying again next interval"),
         }
     }
 }

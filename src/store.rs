@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-use crate::config::ScoreUnit;
+use crate::config::{MemberMode, ScoreUnit};
 
 /// A Redis failure, as seen by a scanner or a command.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +126,8 @@ static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ac
 static RETRY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/retry.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/extend.lua")));
 static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/sweep.lua")));
+static SWEEP_BODY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/sweep_body.lua")));
 static STATS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/stats.lua")));
 static DEAD_LIST: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/dead_list.lua")));
@@ -143,12 +145,22 @@ const CALL_BYTES: usize = 8 << 20;
 /// One claimed member.
 #[derive(Debug, Clone)]
 pub struct Claimed {
-    /// The body, byte for byte.
+    /// The member: the body in body mode, the task id in id mode.
     pub member: Vec<u8>,
     /// Original due time, epoch ms.
     pub due_ms: i64,
     /// Which attempt this publish is (1 for the first).
     pub attempt: u32,
+    /// Id mode: the body read beside the id in the claim call.
+    pub body: Option<Vec<u8>>,
+}
+
+impl Claimed {
+    /// The bytes to publish: the body kept beside the id in id mode, the
+    /// member itself in body mode.
+    pub fn body(&self) -> &[u8] {
+        self.body.as_deref().unwrap_or(&self.member)
+    }
 }
 
 /// What one claim call found.
@@ -168,6 +180,12 @@ pub struct Claim {
     /// The claim's tag: every settle write names it, and acts only on
     /// members this claim still holds.
     pub tag: u16,
+    /// Id mode: members dead-lettered by the claim because no body was
+    /// stored for them (reason `no body`).
+    pub dead_no_body: u64,
+    /// Id mode: members dropped because they were delivered within the
+    /// `dedup_window`.
+    pub deduplicated: u64,
     /// The members now leased to the caller.
     pub members: Vec<Claimed>,
 }
@@ -307,12 +325,36 @@ pub struct Store {
     conn: ConnectionManager,
     keys: KeyFamily,
     unit: ScoreUnit,
+    member: MemberMode,
 }
 
 impl Store {
     /// A store for `keys` over a shared, self-reconnecting connection.
     pub fn new(conn: ConnectionManager, keys: KeyFamily, unit: ScoreUnit) -> Self {
-        Self { conn, keys, unit }
+        Self {
+            conn,
+            keys,
+            unit,
+            member: MemberMode::Body,
+        }
+    }
+
+    /// The same store for a business whose members are `member` (body
+    /// mode unless set): the claim and ack scripts consult it.
+    pub fn with_member(mut self, member: MemberMode) -> Self {
+        self.member = member;
+        self
+    }
+
+    /// `'1'` in id mode, and the dedup window in ms (0 for none), as the
+    /// scripts take them.
+    fn mode_args(&self) -> (&'static str, u64) {
+        (
+            if self.member.is_id() { "1" } else { "0" },
+            self.member
+                .dedup_window()
+                .map_or(0, |w| w.as_millis().min(u64::MAX as u128) as u64),
+        )
     }
 
     /// The key family this store works on.
@@ -328,14 +370,20 @@ impl Store {
             .key(&self.keys.inflight)
             .key(&self.keys.meta)
             .key(&self.keys.claims)
+            .key(&self.keys.body)
+            .key(&self.keys.delivered)
+            .key(&self.keys.dead)
+            .key(&self.keys.reasons)
             .arg(limit)
             .arg(lease.as_millis() as u64)
             .arg(self.unit.millis())
             .arg(limit.clamp(100, 1000))
             .arg(rand::random_range(1..1024u16))
+            .arg(self.mode_args().0)
+            .arg(self.mode_args().1)
             .invoke_async(&mut conn)
             .await?;
-        parse_claim(reply)
+        parse_claim(reply, self.member.is_id())
     }
 
     /// Forgets members the broker confirmed, and, in the same atomic step,
@@ -357,6 +405,11 @@ impl Store {
             inv.key(&self.keys.inflight)
                 .key(&self.keys.meta)
                 .key(&self.keys.claims)
+                .key(&self.keys.pending)
+                .key(&self.keys.body)
+                .key(&self.keys.delivered)
+                .arg(self.mode_args().0)
+                .arg(self.mode_args().1)
                 .arg(records.len());
             for r in records {
                 inv.arg(r.as_str());
@@ -477,6 +530,42 @@ impl Store {
         }
     }
 
+    /// Id mode: one stretch of a pass over `{K}:body` from `cursor`,
+    /// deleting bodies whose id is not pending, in flight or dead (a bare
+    /// `ZREM` cancel leaves them). Looks at about `budget` fields, a few
+    /// hundred per call, so a pass is spread over several sweeps. Returns
+    /// the cursor to continue from (`"0"`: the pass is done), the bodies
+    /// deleted and the hash's length.
+    pub async fn sweep_bodies(
+        &self,
+        cursor: &str,
+        budget: u64,
+    ) -> Result<(String, u64, u64), StoreError> {
+        if !self.member.is_id() {
+            return Ok(("0".into(), 0, 0));
+        }
+        let mut conn = self.conn.clone();
+        let mut cursor = cursor.to_string();
+        let (mut deleted, mut looked) = (0, 0);
+        loop {
+            let (next, n, len): (String, u64, u64) = SWEEP_BODY
+                .key(&self.keys.pending)
+                .key(&self.keys.inflight)
+                .key(&self.keys.dead)
+                .key(&self.keys.body)
+                .arg(&cursor)
+                .arg(500)
+                .invoke_async(&mut conn)
+                .await?;
+            deleted += n;
+            looked += 500;
+            if next == "0" || looked >= budget {
+                return Ok((next, deleted, len));
+            }
+            cursor = next;
+        }
+    }
+
     /// A consistent snapshot of pending, due, in-flight and dead counts,
     /// and the forecast of what comes due soon.
     pub async fn stats(&self) -> Result<Stats, StoreError> {
@@ -541,6 +630,9 @@ impl Store {
         Ok(DEAD_PURGE
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
+            .key(&self.keys.pending)
+            .key(&self.keys.inflight)
+            .key(&self.keys.body)
             .arg(limit)
             .invoke_async(&mut conn)
             .await?)
@@ -605,7 +697,7 @@ fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
     })
 }
 
-fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
+fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreError> {
     let mut it = reply.into_iter();
     let now_ms = int_of(it.next())?;
     let next = int_of(it.next())?;
@@ -620,6 +712,8 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
         .ok()
         .filter(|t| (1..1024).contains(t))
         .ok_or_else(|| StoreError::Reply(format!("claim tag {tag}")))?;
+    let dead_no_body = int_of(it.next())? as u64;
+    let deduplicated = int_of(it.next())? as u64;
     let rest: Vec<redis::Value> = it.collect();
     let mut members = Vec::with_capacity(rest.len() / 3);
     let mut rest = rest.into_iter();
@@ -630,10 +724,19 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
         };
         let due_ms = int_of(rest.next())?;
         let attempt = int_of(rest.next())?.clamp(1, u32::MAX as i64) as u32;
+        let body = if id_mode {
+            match rest.next() {
+                Some(redis::Value::BulkString(b)) => Some(b),
+                other => return Err(StoreError::Reply(format!("body {other:?}"))),
+            }
+        } else {
+            None
+        };
         members.push(Claimed {
             member,
             due_ms,
             attempt,
+            body,
         });
     }
     Ok(Claim {
@@ -642,6 +745,8 @@ fn parse_claim(reply: Vec<redis::Value>) -> Result<Claim, StoreError> {
         recovered,
         record,
         tag,
+        dead_no_body,
+        deduplicated,
         members,
     })
 }
@@ -659,6 +764,8 @@ mod tests {
             Int(0),
             BulkString(b"1000:7".to_vec()),
             Int(7),
+            Int(0),
+            Int(0),
             BulkString(b"a".to_vec()),
             BulkString(b"1790000000000".to_vec()),
             Int(1),
@@ -666,7 +773,7 @@ mod tests {
             Int(5),
             Int(2),
         ];
-        let c = parse_claim(reply).unwrap();
+        let c = parse_claim(reply, false).unwrap();
         assert_eq!(c.members.len(), 2);
         assert_eq!(c.record.as_deref(), Some("1000:7"));
         assert_eq!(c.tag, 7);
@@ -679,11 +786,13 @@ mod tests {
             Int(0),
             BulkString(Vec::new()),
             Int(3),
+            Int(0),
+            Int(0),
             BulkString(b"a".to_vec()),
             BulkString(b"1.5e3".to_vec()),
             Int(1),
         ];
-        assert!(parse_claim(bad).is_err());
+        assert!(parse_claim(bad, false).is_err());
     }
 
     #[test]
@@ -721,6 +830,28 @@ mod tests {
             .map(|(_, ms)| ms.len())
             .sum();
         assert_eq!(total, 3000);
+    }
+
+    #[test]
+    fn id_mode_claim_replies_carry_each_body_and_the_dropped_counts() {
+        use redis::Value::{BulkString, Int};
+        let reply = vec![
+            Int(1000),
+            Int(-1),
+            Int(0),
+            BulkString(b"1000:7".to_vec()),
+            Int(7),
+            Int(2),
+            Int(3),
+            BulkString(b"id-1".to_vec()),
+            Int(900),
+            Int(1),
+            BulkString(b"body-1".to_vec()),
+        ];
+        let c = parse_claim(reply, true).unwrap();
+        assert_eq!((c.dead_no_body, c.deduplicated), (2, 3));
+        assert_eq!(c.members[0].member, b"id-1");
+        assert_eq!(c.members[0].body(), b"body-1");
     }
 
     #[test]

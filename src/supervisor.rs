@@ -131,7 +131,8 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         for key in b.keys() {
             lanes.push(Arc::new(Lane {
                 business: business.clone(),
-                store: Store::new(conn.clone(), KeyFamily::new(&key), b.score_unit),
+                store: Store::new(conn.clone(), KeyFamily::new(&key), b.score_unit)
+                    .with_member(b.member),
                 lead_wake: Notify::new(),
                 all_wake: Notify::new(),
                 notifications: AtomicBool::new(false),

@@ -58,6 +58,9 @@ pub struct Metrics {
     pub released: IntCounterVec,
     /// Members moved to the dead set, by reason.
     pub dead_lettered: IntCounterVec,
+    /// Id mode: ids dropped at claim because they were delivered within
+    /// the `dedup_window`.
+    pub deduplicated: IntCounterVec,
     /// Pending members (read on scrape).
     pub pending: IntGaugeVec,
     /// In-flight members (read on scrape).
@@ -178,6 +181,12 @@ impl Metrics {
                 "delayd_dead_lettered_total",
                 "Members moved to the dead set",
                 br,
+            ),
+            deduplicated: counter(
+                &r,
+                "delayd_deduplicated_total",
+                "Ids dropped at claim because they were delivered within dedup_window",
+                b,
             ),
             pending: gauge(&r, "delayd_pending", "Members pending in Redis", b),
             inflight: gauge(

@@ -564,3 +564,455 @@ async fn the_node_snippet_in_the_docs_schedules_reschedules_and_cancels_atomical
     )
     .await;
 }
+
+// ---- delivery in id mode, with the daemon as users run it ----
+
+struct Live {
+    _dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    cfg: String,
+    redis: redis::aio::MultiplexedConnection,
+    amqp: lapin::Connection,
+    inbox: Inbox,
+}
+
+/// Declares the exchange and a bound queue (unless `bind` is false),
+/// consumes it, and writes the config.
+async fn live(b: &BusinessSpec, bind: bool) -> Live {
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let inbox = if bind {
+        let queue = unique("q");
+        declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+        consume(&amqp, &queue).await
+    } else {
+        declare_exchange(&ch, &b.exchange).await;
+        Inbox::default()
+    };
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[b]);
+    Live {
+        cfg: config.to_str().unwrap().to_string(),
+        _dir: dir,
+        config,
+        redis: redis().await,
+        amqp,
+        inbox,
+    }
+}
+
+/// Schedules `items` (id, body) due at `due_ms`, each id and body in the same
+/// transaction, a thousand per round trip.
+async fn schedule_many(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    items: &[(String, Vec<u8>)],
+    due_ms: i64,
+) {
+    let fam = KeyFamily::new(key);
+    for chunk in items.chunks(1000) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let h = pipe.cmd("HSET").arg(&fam.body);
+        for (id, body) in chunk {
+            h.arg(id).arg(body.as_slice());
+        }
+        h.ignore();
+        let z = pipe.cmd("ZADD").arg(key);
+        for (id, _) in chunk {
+            z.arg(due_ms).arg(id);
+        }
+        z.ignore();
+        let () = pipe.query_async(conn).await.unwrap();
+    }
+}
+
+/// The ids of an inbox's messages, with their bodies, checked unique.
+fn by_id(inbox: &Inbox) -> std::collections::HashMap<String, Received> {
+    let mut out = std::collections::HashMap::new();
+    for r in inbox.all() {
+        let body = String::from_utf8(r.body.clone()).unwrap();
+        let id = body.split('|').next().unwrap().to_string();
+        assert!(out.insert(id.clone(), r).is_none(), "{id} delivered twice");
+    }
+    out
+}
+
+fn items(prefix: &str, n: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let id = format!("{prefix}{i}");
+            let body = format!("{id}|body of {id}").into_bytes();
+            (id, body)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_arrive_with_their_bodies_and_one_message_id_per_id_across_reschedules() {
+    let b = id_business("orders", "");
+    let mut s = live(&b, true).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(&mut s.redis, &b.key, &items("a", 2), now).await;
+    // Scheduled for later, then moved to now: arrives once, at once.
+    schedule_many(&mut s.redis, &b.key, &items("late", 1), now + 3_600_000).await;
+    let (code, out, err) = delayd(&["reschedule", "-c", &s.cfg, "orders", "late0", "--in", "0s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let _d = Daemon::start(&s.config);
+    s.inbox.wait_for(3, Duration::from_secs(20)).await;
+    let first = by_id(&s.inbox);
+    assert_eq!(first["a0"].body, b"a0|body of a0");
+    assert_eq!(first["late0"].body, b"late0|body of late0");
+    let id_a0 = first["a0"].message_id.clone().expect("message_id");
+    assert_ne!(Some(&id_a0), first["a1"].message_id.as_ref());
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
+    // The same id scheduled again, at another time and with another body:
+    // the consumer sees the same message_id.
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(
+        &mut s.redis,
+        &b.key,
+        &[("a0".into(), b"a0|again".to_vec())],
+        now + 200,
+    )
+    .await;
+    s.inbox.wait_for(4, Duration::from_secs(20)).await;
+    let again = s
+        .inbox
+        .all()
+        .into_iter()
+        .find(|r| r.body == b"a0|again")
+        .unwrap();
+    assert_eq!(again.message_id, Some(id_a0));
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
+    s.inbox.settle(Duration::from_millis(300)).await;
+    assert_eq!(s.inbox.len(), 4);
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_without_a_body_is_dead_with_the_reason_no_body_and_never_published() {
+    let b = id_business("orders", "");
+    let mut s = live(&b, true).await;
+    let fam = KeyFamily::new(&b.key);
+    let now = redis_now_ms(&mut s.redis).await;
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&b.key)
+        .arg(now)
+        .arg("ghost")
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    schedule_many(&mut s.redis, &b.key, &items("real", 1), now).await;
+    let _d = Daemon::start(&s.config);
+    s.inbox.wait_for(1, Duration::from_secs(20)).await;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let mut r = s.redis.clone();
+            let dead = fam.dead.clone();
+            async move { zscore(&mut r, &dead, "ghost").await.is_some() }
+        })
+        .await,
+        "ghost never reached the dead set"
+    );
+    let (code, out, _) = delayd(&["get", "-c", &s.cfg, "orders", "ghost", "--json"]);
+    let v = json(&out);
+    assert_eq!(
+        (code, v["state"].as_str(), v["reason"].as_str()),
+        (0, Some("dead"), Some("no body")),
+        "{out}"
+    );
+    s.inbox.settle(Duration::from_millis(500)).await;
+    let got = s.inbox.all();
+    assert_eq!(got.len(), 1, "only the id with a body is published");
+    assert_eq!(got[0].body, b"real0|body of real0");
+    let (code, _, _) = delayd(&["dead", "purge", "-c", &s.cfg, "orders"]);
+    assert_eq!(code, 0);
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_id_keeps_its_body_and_a_requeue_delivers_it_with_that_body() {
+    // Unroutable until a queue is bound: one attempt, then dead.
+    let b = id_business("orders", "max_attempts = 1\nretry_backoff = \"100ms\"");
+    let mut s = live(&b, false).await;
+    let fam = KeyFamily::new(&b.key);
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(&mut s.redis, &b.key, &items("d", 3), now).await;
+    let _d = Daemon::start(&s.config);
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let mut r = s.redis.clone();
+            let dead = fam.dead.clone();
+            async move { zcard(&mut r, &dead).await == 3 }
+        })
+        .await,
+        "the unroutable ids never died"
+    );
+    let (code, out, _) = delayd(&["get", "-c", &s.cfg, "orders", "d1", "--json"]);
+    let v = json(&out);
+    assert_eq!(
+        (code, v["state"].as_str(), v["attempts"].as_u64()),
+        (0, Some("dead"), Some(1)),
+        "{out}"
+    );
+    assert_eq!(v["body"], "d1|body of d1", "a dead id lost its body: {out}");
+    let queue = unique("q");
+    let ch = s.amqp.create_channel().await.unwrap();
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&s.amqp, &queue).await;
+    let (code, out, err) = delayd(&["dead", "requeue", "-c", &s.cfg, "orders"]);
+    assert_eq!(code, 0, "{out}{err}");
+    inbox.wait_for(3, Duration::from_secs(20)).await;
+    let got = by_id(&inbox);
+    assert_eq!(got["d2"].body, b"d2|body of d2");
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
+    inbox.settle(Duration::from_millis(300)).await;
+    assert_eq!(inbox.len(), 3);
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_re_added_inside_the_dedup_window_is_dropped_and_outside_it_delivered() {
+    let b = id_business("orders", "dedup_window = \"3s\"");
+    let mut s = live(&b, true).await;
+    let fam = KeyFamily::new(&b.key);
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(
+        &mut s.redis,
+        &b.key,
+        &[("x".into(), b"x|first".to_vec())],
+        now,
+    )
+    .await;
+    let _d = Daemon::start(&s.config);
+    s.inbox.wait_for(1, Duration::from_secs(20)).await;
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
+    let delivered_at = redis_now_ms(&mut s.redis).await;
+    // Inside the window: claimed, dropped with its body, not delivered.
+    schedule_many(
+        &mut s.redis,
+        &b.key,
+        &[("x".into(), b"x|inside".to_vec())],
+        delivered_at,
+    )
+    .await;
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
+    assert_eq!(
+        hget(&mut s.redis, &fam.body, "x").await,
+        None,
+        "dropped id kept its body"
+    );
+    s.inbox.settle(Duration::from_millis(500)).await;
+    assert_eq!(
+        s.inbox.len(),
+        1,
+        "re-added inside the window and delivered again"
+    );
+    // The record bounds its own memory: one entry, expiring with the window.
+    let (card, ttl): (u64, i64) = redis::pipe()
+        .zcard(&fam.delivered)
+        .cmd("PTTL")
+        .arg(&fam.delivered)
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    assert_eq!(card, 1);
+    assert!(ttl > 0 && ttl <= 3000, "delivered record TTL {ttl}");
+    // Outside the window: delivered.
+    while redis_now_ms(&mut s.redis).await < delivered_at + 3100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(
+        &mut s.redis,
+        &b.key,
+        &[("x".into(), b"x|outside".to_vec())],
+        now,
+    )
+    .await;
+    s.inbox.wait_for(2, Duration::from_secs(20)).await;
+    assert_eq!(s.inbox.all()[1].body, b"x|outside");
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
+    // Nothing but the delivered record, which expires by itself.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let mut r = s.redis.clone();
+            let key = b.key.clone();
+            async move {
+                let mut left = 0;
+                for k in family(&key).all() {
+                    let n: i64 = redis::cmd("EXISTS")
+                        .arg(k)
+                        .query_async(&mut r)
+                        .await
+                        .unwrap();
+                    left += n;
+                }
+                left == 0
+            }
+        })
+        .await,
+        "the key family did not empty once the window passed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_zrem_cancel_leaves_an_orphan_body_that_the_sweep_deletes() {
+    let b = id_business("orders", "lease = \"1s\"");
+    let mut s = live(&b, true).await;
+    let fam = KeyFamily::new(&b.key);
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(&mut s.redis, &b.key, &items("o", 2), now + 3_600_000).await;
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&b.key)
+        .arg("o0")
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    let _d = Daemon::start(&s.config);
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let mut r = s.redis.clone();
+            let body = fam.body.clone();
+            async move { hget(&mut r, &body, "o0").await.is_none() }
+        })
+        .await,
+        "the orphan body outlived three sweeps"
+    );
+    assert!(
+        hget(&mut s.redis, &fam.body, "o1").await.is_some(),
+        "the sweep took a pending id's body"
+    );
+    del_family(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_racing_claims_never_loses_an_id_nor_both_cancels_and_delivers_it() {
+    const N: usize = 3000;
+    let b = id_business("orders", "batch_size = 50\nscanners = 2");
+    let mut s = live(&b, true).await;
+    let cfg = delayd::config::load(&s.config).unwrap();
+    let business = cfg.business("orders").unwrap().clone();
+    let _d = Daemon::start(&s.config);
+    // A warm-up delivery: the daemon is connected and claiming.
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(&mut s.redis, &b.key, &items("warm", 1), now).await;
+    s.inbox.wait_for(1, Duration::from_secs(20)).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    let all = items("r", N);
+    // Due in a second: the cancels below start as the claims do, from the
+    // other end of the set (claims take the lowest members first), so the
+    // two meet somewhere in the middle.
+    schedule_many(&mut s.redis, &b.key, &all, now + 1000).await;
+    let mut order: Vec<&String> = all.iter().map(|(id, _)| id).collect();
+    order.sort_by(|x, y| y.as_bytes().cmp(x.as_bytes()));
+    while redis_now_ms(&mut s.redis).await < now + 1000 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut cancelled = std::collections::HashSet::new();
+    let mut in_flight = Vec::new();
+    for id in order {
+        let (_, outcome) = delayd::tasks::cancel(&mut s.redis, &business, id.as_bytes())
+            .await
+            .unwrap();
+        match outcome {
+            delayd::tasks::Cancelled::Cancelled => {
+                cancelled.insert(id.clone());
+            }
+            delayd::tasks::Cancelled::InFlight => in_flight.push(id.clone()),
+            _ => {}
+        }
+    }
+    assert!(
+        !cancelled.is_empty() && cancelled.len() < N,
+        "no race happened: {} cancelled",
+        cancelled.len()
+    );
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(60)).await;
+    s.inbox
+        .wait_for(N + 1 - cancelled.len(), Duration::from_secs(60))
+        .await;
+    s.inbox.settle(Duration::from_millis(500)).await;
+    let delivered = by_id(&s.inbox);
+    for id in &cancelled {
+        assert!(
+            !delivered.contains_key(id),
+            "{id} was cancelled and delivered"
+        );
+    }
+    for id in &in_flight {
+        assert!(
+            delivered.contains_key(id),
+            "{id} was in flight but never delivered"
+        );
+    }
+    for (id, body) in &all {
+        match delivered.get(id) {
+            Some(r) => assert_eq!(&r.body, body),
+            None => assert!(
+                cancelled.contains(id),
+                "{id} neither cancelled nor delivered: lost"
+            ),
+        }
+    }
+    assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn id_mode_over_shards_delivers_every_id_once_and_cancels_in_any_shard() {
+    let b = id_business("orders", "shards = 4");
+    let mut s = live(&b, true).await;
+    let cfg = delayd::config::load(&s.config).unwrap();
+    let business = cfg.business("orders").unwrap().clone();
+    let keys = business.keys();
+    let all = items("s", 2000);
+    let now = redis_now_ms(&mut s.redis).await;
+    for (i, k) in keys.iter().enumerate() {
+        let mine: Vec<_> = all
+            .iter()
+            .filter(|(id, _)| delayd::tasks::shard_of(&keys, id.as_bytes()) == k)
+            .cloned()
+            .collect();
+        assert!(!mine.is_empty(), "shard {i} got nothing");
+        schedule_many(&mut s.redis, k, &mine, now + 1500).await;
+    }
+    // Cancelled through the business, wherever its shard is.
+    for id in ["s0", "s1", "s2", "s3", "s4"] {
+        let (code, out, err) = delayd(&["cancel", "-c", &s.cfg, "orders", id]);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    let _d = Daemon::start(&s.config);
+    s.inbox.wait_for(1995, Duration::from_secs(30)).await;
+    for k in &keys {
+        wait_drained(&mut s.redis, k, Duration::from_secs(10)).await;
+    }
+    s.inbox.settle(Duration::from_millis(500)).await;
+    let got = by_id(&s.inbox);
+    assert_eq!(got.len(), 1995);
+    assert!(!got.contains_key("s3"));
+    assert_eq!(got["s1999"].body, b"s1999|body of s1999");
+    for k in &keys {
+        assert_family_empty(&mut s.redis, k).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_thousand_ids_drain_exactly_once_and_leave_the_key_family_empty() {
+    const N: usize = 100_000;
+    let b = id_business("orders", "");
+    let mut s = live(&b, true).await;
+    let all = items("h", N);
+    let now = redis_now_ms(&mut s.redis).await;
+    schedule_many(&mut s.redis, &b.key, &all, now).await;
+    let _d = Daemon::start(&s.config);
+    s.inbox.wait_for(N, Duration::from_secs(240)).await;
+    wait_drained(&mut s.redis, &b.key, Duration::from_secs(30)).await;
+    s.inbox.settle(Duration::from_millis(500)).await;
+    let got = by_id(&s.inbox);
+    assert_eq!(got.len(), N);
+    for (id, body) in all.iter().step_by(997) {
+        assert_eq!(&got[id].body, body);
+    }
+    assert_family_empty(&mut s.redis, &b.key).await;
+}

@@ -1,19 +1,33 @@
 -- ack.lua: forget members the broker has confirmed, and the records of
 -- claims this settles completely.
--- KEYS[1] in-flight ZSET, KEYS[2] meta HASH, KEYS[3] claims HASH
--- ARGV[1] number r of record ids, ARGV[2..r+1] record ids, then groups of
+-- KEYS[1] in-flight ZSET, KEYS[2] meta HASH, KEYS[3] claims HASH,
+-- KEYS[4] pending ZSET K, KEYS[5] body HASH, KEYS[6] delivered ZSET
+-- ARGV[1] '1' in id mode, else '0'; ARGV[2] dedup window ms (0: none)
+-- ARGV[3] number r of record ids, ARGV[4..r+3] record ids, then groups of
 -- {tag, n, m1..mn}: the members one claim (tag) holds; at most a few
 -- thousand members per call.
+-- In id mode a delivered id's body goes too, unless a producer has
+-- scheduled the id again meanwhile (then the body is the new copy's), and
+-- with a window the id is recorded as delivered: the record is trimmed to
+-- the window here and expires whole when no delivery renews it.
 -- Returns the number of members forgotten. A member whose in-flight tag is
 -- not the group's (its lease expired and another claim took it, or this
 -- call already ran once) is not ours to forget and is left alone.
-local r = tonumber(ARGV[1])
+local id_mode = ARGV[1] == '1'
+local window = tonumber(ARGV[2]) or 0
+local r = tonumber(ARGV[3])
 if r > 0 then
-  redis.call('HDEL', KEYS[3], unpack(ARGV, 2, r + 1))
+  redis.call('HDEL', KEYS[3], unpack(ARGV, 4, r + 3))
 end
 local has_meta = redis.call('EXISTS', KEYS[2]) == 1
+local now
+if id_mode and window > 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local total = 0
-local i = r + 2
+local delivered = 0
+local i = r + 4
 while i <= #ARGV do
   local tag = tonumber(ARGV[i])
   local n = tonumber(ARGV[i + 1])
@@ -34,7 +48,29 @@ while i <= #ARGV do
       redis.call('ZREM', KEYS[1], unpack(ours))
       if has_meta then redis.call('HDEL', KEYS[2], unpack(ours)) end
       total = total + #ours
+      if id_mode then
+        local again = redis.call('ZMSCORE', KEYS[4], unpack(ours))
+        local done = {}
+        for k, sc in ipairs(again) do
+          if not sc then done[#done + 1] = ours[k] end
+        end
+        if #done > 0 then redis.call('HDEL', KEYS[5], unpack(done)) end
+        if now then
+          local rec = {}
+          local at = string.format('%.0f', now)
+          for _, m in ipairs(ours) do
+            rec[#rec + 1] = at
+            rec[#rec + 1] = m
+          end
+          redis.call('ZADD', KEYS[6], unpack(rec))
+          delivered = delivered + #ours
+        end
+      end
     end
   end
+end
+if delivered > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', string.format('%.0f', now - window))
+  redis.call('PEXPIRE', KEYS[6], window)
 end
 return total

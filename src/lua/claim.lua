@@ -13,10 +13,19 @@
 -- ARGV[2] lease, ms
 -- ARGV[3] milliseconds per score unit (1 or 1000)
 -- ARGV[4] most expired leases to recover in this call
+-- KEYS[5] body HASH (id mode: task id -> body)
+-- KEYS[6] delivered ZSET (id mode with a dedup window: id -> delivered at, ms)
+-- KEYS[7] dead ZSET, KEYS[8] dead-reason HASH
 -- ARGV[5] a random claim tag, 1..1023
+-- ARGV[6] '1' in id mode (members are ids, bodies in KEYS[5]), else '0'
+-- ARGV[7] dedup window ms (id mode; 0 for none)
 -- Returns {now_ms, next_due_ms or -1, recovered, record id or '', tag,
--- m1, due1, attempt1, m2, ...}; each due is an integer or its decimal
--- digits. Members are bulk strings, so an empty member is a member, never
+-- dead for want of a body, dropped as delivered within the window,
+-- m1, due1, attempt1, m2, ...}, and in id mode each member's body after
+-- its attempt (m1, due1, attempt1, body1, ...); each due is an integer or
+-- its decimal digits. In id mode a member with no body is never leased:
+-- it goes to the dead set with the reason 'no body'; one delivered within
+-- the window is dropped with its body. Members are bulk strings, so an empty member is a member, never
 -- "nothing due". The caller settles each member with the returned tag: a
 -- settle write acts only on members whose in-flight fraction is that tag,
 -- so a write that is repeated, or that arrives after the lease expired and
@@ -31,6 +40,8 @@ local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local unit = tonumber(ARGV[3])
 local tag = tonumber(ARGV[5])
+local id_mode = ARGV[6] == '1'
+local window = tonumber(ARGV[7]) or 0
 local fmt = '%.17g'
 -- Lua's unpack is bounded by the C stack; stay well below it.
 local CHUNK = 1000
@@ -142,7 +153,7 @@ if #expired > 0 then
   end
 end
 
-local out = {now, -1, recovered, '', tag}
+local out = {now, -1, recovered, '', tag, 0, 0}
 local claimed = 0
 if limit > 0 then
   local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format(fmt, now / unit),
@@ -164,8 +175,46 @@ if limit > 0 then
     local members, leased = {}, {}
     for i = 1, #items, 2 do
       members[#members + 1] = items[i]
-      leased[#leased + 1] = deadline
-      leased[#leased + 1] = items[i]
+    end
+    -- Id mode: the bodies travel with the claim, read in the same call, so
+    -- no member is ever published without its body or with another's.
+    local bodies, drop = {}, {}
+    if id_mode then
+      for i = 1, #members, CHUNK do
+        local j = math.min(#members, i + CHUNK - 1)
+        local v = redis.call('HMGET', KEYS[5], unpack(members, i, j))
+        for k = 1, #v do bodies[i + k - 1] = v[k] end
+      end
+      if window > 0 and redis.call('EXISTS', KEYS[6]) == 1 then
+        for i = 1, #members, CHUNK do
+          local j = math.min(#members, i + CHUNK - 1)
+          local v = redis.call('ZMSCORE', KEYS[6], unpack(members, i, j))
+          for k = 1, #v do
+            if v[k] and tonumber(v[k]) > now - window then drop[i + k - 1] = 'dedup' end
+          end
+        end
+      end
+      local gone, dead = {}, {}
+      for i, m in ipairs(members) do
+        if not drop[i] and not bodies[i] then drop[i] = 'no body' end
+        if drop[i] == 'dedup' then
+          gone[#gone + 1] = m
+          out[7] = out[7] + 1
+        elseif drop[i] then
+          dead[#dead + 1] = now
+          dead[#dead + 1] = m
+          redis.call('HSET', KEYS[8], m, 'no body')
+          out[6] = out[6] + 1
+        end
+      end
+      if #gone > 0 then batched('HDEL', KEYS[5], gone, 1) end
+      if #dead > 0 then batched('ZADD', KEYS[7], dead, 2) end
+    end
+    for i, m in ipairs(members) do
+      if not drop[i] then
+        leased[#leased + 1] = deadline
+        leased[#leased + 1] = m
+      end
     end
     -- A member with a meta entry keeps its first due time and attempt count,
     -- so its message_id and lateness stay those of the original schedule.
@@ -184,7 +233,10 @@ if limit > 0 then
       local score = items[2 * i]
       local a, d, s = parse_meta(metas[i])
       local due, attempt
-      if a and s ~= '' and tonumber(s) == tonumber(score) then
+      if drop[i] then
+        -- Never leased: whatever retry state it had is stale now.
+        if metas[i] then stale[#stale + 1] = m end
+      elseif a and s ~= '' and tonumber(s) == tonumber(score) then
         due, attempt = d, a + 1
         new_meta[#new_meta + 1] = m
         new_meta[#new_meta + 1] = attempt .. ':' .. d .. ':'
@@ -201,14 +253,17 @@ if limit > 0 then
         new_dues[#new_dues + 1] = m
         new_dues[#new_dues + 1] = due
       end
-      out[#out + 1] = m
-      out[#out + 1] = due
-      out[#out + 1] = attempt
+      if not drop[i] then
+        out[#out + 1] = m
+        out[#out + 1] = due
+        out[#out + 1] = attempt
+        if id_mode then out[#out + 1] = bodies[i] end
+      end
     end
     -- The claimed members are exactly ranks 0..claimed-1 of K, so removing
     -- by rank spares Redis a lookup of every member.
     redis.call('ZREMRANGEBYRANK', KEYS[1], 0, claimed - 1)
-    batched('ZADD', KEYS[2], leased, 2)
+    if #leased > 0 then batched('ZADD', KEYS[2], leased, 2) end
     -- One record per claim instead of one hash field per member: the due
     -- times are needed only if this claim's process dies, and writing and
     -- deleting a field per member was a quarter of Redis's work per message.

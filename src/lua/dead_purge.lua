@@ -1,10 +1,16 @@
 -- dead_purge.lua: delete dead members for good, oldest first.
--- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH
+-- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH, KEYS[3] pending ZSET K,
+-- KEYS[4] in-flight ZSET, KEYS[5] body HASH (id mode; absent otherwise)
 -- ARGV[1] most members to delete
--- Returns the number of members deleted.
+-- Returns the number of members deleted. In id mode a dead id's body goes
+-- with it, unless a producer has scheduled the id again.
 local members = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+local has_body = redis.call('EXISTS', KEYS[5]) == 1
 for _, m in ipairs(members) do
   redis.call('ZREM', KEYS[1], m)
   redis.call('HDEL', KEYS[2], m)
+  if has_body and not redis.call('ZSCORE', KEYS[3], m) and not redis.call('ZSCORE', KEYS[4], m) then
+    redis.call('HDEL', KEYS[5], m)
+  end
 end
 return #members
