@@ -143,6 +143,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let _: redis::RedisResult<i64> = redis::cmd("DEL")
         .arg(&fam.all()[..])
         .arg(format!("{}:staging", names.key))
+        .arg(format!("{}:body-staging", names.key))
         .arg(format!("{}:recipe", names.key))
         .query_async(&mut redis)
         .await;
@@ -283,6 +284,7 @@ async fn bench(
     let mut drain_rates = Vec::new();
     let mut ratios = Vec::new();
     let mut same_ratios = Vec::new();
+    let mut memory_per_task = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let raw = raw_publish(
             amqp,
@@ -306,7 +308,18 @@ async fn bench(
         )
         .await?;
         between_phases(&ch, names, &counter, args.no_consumer).await?;
-        let drain = delayd_drain(redis, &fam, &names.key, args.messages, body_len, round).await?;
+        let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
+        let (drain, bytes) = delayd_drain(
+            redis,
+            &fam,
+            &names.key,
+            args.messages,
+            body_len,
+            round,
+            id_mode,
+        )
+        .await?;
+        memory_per_task.push(bytes);
         between_phases(&ch, names, &counter, args.no_consumer).await?;
         eprintln!(
             "bench: round {round}: raw ceiling {raw:.0} msg/s, raw with delayd's format {same:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3} ({:.3} to the same format)",
@@ -320,6 +333,10 @@ async fn bench(
         ratios.push(drain / raw);
     }
     let rss_after_drain = rss_kb(pid);
+    let id_bodies = format
+        .as_ref()
+        .filter(|b| b.member.is_id())
+        .map(|_| fam.body.clone());
     if args.no_consumer {
         start_consumer(amqp, names, &counter).await?;
     }
@@ -334,8 +351,15 @@ async fn bench(
     );
     let offset = clock_offset_ms(redis).await?;
     counter.record.store(true, Ordering::Relaxed);
-    let scheduled =
-        lateness_phase(redis, &names.key, args.rate, args.lateness_secs, body_len).await?;
+    let scheduled = lateness_phase(
+        redis,
+        &names.key,
+        id_bodies.as_deref(),
+        args.rate,
+        args.lateness_secs,
+        body_len,
+    )
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while counter.lateness_ms.lock().map(|v| v.len()).unwrap_or(0) < scheduled
         && Instant::now() < deadline
@@ -409,6 +433,18 @@ async fn bench(
         &format!(
             "median of per-round ratios {}; delayd's own overhead",
             join_ratios(&same_ratios)
+        ),
+    );
+    row(
+        "Redis memory per pending task",
+        &format!("{:.0} B", median(&memory_per_task)),
+        &format!(
+            "MEMORY USAGE of the loaded backlog{}, {body_len}-byte bodies",
+            if id_bodies.is_some() {
+                " (ids and {K}:body)"
+            } else {
+                ""
+            }
         ),
     );
     row(
@@ -708,6 +744,9 @@ async fn raw_publish(
 /// the clock starts with every member due at once, then adds the last member
 /// with a ZADD, as a producer would (RENAME raises no sorted-set event), and
 /// times until every member is confirmed and forgotten.
+/// Times delayd draining `n` due members; in id mode the members are ids
+/// and their bodies go into `{K}:body` in the same step. Also returns the
+/// Redis memory per pending task of the loaded backlog, in bytes.
 async fn delayd_drain(
     redis: &mut redis::aio::MultiplexedConnection,
     fam: &KeyFamily,
@@ -715,8 +754,11 @@ async fn delayd_drain(
     n: usize,
     size: usize,
     round: usize,
-) -> Result<f64, Failure> {
+    id_mode: bool,
+) -> Result<(f64, f64), Failure> {
     let staging = format!("{key}:staging");
+    let body_staging = format!("{key}:body-staging");
+    let id_of = |i: usize| format!("r{round}-{i:09}").into_bytes();
     let (secs, _): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await
@@ -726,25 +768,64 @@ async fn delayd_drain(
     for start in (0..n - 1).step_by(5000) {
         let mut cmd = redis::cmd("ZADD");
         cmd.arg(&staging);
+        let mut bodies = redis::cmd("HSET");
+        bodies.arg(&body_staging);
         for i in start..(start + 5000).min(n - 1) {
-            cmd.arg(due).arg(body_of(&format!("r{round}"), i, size));
+            let body = body_of(&format!("r{round}"), i, size);
+            if id_mode {
+                cmd.arg(due).arg(id_of(i));
+                bodies.arg(id_of(i)).arg(body);
+            } else {
+                cmd.arg(due).arg(body);
+            }
         }
         let _: i64 = cmd
             .query_async(redis)
             .await
             .map_err(|e| fail("redis")(e.to_string()))?;
+        if id_mode {
+            let _: i64 = bodies
+                .query_async(redis)
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+        }
     }
-    let start = Instant::now();
-    let _: () = redis::pipe()
-        .cmd("RENAME")
-        .arg(&staging)
-        .arg(key)
-        .ignore()
-        .cmd("ZADD")
+    let mut bytes = 0u64;
+    for k in [&staging, &body_staging] {
+        let b: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(k)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        bytes += b.unwrap_or(0);
+    }
+    let per_task = bytes as f64 / (n - 1) as f64;
+    let last = body_of(&format!("r{round}"), n - 1, size);
+    let mut pipe = redis::pipe();
+    // One transaction: no claim sees an id before its body.
+    pipe.atomic();
+    if id_mode {
+        pipe.cmd("RENAME")
+            .arg(&body_staging)
+            .arg(&fam.body)
+            .ignore()
+            .cmd("HSET")
+            .arg(&fam.body)
+            .arg(id_of(n - 1))
+            .arg(&last)
+            .ignore();
+    }
+    pipe.cmd("RENAME").arg(&staging).arg(key).ignore();
+    pipe.cmd("ZADD")
         .arg(key)
         .arg(due)
-        .arg(body_of(&format!("r{round}"), n - 1, size))
-        .ignore()
+        .arg(if id_mode { id_of(n - 1) } else { last })
+        .ignore();
+    let start = Instant::now();
+    let _: () = pipe
         .query_async(redis)
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
@@ -768,7 +849,7 @@ async fn delayd_drain(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok((n as f64 / start.elapsed().as_secs_f64(), per_task))
 }
 
 /// The recipe delayd replaces, for comparison: one Lua call pops one due
@@ -855,10 +936,12 @@ async fn clock_offset_ms(redis: &mut redis::aio::MultiplexedConnection) -> Resul
 }
 
 /// A producer that, every 10 ms, schedules the members due one second later
-/// at `rate` per second. Returns how many it scheduled.
+/// at `rate` per second; in id mode (`bodies` names `{K}:body`) ids with
+/// their bodies, in one transaction. Returns how many it scheduled.
 async fn lateness_phase(
     redis: &mut redis::aio::MultiplexedConnection,
     key: &str,
+    bodies: Option<&str>,
     rate: u32,
     secs: u64,
     size: usize,
@@ -879,17 +962,32 @@ async fn lateness_phase(
         let horizon = started.elapsed().as_millis() as f64 + 1000.0;
         let mut cmd = redis::cmd("ZADD");
         cmd.arg(key);
+        let mut hset = redis::cmd("HSET");
+        hset.arg(bodies.unwrap_or_default());
         let mut any = false;
         while next < total && (next as f64 * spacing) <= horizon {
             let due = t0 + (next as f64 * spacing) as i64;
             // The due time rides in the body too, for businesses that send
             // no headers.
-            cmd.arg(due).arg(body_of(&format!("late{due}"), next, size));
+            let body = body_of(&format!("late{due}"), next, size);
+            if bodies.is_some() {
+                let id = format!("late-{next}");
+                hset.arg(&id).arg(body);
+                cmd.arg(due).arg(id);
+            } else {
+                cmd.arg(due).arg(body);
+            }
             next += 1;
             any = true;
         }
         if any {
-            let _: i64 = cmd
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            if bodies.is_some() {
+                pipe.add_command(hset).ignore();
+            }
+            pipe.add_command(cmd).ignore();
+            let () = pipe
                 .query_async(redis)
                 .await
                 .map_err(|e| fail("redis")(e.to_string()))?;
