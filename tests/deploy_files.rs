@@ -209,6 +209,14 @@ fn override_problems(file: &str, env: &[(String, String)], cfg: &Config) -> Vec<
         let effective = match k.as_str() {
             "DELAYD_REDIS__URL" => Some(cfg.redis_url.expose().to_string()),
             "DELAYD_AMQP__URL" => Some(cfg.amqp.urls[0].expose().to_string()),
+            "DELAYD_AMQP__URLS" => Some(
+                cfg.amqp
+                    .urls
+                    .iter()
+                    .map(|u| u.expose())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
             "DELAYD_HTTP__LISTEN" => Some(
                 cfg.http_listen
                     .map_or_else(|| "off".to_string(), |a| a.to_string()),
