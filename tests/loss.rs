@@ -756,6 +756,15 @@ async fn missing_exchange_pauses_publishing_without_spinning() {
     assert_family_empty(&mut redis, &b.key).await;
 }
 
+/// Turns K (KEYS[1]) into a list, keeping its members in KEYS[2].
+const TO_LIST: &str =
+    "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('RENAME', KEYS[1], KEYS[2]) end \
+    redis.call('RPUSH', KEYS[1], 'oops')";
+/// Turns K back into a sorted set with its members, and whatever delayd
+/// could not write meanwhile is still in flight.
+const TO_ZSET: &str = "redis.call('DEL', KEYS[1]) \
+    if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('RENAME', KEYS[2], KEYS[1]) end";
+
 /// A minute of everything at once: a steady flow while, at random, the only
 /// queue is unbound and rebound, K is turned into a list and back, members
 /// are cancelled and re-added, and delayd is SIGKILLed twice. At the end
@@ -828,32 +837,14 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
             }
             3..5 => {
                 // K becomes a list for a moment; its members wait aside.
-                if listed {
-                    let _: i64 = redis::cmd("DEL")
-                        .arg(&b.key)
-                        .query_async(&mut redis)
-                        .await
-                        .unwrap();
-                    let _: () = redis::cmd("RENAME")
-                        .arg(&saved)
-                        .arg(&b.key)
-                        .query_async(&mut redis)
-                        .await
-                        .unwrap_or(());
-                } else {
-                    let _: () = redis::cmd("RENAME")
-                        .arg(&b.key)
-                        .arg(&saved)
-                        .query_async(&mut redis)
-                        .await
-                        .unwrap_or(());
-                    let _: i64 = redis::cmd("RPUSH")
-                        .arg(&b.key)
-                        .arg("oops")
-                        .query_async(&mut redis)
-                        .await
-                        .unwrap();
-                }
+                // Atomically: delayd may write K between two commands.
+                let script = if listed { TO_ZSET } else { TO_LIST };
+                let _: () = redis::Script::new(script)
+                    .key(&b.key)
+                    .key(&saved)
+                    .invoke_async(&mut redis)
+                    .await
+                    .unwrap();
                 listed = !listed;
             }
             5..15 if !listed => {
@@ -892,17 +883,12 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
     }
     // Calm: the queue bound, K a sorted set again, and time to settle.
     if listed {
-        let _: i64 = redis::cmd("DEL")
-            .arg(&b.key)
-            .query_async(&mut redis)
+        let _: () = redis::Script::new(TO_ZSET)
+            .key(&b.key)
+            .key(&saved)
+            .invoke_async(&mut redis)
             .await
             .unwrap();
-        let _: () = redis::cmd("RENAME")
-            .arg(&saved)
-            .arg(&b.key)
-            .query_async(&mut redis)
-            .await
-            .unwrap_or(());
     }
     if unbound {
         ch.queue_bind(

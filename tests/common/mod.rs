@@ -367,6 +367,33 @@ pub async fn wait_drained(
     }
 }
 
+/// Waits until no key of the family is left, for tests that kill or cut off
+/// the daemon: what a crash leaves (a claim record, retry state) is recovered
+/// or swept within a lease plus a sweep interval. Panics after `limit`.
+pub async fn wait_family_empty(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    limit: Duration,
+) {
+    let start = Instant::now();
+    loop {
+        let mut left = Vec::new();
+        for k in family(key).all() {
+            let exists: i64 = redis::cmd("EXISTS").arg(k).query_async(conn).await.unwrap();
+            if exists == 1 {
+                left.push(k.to_string());
+            }
+        }
+        if left.is_empty() {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("{left:?} still exist {limit:?} after the drain");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Asserts no key of the family is left behind (a clean drain leaves nothing).
 pub async fn assert_family_empty(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
     for k in family(key).all() {
