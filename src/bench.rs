@@ -20,8 +20,8 @@ use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection};
 
-use crate::cli::Failure;
 use crate::config::{self, Properties};
+use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{Claimed, KeyFamily};
 
 /// Arguments of `delayd bench`.
@@ -57,56 +57,68 @@ pub struct BenchArgs {
     pub business: Vec<String>,
 }
 
-fn fail(context: &str) -> impl Fn(String) -> Failure + '_ {
-    move |e| Failure::runtime(format!("bench: {context}: {e}"))
+/// Why the bench could not run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The configuration or the `--business` lines are unusable.
+    #[error("{0}")]
+    Usage(String),
+    /// A server failed or went away during the run.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl BenchError {
+    /// The exit code `delayd bench` ends with: 2 for usage, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BenchError::Usage(_) => 2,
+            BenchError::Runtime(_) => 1,
+        }
+    }
+}
+
+impl From<config::ConfigError> for BenchError {
+    fn from(e: config::ConfigError) -> Self {
+        BenchError::Usage(e.to_string())
+    }
+}
+
+fn fail(context: &str) -> impl Fn(String) -> BenchError + '_ {
+    move |e| BenchError::Runtime(format!("bench: {context}: {e}"))
 }
 
 /// Runs the benchmark and prints one table.
-pub async fn run(args: BenchArgs) -> Result<(), Failure> {
+pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let cfg = config::load(&args.config)?;
     let tag = format!("{:08x}", rand::random::<u32>());
     let names = Names {
         exchange: format!("delayd-bench-{tag}"),
         queue: format!("delayd-bench-{tag}"),
         routing_key: "bench".into(),
-        key: format!("delayd:bench:{tag}"),
+        // A hash tag, so the bench's helper keys (staging, recipe) share the
+        // key's slot on a cluster.
+        key: format!("delayd:bench:{{{tag}}}"),
     };
-    let client = redis::Client::open(cfg.redis_url.expose())
-        .map_err(|e| fail("redis url")(e.to_string()))?;
-    let mut redis = tokio::time::timeout(
-        Duration::from_secs(5),
-        // Loading a backlog on a busy machine can outlast the client's
-        // default half-second response timeout.
-        client.get_multiplexed_async_connection_with_config(
-            &redis::AsyncConnectionConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(60))),
-        ),
-    )
-    .await
-    .map_err(|_| {
-        Failure::runtime(format!(
-            "bench: cannot reach Redis at {} within 5s",
-            cfg.redis_url
-        ))
-    })?
-    .map_err(|e| {
-        Failure::runtime(format!(
-            "bench: cannot reach Redis at {}: {e}",
-            cfg.redis_url
-        ))
-    })?;
+    let client = Redis::new(&cfg.redis).map_err(|e| BenchError::Usage(e.to_string()))?;
+    let mut redis = client
+        .connect()
+        .await
+        .map_err(|e| BenchError::Runtime(format!("bench: cannot use Redis: {e}")))?;
     let amqp = tokio::time::timeout(
         Duration::from_secs(10),
         crate::amqp::connect(&cfg.amqp, "delayd bench"),
     )
     .await
     .map_err(|_| {
-        Failure::runtime(format!(
+        BenchError::Runtime(format!(
             "bench: cannot reach RabbitMQ at {} within 10s",
             cfg.amqp
         ))
     })?
-    .map_err(|e| Failure::runtime(format!("bench: cannot reach RabbitMQ at {}: {e}", cfg.amqp)))?;
+    .map_err(|e| {
+        BenchError::Runtime(format!("bench: cannot reach RabbitMQ at {}: {e}", cfg.amqp))
+    })?;
 
     // `timeout`, a closed terminal and Ctrl-C all end the run the same way:
     // through the clean-up below, so no queue, key or temporary config with
@@ -120,7 +132,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let mut state = BenchState::default();
     let outcome = tokio::select! {
         r = bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state) => r,
-        _ = signals.next() => Err(Failure::runtime("bench interrupted; cleaned up")),
+        _ = signals.next() => Err(BenchError::Runtime("bench interrupted; cleaned up".into())),
     };
     signals.handle().close();
     // Clean up whatever happened above.
@@ -202,11 +214,11 @@ async fn bench(
     args: &BenchArgs,
     cfg: &config::Config,
     names: &Names,
-    client: &redis::Client,
-    redis: &mut redis::aio::MultiplexedConnection,
+    client: &Redis,
+    redis: &mut RedisConn,
     amqp: &Connection,
     state: &mut BenchState,
-) -> Result<(), Failure> {
+) -> Result<(), BenchError> {
     let ch = amqp
         .create_channel()
         .await
@@ -232,8 +244,8 @@ async fn bench(
     // delayd as users run it, on a temporary business.
     let extra = args.business.join("\n");
     let toml = format!(
-        "[redis]\nurl = \"{}\"\n{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
-        cfg.redis_url.expose(),
+        "{}{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
+        cfg.redis.to_toml(),
         cfg.amqp.to_toml(),
         names.key,
         names.exchange,
@@ -249,7 +261,7 @@ async fn bench(
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
     }
     let bench_cfg =
-        config::load(&path).map_err(|e| Failure::usage(format!("bench: --business: {e}")))?;
+        config::load(&path).map_err(|e| BenchError::Usage(format!("bench: --business: {e}")))?;
     // The same properties delayd will send, so the broker's cost of the
     // message format can be told apart from delayd's own.
     let format = bench_cfg.businesses.into_iter().next();
@@ -376,7 +388,7 @@ async fn bench(
 
     eprintln!("bench: idle Redis commands over {} s ...", args.idle_secs);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle = idle_commands(client, &names.key, args.idle_secs.max(1)).await?;
+    let idle = idle_commands(client, redis, &names.key, args.idle_secs.max(1)).await?;
     let idle_per_s = idle as f64 / args.idle_secs.max(1) as f64;
     let rss_end = rss_kb(pid);
 
@@ -573,7 +585,7 @@ async fn start_consumer(
     amqp: &Connection,
     names: &Names,
     counter: &Counter,
-) -> Result<(), Failure> {
+) -> Result<(), BenchError> {
     let consumer_ch = amqp
         .create_channel()
         .await
@@ -628,7 +640,7 @@ async fn between_phases(
     names: &Names,
     counter: &Counter,
     no_consumer: bool,
-) -> Result<(), Failure> {
+) -> Result<(), BenchError> {
     if no_consumer {
         ch.queue_purge(names.queue.as_str().into(), QueuePurgeOptions::default())
             .await
@@ -668,7 +680,7 @@ async fn raw_publish(
     channels: usize,
     window: usize,
     format: Option<&config::Business>,
-) -> Result<f64, Failure> {
+) -> Result<f64, BenchError> {
     let mut chans = Vec::new();
     for _ in 0..channels {
         let ch = amqp
@@ -748,14 +760,14 @@ async fn raw_publish(
 /// and their bodies go into `{K}:body` in the same step. Also returns the
 /// Redis memory per pending task of the loaded backlog, in bytes.
 async fn delayd_drain(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut RedisConn,
     fam: &KeyFamily,
     key: &str,
     n: usize,
     size: usize,
     round: usize,
     id_mode: bool,
-) -> Result<(f64, f64), Failure> {
+) -> Result<(f64, f64), BenchError> {
     let staging = format!("{key}:staging");
     let body_staging = format!("{key}:body-staging");
     let id_of = |i: usize| format!("r{round}-{i:09}").into_bytes();
@@ -843,7 +855,7 @@ async fn delayd_drain(
             break;
         }
         if start.elapsed() > limit {
-            return Err(Failure::runtime(format!(
+            return Err(BenchError::Runtime(format!(
                 "bench: delayd did not drain {n} members within {limit:?} ({p} pending, {i} in flight)"
             )));
         }
@@ -856,12 +868,12 @@ async fn delayd_drain(
 /// member, which is then published without confirms (so a crash or an
 /// unroutable publish loses it). Times a drain of `n` due members.
 async fn common_recipe_drain(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut RedisConn,
     amqp: &Connection,
     names: &Names,
     n: usize,
     size: usize,
-) -> Result<f64, Failure> {
+) -> Result<f64, BenchError> {
     let key = format!("{}:recipe", names.key);
     let (secs, _): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
@@ -917,7 +929,7 @@ async fn common_recipe_drain(
 }
 
 /// Redis's clock minus this machine's, in ms, so lateness compares like with like.
-async fn clock_offset_ms(redis: &mut redis::aio::MultiplexedConnection) -> Result<f64, Failure> {
+async fn clock_offset_ms(redis: &mut RedisConn) -> Result<f64, BenchError> {
     let mut best: Option<(f64, f64)> = None;
     for _ in 0..5 {
         let t0 = wall_ms_f();
@@ -939,13 +951,13 @@ async fn clock_offset_ms(redis: &mut redis::aio::MultiplexedConnection) -> Resul
 /// at `rate` per second; in id mode (`bodies` names `{K}:body`) ids with
 /// their bodies, in one transaction. Returns how many it scheduled.
 async fn lateness_phase(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut RedisConn,
     key: &str,
     bodies: Option<&str>,
     rate: u32,
     secs: u64,
     size: usize,
-) -> Result<usize, Failure> {
+) -> Result<usize, BenchError> {
     let (s, us): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await
@@ -1000,7 +1012,25 @@ async fn lateness_phase(
 
 /// Counts, with MONITOR, the commands that name the bench key: delayd's own
 /// traffic for the business, whatever else the server is doing.
-async fn idle_commands(client: &redis::Client, key: &str, secs: u64) -> Result<u64, Failure> {
+async fn idle_commands(
+    redis: &Redis,
+    conn: &RedisConn,
+    key: &str,
+    secs: u64,
+) -> Result<u64, BenchError> {
+    // MONITOR shows one server's commands: the master that holds the key.
+    let slot = crate::keys::slot(key);
+    let masters = conn
+        .masters(redis)
+        .await
+        .map_err(|e| fail("masters")(e.to_string()))?;
+    let master = masters
+        .iter()
+        .find(|m| m.serves(slot))
+        .ok_or_else(|| fail("masters")(format!("no master serves slot {slot}")))?;
+    let client = conn
+        .subscriber(redis, master)
+        .map_err(|e| fail("MONITOR")(e.to_string()))?;
     let mut monitor = client
         .get_async_monitor()
         .await
@@ -1017,7 +1047,7 @@ async fn idle_commands(client: &redis::Client, key: &str, secs: u64) -> Result<u
                 // Commands a script runs show up too, tagged "lua"; count the calls.
                 Some(l) if l.contains(&needle) && !l.contains(" lua]") => count += 1,
                 Some(_) => {}
-                None => return Err(Failure::runtime("bench: MONITOR stream ended")),
+                None => return Err(BenchError::Runtime("bench: MONITOR stream ended".into())),
             }
         }
     }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, Business, Config};
+use crate::config::{self, Business, Config, RedisMode};
+use crate::redis_conn::{Master, Redis, RedisConn};
 use crate::store::{KeyFamily, Stats, Store};
 
 mod by_id;
@@ -55,6 +56,14 @@ enum Command {
     Reschedule(by_id::RescheduleArgs),
     /// Page through pending tasks in due order.
     List(by_id::ListArgs),
+    /// Print the keys producers write to for a business, one per line
+    /// (shard 0 first), with each key's cluster slot.
+    Shards {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The business whose keys to print.
+        business: String,
+    },
     /// Look at and act on dead members.
     Dead {
         #[command(subcommand)]
@@ -160,8 +169,9 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             let cfg = config::load(&c.config)?;
             crate::telemetry::init_logging(cfg.log_format, &cfg.log_level);
             crate::supervisor::run(cfg).await.map_err(|e| match e {
-                crate::supervisor::RunError::Amqp(_)
-                | crate::supervisor::RunError::RedisUrl(..) => Failure::usage(e.to_string()),
+                crate::supervisor::RunError::Amqp(_) | crate::supervisor::RunError::Redis(_) => {
+                    Failure::usage(e.to_string())
+                }
                 other => Failure::runtime(other.to_string()),
             })
         }
@@ -172,43 +182,91 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Cancel(a) => by_id::cancel(a).await,
         Command::Reschedule(a) => by_id::reschedule(a).await,
         Command::List(a) => by_id::list(a).await,
+        Command::Shards {
+            config: c,
+            business,
+        } => shards(&config::load(&c.config)?, &business),
         Command::Dead { action } => dead(action).await,
-        Command::Bench(args) => crate::bench::run(args).await,
+        Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
+            code: e.exit_code(),
+            message: e.to_string(),
+        }),
     }
 }
 
 /// Connects to Redis once, with a bounded wait, for the one-shot commands.
-async fn redis_conn(cfg: &Config) -> Result<redis::aio::ConnectionManager, Failure> {
-    let client = crate::supervisor::redis_client(cfg).map_err(|e| Failure::usage(e.to_string()))?;
-    let conn = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.get_connection_manager_with_config(
-            redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_secs(3)))
-                .set_response_timeout(Some(Duration::from_secs(30)))
-                .set_number_of_retries(1),
-        ),
-    )
-    .await;
-    match conn {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(Failure::runtime(format!(
-            "cannot reach Redis at {}: {}; is it running?",
-            cfg.redis_url,
-            config::redact_url(&e.to_string())
-        ))),
-        Err(_) => Err(Failure::runtime(format!(
-            "cannot reach Redis at {}: timed out after 5s; is it running?",
-            cfg.redis_url
-        ))),
+async fn redis_conn(cfg: &Config) -> Result<RedisConn, Failure> {
+    Ok(redis_and_conn(cfg).await?.1)
+}
+
+/// [`redis_conn`], with the settings it was made from (for per-node clients).
+async fn redis_and_conn(cfg: &Config) -> Result<(Redis, RedisConn), Failure> {
+    let redis = Redis::new(&cfg.redis).map_err(|e| Failure::usage(e.to_string()))?;
+    match redis.connect().await {
+        Ok(c) => Ok((redis, c)),
+        Err(e) => Err(Failure::runtime(format!("cannot reach Redis: {e}"))),
     }
 }
 
-fn stores(conn: &redis::aio::ConnectionManager, b: &Business) -> Vec<Store> {
+fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
     b.keys()
         .iter()
         .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit).with_member(b.member))
         .collect()
+}
+
+fn shards(cfg: &Config, business: &str) -> Result<(), Failure> {
+    let b = cfg.business(business).map_err(Failure::usage)?;
+    for k in b.keys() {
+        println!("{k}\t{}", crate::keys::slot(&k));
+    }
+    Ok(())
+}
+
+/// For a cluster: which master serves each shard, and a warning when the
+/// shards do not spread (a master with none, or one with most of them).
+fn placement(b: &Business, masters: &[Master]) -> (Vec<String>, Vec<String>) {
+    let keys = b.keys();
+    let mut lines = Vec::new();
+    let mut per_master = vec![0usize; masters.len()];
+    for (i, k) in keys.iter().enumerate() {
+        let slot = crate::keys::slot(k);
+        let owner = masters.iter().position(|m| m.serves(slot));
+        if let Some(o) = owner {
+            per_master[o] += 1;
+        }
+        lines.push(format!(
+            "shard {i} \"{k}\" -> slot {slot} -> {}",
+            owner
+                .map(|o| masters[o].addr.to_string())
+                .unwrap_or_else(|| "no master (slot not served)".into())
+        ));
+    }
+    let mut warnings = Vec::new();
+    if keys.len() > 1 && masters.len() > 1 {
+        let idle: Vec<String> = masters
+            .iter()
+            .zip(&per_master)
+            .filter(|(_, n)| **n == 0)
+            .map(|(m, _)| m.addr.to_string())
+            .collect();
+        if !idle.is_empty() && keys.len() >= masters.len() {
+            warnings.push(format!(
+                "master(s) {} hold no shard of this business; with shard_names = \"spread\" and shards a multiple of the masters each gets its share",
+                idle.join(", ")
+            ));
+        }
+        for (m, n) in masters.iter().zip(&per_master) {
+            if *n * 2 > keys.len() {
+                warnings.push(format!(
+                    "master {} holds {n} of {} shards",
+                    m.addr,
+                    keys.len()
+                ));
+            }
+        }
+    }
+    (lines, warnings)
 }
 
 async fn check(cfg: &Config) -> Result<(), Failure> {
@@ -218,23 +276,56 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
         cfg.path.display(),
         cfg.businesses.len()
     );
-    let redis = match redis_conn(cfg).await {
-        Ok(mut c) => {
-            let flags = crate::store::keyspace_flags(&mut c).await;
-            let mode = match flags.as_deref() {
-                Some(f) if crate::store::flags_notify_zsets(f) => {
-                    "keyspace notifications on (millisecond wake-ups)".to_string()
+    let mut masters: Vec<Master> = Vec::new();
+    let redis = match redis_and_conn(cfg).await {
+        Ok((redis, c)) => {
+            let found = c.masters(&redis).await.unwrap_or_default();
+            let mut notes = Vec::new();
+            let mut all_on = !found.is_empty();
+            for m in &found {
+                let flags = match c.subscriber(&redis, m) {
+                    Ok(client) => match tokio::time::timeout(
+                        crate::redis_conn::CONNECT_TIMEOUT,
+                        client.get_multiplexed_async_connection(),
+                    )
+                    .await
+                    {
+                        Ok(Ok(mut n)) => crate::store::keyspace_flags(&mut n).await,
+                        _ => None,
+                    },
+                    Err(_) => None,
+                };
+                match flags.as_deref() {
+                    Some(f) if crate::store::flags_notify_zsets(f) => {}
+                    Some(f) => {
+                        all_on = false;
+                        notes.push(format!("{} has \"{f}\"", m.addr));
+                    }
+                    None => {
+                        all_on = false;
+                        notes.push(format!("{} unknown (CONFIG not allowed)", m.addr));
+                    }
                 }
-                Some(f) => format!(
-                    "keyspace notifications off (\"{f}\"): idle scanners poll every poll_interval; CONFIG SET notify-keyspace-events Kz turns them on"
-                ),
-                None => "keyspace notifications unknown (CONFIG not allowed)".to_string(),
+            }
+            let mode = if all_on {
+                "keyspace notifications on (millisecond wake-ups)".to_string()
+            } else {
+                format!(
+                    "keyspace notifications off or unknown ({}): idle scanners poll every poll_interval; CONFIG SET notify-keyspace-events Kz turns them on",
+                    notes.join(", ")
+                )
             };
-            println!("redis     {}: ok, {mode}", cfg.redis_url);
+            let topology = if cfg.redis.mode == RedisMode::Cluster {
+                format!(", {} masters", found.len())
+            } else {
+                String::new()
+            };
+            println!("redis     {}: ok{topology}, {mode}", cfg.redis.describe());
+            masters = found;
             Some(c)
         }
         Err(f) => {
-            println!("redis     {}: FAILED: {}", cfg.redis_url, f.message);
+            println!("redis     {}: FAILED: {}", cfg.redis.describe(), f.message);
             failed = true;
             None
         }
@@ -318,6 +409,15 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
             );
         } else {
             println!("business  {}: FAILED: {}", b.name, notes.join("; "));
+        }
+        if cfg.redis.mode == RedisMode::Cluster && redis.is_some() && notes.is_empty() {
+            let (lines, warnings) = placement(b, &masters);
+            for l in lines {
+                println!("          {l}");
+            }
+            for w in warnings {
+                println!("business  {}: WARNING: {w}", b.name);
+            }
         }
     }
     if let Some(c) = amqp {

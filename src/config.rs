@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::keys::ShardNames;
+
 /// A configuration problem a user can fix by editing the file or environment.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -175,13 +177,158 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which kind of Redis deployment delayd talks to (`[redis] mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisMode {
+    /// One server (the default).
+    Standalone,
+    /// A Redis Cluster, found from its seed nodes.
+    Cluster,
+    /// A master found through Redis Sentinel.
+    Sentinel,
+}
+
+impl RedisMode {
+    /// The value of the `mode` setting.
+    pub fn name(self) -> &'static str {
+        match self {
+            RedisMode::Standalone => "standalone",
+            RedisMode::Cluster => "cluster",
+            RedisMode::Sentinel => "sentinel",
+        }
+    }
+}
+
+/// A secret that is never printed: `Debug` and `Display` show `***`.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for handing to a client library and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// A PEM file named in the configuration, read once at load time so a
+/// missing or unreadable file is a configuration error, not a runtime one.
+#[derive(Clone)]
+pub struct PemFile {
+    /// The path as configured.
+    pub path: PathBuf,
+    /// The file's bytes.
+    pub pem: Vec<u8>,
+}
+
+impl fmt::Debug for PemFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())
+    }
+}
+
+/// Certificates for `rediss://`: a private CA to trust instead of the
+/// system's roots, and a client certificate with its key.
+#[derive(Debug, Clone, Default)]
+pub struct RedisTlsFiles {
+    /// `tls_ca_file`: the CA that signed the servers' certificates.
+    pub ca: Option<PemFile>,
+    /// `tls_cert_file`: the client certificate (chain).
+    pub cert: Option<PemFile>,
+    /// `tls_key_file`: the client certificate's private key.
+    pub key: Option<PemFile>,
+}
+
+/// The validated `[redis]` section.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// Standalone, cluster or sentinel.
+    pub mode: RedisMode,
+    /// Standalone: the one server. Cluster: seed nodes. Sentinel: the
+    /// sentinels (their user, password and database are the master's).
+    pub urls: Vec<SecretUrl>,
+    /// Sentinel: the name the sentinels know the master by.
+    pub master_name: Option<String>,
+    /// Sentinel: the sentinels' own password, when they require one.
+    pub sentinel_password: Option<Secret>,
+    /// Certificates for TLS; empty for the system's roots and no client certificate.
+    pub tls: RedisTlsFiles,
+}
+
+impl RedisConfig {
+    /// True when the URLs ask for TLS.
+    pub fn is_tls(&self) -> bool {
+        self.urls
+            .first()
+            .is_some_and(|u| u.expose().starts_with("rediss://"))
+    }
+
+    /// The URLs with passwords masked, for logs and `check`.
+    pub fn describe(&self) -> String {
+        let urls: Vec<String> = self.urls.iter().map(|u| u.redacted()).collect();
+        match self.mode {
+            RedisMode::Standalone => urls.join(", "),
+            RedisMode::Cluster => format!("cluster via {}", urls.join(", ")),
+            RedisMode::Sentinel => format!(
+                "master \"{}\" via sentinels {}",
+                self.master_name.as_deref().unwrap_or(""),
+                urls.join(", ")
+            ),
+        }
+    }
+
+    /// The section as TOML, secrets included: for the temporary config
+    /// `delayd bench` hands its child (a file only its owner can read).
+    pub fn to_toml(&self) -> String {
+        let q = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+        let mut out = format!("[redis]\nmode = \"{}\"\n", self.mode.name());
+        let urls: Vec<String> = self.urls.iter().map(|u| q(u.expose())).collect();
+        if self.mode == RedisMode::Standalone {
+            out.push_str(&format!("url = {}\n", urls.join(", ")));
+        } else {
+            out.push_str(&format!("urls = [{}]\n", urls.join(", ")));
+        }
+        if let Some(m) = &self.master_name {
+            out.push_str(&format!("master_name = {}\n", q(m)));
+        }
+        if let Some(p) = &self.sentinel_password {
+            out.push_str(&format!("sentinel_password = {}\n", q(p.expose())));
+        }
+        for (field, file) in [
+            ("tls_ca_file", &self.tls.ca),
+            ("tls_cert_file", &self.tls.cert),
+            ("tls_key_file", &self.tls.key),
+        ] {
+            if let Some(f) = file {
+                out.push_str(&format!("{field} = {}\n", q(&f.path.to_string_lossy())));
+            }
+        }
+        out
+    }
+}
+
+/// Where a business's `max_rate` bucket lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateScope {
+    /// Each process has its own bucket: N processes publish up to N × max_rate.
+    Process,
+    /// One bucket in Redis shared by every process.
+    Cluster,
+}
+
 /// The validated configuration the daemon and commands run with.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The file it came from, for messages.
     pub path: PathBuf,
-    /// Redis connection URL.
-    pub redis_url: SecretUrl,
+    /// How to reach Redis.
+    pub redis: RedisConfig,
     /// RabbitMQ: its nodes and how to reach them.
     pub amqp: AmqpConfig,
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` turns the server off.
@@ -283,8 +430,10 @@ pub struct Business {
     pub retry_backoff_max: Duration,
     /// Unit of the scores producers write.
     pub score_unit: ScoreUnit,
-    /// Number of shards `K:0..K:M-1`; 1 means the single key `K`.
+    /// Number of shards; 1 means the single key `K`.
     pub shards: usize,
+    /// How the shards' keys are named.
+    pub shard_names: ShardNames,
     /// Publish with `delivery_mode = 2`.
     pub persistent: bool,
     /// `content_type` property, when set.
@@ -296,6 +445,8 @@ pub struct Business {
     pub shutdown_timeout: Duration,
     /// Publishes per second across the business, when capped.
     pub max_rate: Option<u32>,
+    /// Whether `max_rate` holds per process or across every process.
+    pub max_rate_scope: RateScope,
     /// Longest idle sleep when keyspace notifications are not available.
     pub poll_interval: Duration,
     /// Longest idle sleep while keyspace notifications wake delayd early.
@@ -305,15 +456,10 @@ pub struct Business {
 }
 
 impl Business {
-    /// The Redis keys this business reads: `K`, or `K:0..K:M-1` when sharded.
+    /// The Redis keys this business reads: `K`, or its shards' keys, named
+    /// as [`Business::shard_names`] says.
     pub fn keys(&self) -> Vec<String> {
-        if self.shards <= 1 {
-            vec![self.key.clone()]
-        } else {
-            (0..self.shards)
-                .map(|i| format!("{}:{i}", self.key))
-                .collect()
-        }
+        crate::keys::shard_keys(&self.key, self.shards, self.shard_names)
     }
 }
 
@@ -330,7 +476,14 @@ struct RawConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRedis {
+    mode: Option<String>,
     url: Option<SecretUrl>,
+    urls: Option<Vec<SecretUrl>>,
+    master_name: Option<String>,
+    sentinel_password: Option<Secret>,
+    tls_ca_file: Option<PathBuf>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -372,11 +525,13 @@ struct RawBusiness {
     retry_backoff_max: Option<String>,
     score_unit: Option<String>,
     shards: Option<i64>,
+    shard_names: Option<String>,
     persistent: Option<bool>,
     content_type: Option<String>,
     properties: Option<String>,
     shutdown_timeout: Option<String>,
     max_rate: Option<i64>,
+    max_rate_scope: Option<String>,
     poll_interval: Option<String>,
     watchdog_interval: Option<String>,
     member: Option<String>,
@@ -427,10 +582,11 @@ fn load_with_env(path: &Path, env: config::Map<String, String>) -> Result<Config
                 .prefix_separator("_")
                 .separator("__")
                 .try_parsing(true)
-                // DELAYD_AMQP__URLS="amqp://a/..,amqp://b/..": the node list
-                // with its passwords, from a secret.
+                // DELAYD_AMQP__URLS="amqp://a/..,amqp://b/.." and
+                // DELAYD_REDIS__URLS: node lists with their passwords, from a secret.
                 .list_separator(",")
                 .with_list_parse_key("amqp.urls")
+                .with_list_parse_key("redis.urls")
                 .source(Some(env)),
         )
         .build()
@@ -490,32 +646,204 @@ fn describe_key(key: &str) -> String {
     }
 }
 
-fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
-    let mut problems = Vec::new();
-    let redis_url = match raw.redis.and_then(|r| r.url) {
-        Some(u) if !u.expose().is_empty() => u,
-        _ => {
-            problems
-                .push("[redis] field \"url\" is required (e.g. redis://127.0.0.1:6379/0)".into());
-            SecretUrl::new("")
+/// Validates `[redis]`, naming the field of every problem; reads the TLS
+/// files so a missing or malformed one is refused before any connection.
+fn validate_redis(raw: Option<RawRedis>, problems: &mut Vec<String>) -> RedisConfig {
+    let raw = raw.unwrap_or(RawRedis {
+        mode: None,
+        url: None,
+        urls: None,
+        master_name: None,
+        sentinel_password: None,
+        tls_ca_file: None,
+        tls_cert_file: None,
+        tls_key_file: None,
+    });
+    let mode = match raw.mode.as_deref() {
+        None | Some("standalone") => RedisMode::Standalone,
+        Some("cluster") => RedisMode::Cluster,
+        Some("sentinel") => RedisMode::Sentinel,
+        Some(other) => {
+            problems.push(format!(
+                "[redis] field \"mode\" must be \"standalone\", \"cluster\" or \"sentinel\" (got \"{other}\")"
+            ));
+            RedisMode::Standalone
         }
     };
-    let amqp = validate_amqp(raw.amqp, &mut problems);
-    // This build has no Redis TLS stack: a rediss:// URL would either fail
-    // late or, worse, connect in clear text. Refuse it up front.
-    let redis_ok = ["redis://", "unix://", "redis+unix://"];
-    if redis_url.expose().starts_with("rediss://") {
-        problems.push(
-            "[redis] field \"url\": rediss:// (TLS) is not supported by this build; use redis:// on a private network or a TLS sidecar such as stunnel".into(),
-        );
-    } else if !redis_url.expose().is_empty()
-        && !redis_ok.iter().any(|p| redis_url.expose().starts_with(p))
+    let url = raw.url.filter(|u| !u.expose().is_empty());
+    let listed = raw.urls.unwrap_or_default();
+    let mut urls: Vec<(String, SecretUrl)> = Vec::new();
+    match mode {
+        RedisMode::Standalone => {
+            if !listed.is_empty() {
+                problems.push(
+                    "[redis] field \"urls\" is for mode = \"cluster\" (seed nodes) or \"sentinel\" (the sentinels); a standalone server takes one url".into(),
+                );
+            }
+            match url {
+                Some(u) => urls.push(("url".into(), u)),
+                None => problems.push(
+                    "[redis] field \"url\" is required (e.g. redis://127.0.0.1:6379/0)".into(),
+                ),
+            }
+        }
+        RedisMode::Cluster | RedisMode::Sentinel => {
+            // `url` is one more node, so a single configuration endpoint
+            // (as managed services give) needs no list.
+            urls.extend(url.map(|u| ("url".to_string(), u)));
+            urls.extend(
+                listed
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, u)| (format!("urls[{i}]"), u)),
+            );
+            if urls.is_empty() {
+                let example = if mode == RedisMode::Cluster {
+                    "the seed nodes, e.g. [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]"
+                } else {
+                    "the sentinels, e.g. [\"redis://10.0.0.1:26379\", \"redis://10.0.0.2:26379\"]"
+                };
+                problems.push(format!(
+                    "[redis] field \"urls\" is required for mode = \"{}\": {example}",
+                    mode.name()
+                ));
+            }
+        }
+    }
+    for (field, u) in &urls {
+        let text = u.expose();
+        let schemes: &[&str] = if mode == RedisMode::Standalone {
+            &["redis://", "rediss://", "unix://", "redis+unix://"]
+        } else {
+            &["redis://", "rediss://"]
+        };
+        if !schemes.iter().any(|p| text.starts_with(p)) {
+            problems.push(format!(
+                "[redis] field \"{field}\" must start with {} (got {})",
+                schemes.join(" or "),
+                u.redacted()
+            ));
+        } else if text.contains("#insecure") || text.contains("?insecure") {
+            problems.push(format!(
+                "[redis] field \"{field}\": \"insecure\" would turn off the check of the server's certificate, which delayd does not allow; trust a private CA with tls_ca_file instead"
+            ));
+        } else if let Err(e) = redis::IntoConnectionInfo::into_connection_info(text) {
+            problems.push(format!(
+                "[redis] field \"{field}\" is not a valid Redis URL ({}): {}",
+                redact_url(&e.to_string()),
+                u.redacted()
+            ));
+        } else if mode == RedisMode::Cluster && url_db(text).is_some_and(|db| db != 0) {
+            problems.push(format!(
+                "[redis] field \"{field}\": a cluster has only database 0 (got {})",
+                u.redacted()
+            ));
+        }
+    }
+    let tls = urls
+        .first()
+        .is_some_and(|(_, u)| u.expose().starts_with("rediss://"));
+    if urls
+        .iter()
+        .any(|(_, u)| u.expose().starts_with("rediss://") != tls)
     {
+        problems.push(
+            "[redis] fields \"url\"/\"urls\": mix rediss:// (TLS) and redis:// (clear text); use one for every node".into(),
+        );
+    }
+    let master_name = raw.master_name.filter(|m| !m.is_empty());
+    match (mode, &master_name) {
+        (RedisMode::Sentinel, None) => problems.push(
+            "[redis] field \"master_name\" is required for mode = \"sentinel\": the name the sentinels monitor the master under (SENTINEL MASTERS lists it)".into(),
+        ),
+        (RedisMode::Sentinel, Some(_)) | (_, None) => {}
+        (_, Some(_)) => problems.push(format!(
+            "[redis] field \"master_name\" is for mode = \"sentinel\" (mode is \"{}\")",
+            mode.name()
+        )),
+    }
+    if raw.sentinel_password.is_some() && mode != RedisMode::Sentinel {
         problems.push(format!(
-            "[redis] field \"url\" must start with redis:// or unix:// (got {})",
-            redis_url.redacted()
+            "[redis] field \"sentinel_password\" is for mode = \"sentinel\" (mode is \"{}\")",
+            mode.name()
         ));
     }
+    let mut files = RedisTlsFiles::default();
+    for (field, path, slot, want_key) in [
+        ("tls_ca_file", raw.tls_ca_file, &mut files.ca, false),
+        ("tls_cert_file", raw.tls_cert_file, &mut files.cert, false),
+        ("tls_key_file", raw.tls_key_file, &mut files.key, true),
+    ] {
+        let Some(path) = path else { continue };
+        if !tls && !urls.is_empty() {
+            problems.push(format!(
+                "[redis] field \"{field}\" needs rediss:// URLs: with redis:// the connection is not encrypted and the file would be ignored"
+            ));
+            continue;
+        }
+        match std::fs::read(&path) {
+            Err(e) => problems.push(format!(
+                "[redis] field \"{field}\": cannot read {} ({e})",
+                path.display()
+            )),
+            Ok(pem) => {
+                if let Some(what) = pem_problem(&pem, want_key) {
+                    problems.push(format!(
+                        "[redis] field \"{field}\": {} {what}",
+                        path.display()
+                    ));
+                } else {
+                    *slot = Some(PemFile { path, pem });
+                }
+            }
+        }
+    }
+    match (&files.cert, &files.key) {
+        (Some(_), None) => problems.push(
+            "[redis] field \"tls_key_file\" is required with tls_cert_file (the client certificate's private key)".into(),
+        ),
+        (None, Some(_)) => problems.push(
+            "[redis] field \"tls_cert_file\" is required with tls_key_file (the client certificate the key belongs to)".into(),
+        ),
+        _ => {}
+    }
+    RedisConfig {
+        mode,
+        urls: urls.into_iter().map(|(_, u)| u).collect(),
+        master_name,
+        sentinel_password: raw.sentinel_password,
+        tls: files,
+    }
+}
+
+/// The database number in a `redis://host:port/N` URL, if it names one.
+fn url_db(url: &str) -> Option<i64> {
+    let rest = &url[url.find("://")? + 3..];
+    let path = &rest[rest.find('/')? + 1..];
+    let end = path.find(['?', '#']).unwrap_or(path.len());
+    path[..end].parse().ok()
+}
+
+/// Why `pem` is not a usable certificate file (or key file), if it is not.
+fn pem_problem(pem: &[u8], want_key: bool) -> Option<&'static str> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    if want_key {
+        return PrivateKeyDer::from_pem_slice(pem)
+            .is_err()
+            .then_some("holds no PEM private key");
+    }
+    match CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>() {
+        Ok(certs) if !certs.is_empty() => None,
+        Ok(_) => Some("holds no PEM certificate"),
+        Err(_) => Some("is not a valid PEM certificate file"),
+    }
+}
+
+fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let redis = validate_redis(raw.redis, &mut problems);
+    let amqp = validate_amqp(raw.amqp, &mut problems);
     let http_listen = match raw.http.and_then(|h| h.listen) {
         None => Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
         Some(s) if s.is_empty() || s == "off" => None,
@@ -557,7 +885,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
         ),
         Some(map) => {
             for (name, rb) in map {
-                if let Some(b) = validate_business(&name, rb, &mut problems) {
+                if let Some(b) = validate_business(&name, rb, redis.mode, &mut problems) {
                     businesses.push(b);
                 }
             }
@@ -583,7 +911,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
     }
     Ok(Config {
         path: path.to_path_buf(),
-        redis_url,
+        redis,
         amqp,
         http_listen,
         log_format,
@@ -697,7 +1025,12 @@ fn validate_amqp(raw: Option<RawAmqp>, problems: &mut Vec<String>) -> AmqpConfig
     }
 }
 
-fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) -> Option<Business> {
+fn validate_business(
+    name: &str,
+    rb: RawBusiness,
+    mode: RedisMode,
+    problems: &mut Vec<String>,
+) -> Option<Business> {
     let before = problems.len();
     let mut need = |field: &str, v: Option<String>, allow_empty: bool| -> String {
         match v {
@@ -720,7 +1053,7 @@ fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) ->
     // The default exchange is named "", so an empty exchange is legitimate.
     let exchange = need("exchange", rb.exchange, true);
     let routing_key = need("routing_key", rb.routing_key, true);
-    if key.contains('}') && !crate::store::has_hash_tag(&key) {
+    if key.contains('}') && !crate::keys::has_hash_tag(&key) {
         problems.push(format!(
             "business \"{name}\", field \"key\": \"{key}\" has a '}}' but no hash tag such as {{tag}}, so its helper keys could not share its cluster slot"
         ));
@@ -757,6 +1090,37 @@ fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) ->
     let max_rate = rb
         .max_rate
         .map(|r| size("max_rate", Some(r), 1, 10_000_000) as u32);
+    if mode == RedisMode::Cluster && shards > 1 && crate::keys::has_hash_tag(&key) {
+        problems.push(format!(
+            "business \"{name}\", field \"key\": \"{key}\" has a hash tag, so on a cluster all {shards} shards would share one slot and one master; drop the {{...}} from the key (delayd tags each shard itself)"
+        ));
+    }
+    let shard_names = match rb.shard_names.as_deref() {
+        None if mode == RedisMode::Cluster => ShardNames::Spread,
+        None | Some("index") => ShardNames::Index,
+        Some("spread") => ShardNames::Spread,
+        Some(other) => {
+            problems.push(format!(
+                "business \"{name}\", field \"shard_names\" must be \"index\" (K:0, K:1, ...) or \"spread\" (one slot range per shard) (got \"{other}\")"
+            ));
+            ShardNames::Index
+        }
+    };
+    let max_rate_scope = match rb.max_rate_scope.as_deref() {
+        None | Some("process") => RateScope::Process,
+        Some("cluster") => RateScope::Cluster,
+        Some(other) => {
+            problems.push(format!(
+                "business \"{name}\", field \"max_rate_scope\" must be \"process\" or \"cluster\" (got \"{other}\")"
+            ));
+            RateScope::Process
+        }
+    };
+    if max_rate_scope == RateScope::Cluster && max_rate.is_none() {
+        problems.push(format!(
+            "business \"{name}\", field \"max_rate_scope\" = \"cluster\" needs max_rate (publishes per second shared by every process)"
+        ));
+    }
 
     let mut duration = |field: &str, v: Option<String>, default: &str| -> Duration {
         let s = v.unwrap_or_else(|| default.to_string());
@@ -859,11 +1223,13 @@ fn validate_business(name: &str, rb: RawBusiness, problems: &mut Vec<String>) ->
         retry_backoff_max,
         score_unit,
         shards,
+        shard_names,
         persistent: rb.persistent.unwrap_or(true),
         content_type: rb.content_type.filter(|c| !c.is_empty()),
         properties,
         shutdown_timeout,
         max_rate,
+        max_rate_scope,
         poll_interval,
         watchdog_interval,
         member,
@@ -1328,5 +1694,292 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
         assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
         assert_eq!(redact_url("redis://:pw@h:1/0"), "redis://:***@h:1/0");
         assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+    }
+
+    fn redis_section(redis: &str) -> String {
+        format!(
+            "[redis]\n{redis}\n[amqp]\nurl = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n[businesses.billing]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n"
+        )
+    }
+
+    fn pem_files() -> (tempfile::TempDir, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        // A syntactically valid PEM certificate and key (not a usable pair:
+        // validation checks the files' form, the handshake checks the rest).
+        let cert = dir.path().join("c.pem");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let key = dir.path().join("k.pem");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let (c, k) = (cert.display().to_string(), key.display().to_string());
+        (dir, c, k)
+    }
+
+    #[test]
+    fn redis_mode_defaults_to_standalone_and_refuses_others() {
+        let c = load_str(&business("")).unwrap();
+        assert_eq!(c.redis.mode, RedisMode::Standalone);
+        let e = err_of(&redis_section("mode = \"replicated\"\nurl = \"redis://h\""));
+        assert!(
+            e.contains("[redis] field \"mode\" must be \"standalone\", \"cluster\" or \"sentinel\" (got \"replicated\")"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn urls_are_refused_in_standalone_mode() {
+        let e = err_of(&redis_section(
+            "url = \"redis://h\"\nurls = [\"redis://a\"]",
+        ));
+        assert!(
+            e.contains("[redis] field \"urls\" is for mode = \"cluster\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_and_sentinel_need_urls() {
+        for mode in ["cluster", "sentinel"] {
+            let e = err_of(&redis_section(&format!(
+                "mode = \"{mode}\"\nmaster_name = \"m\""
+            )));
+            assert!(
+                e.contains(&format!(
+                    "[redis] field \"urls\" is required for mode = \"{mode}\""
+                )),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn cluster_takes_url_and_urls_as_seeds_and_spreads_shards() {
+        let c = load_str(&redis_section(
+            "mode = \"cluster\"\nurl = \"redis://a:7000\"\nurls = [\"redis://b:7000\"]",
+        ))
+        .unwrap();
+        assert_eq!(c.redis.urls.len(), 2);
+        let c = load_str(
+            &redis_section("mode = \"cluster\"\nurls = [\"redis://b:7000\"]")
+                .replace("routing_key = \"r\"", "routing_key = \"r\"\nshards = 3"),
+        )
+        .unwrap();
+        assert_eq!(c.businesses[0].shard_names, ShardNames::Spread);
+        assert!(c.businesses[0].keys()[0].starts_with("k:{s0."));
+    }
+
+    #[test]
+    fn redis_url_scheme_is_checked_per_field() {
+        let e = err_of(&redis_section(
+            "mode = \"cluster\"\nurls = [\"redis://a:1\", \"unix:///tmp/r.sock\"]",
+        ));
+        assert!(
+            e.contains("[redis] field \"urls[1]\" must start with redis:// or rediss://"),
+            "{e}"
+        );
+        let e = err_of(&redis_section("url = \"http://h\""));
+        assert!(e.contains("[redis] field \"url\" must start with"), "{e}");
+    }
+
+    #[test]
+    fn insecure_tls_is_refused() {
+        let e = err_of(&redis_section("url = \"rediss://h:6380/#insecure\""));
+        assert!(
+            e.contains("[redis] field \"url\": \"insecure\" would turn off the check"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_refuses_a_database_other_than_0() {
+        let e = err_of(&redis_section(
+            "mode = \"cluster\"\nurls = [\"redis://a:7000/3\"]",
+        ));
+        assert!(
+            e.contains("[redis] field \"urls[0]\": a cluster has only database 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mixed_tls_and_clear_text_urls_are_refused() {
+        let e = err_of(&redis_section(
+            "mode = \"cluster\"\nurls = [\"rediss://a:7000\", \"redis://b:7000\"]",
+        ));
+        assert!(e.contains("mix rediss:// (TLS) and redis://"), "{e}");
+    }
+
+    #[test]
+    fn sentinel_needs_master_name() {
+        let e = err_of(&redis_section(
+            "mode = \"sentinel\"\nurls = [\"redis://s:26379\"]",
+        ));
+        assert!(
+            e.contains("[redis] field \"master_name\" is required for mode = \"sentinel\""),
+            "{e}"
+        );
+        let c = load_str(&redis_section(
+            "mode = \"sentinel\"\nurls = [\"redis://:pw@s:26379/2\"]\nmaster_name = \"main\"\nsentinel_password = \"spw\"",
+        ))
+        .unwrap();
+        assert_eq!(c.redis.master_name.as_deref(), Some("main"));
+        assert!(!format!("{:?}", c.redis).contains("spw"));
+    }
+
+    #[test]
+    fn master_name_outside_sentinel_mode_is_refused() {
+        let e = err_of(&redis_section("url = \"redis://h\"\nmaster_name = \"m\""));
+        assert!(
+            e.contains(
+                "[redis] field \"master_name\" is for mode = \"sentinel\" (mode is \"standalone\")"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sentinel_password_outside_sentinel_mode_is_refused() {
+        let e = err_of(&redis_section(
+            "url = \"redis://h\"\nsentinel_password = \"x\"",
+        ));
+        assert!(
+            e.contains("[redis] field \"sentinel_password\" is for mode = \"sentinel\""),
+            "{e}"
+        );
+        assert!(!e.contains("\"x\""), "{e}");
+    }
+
+    #[test]
+    fn tls_files_need_rediss_urls() {
+        let (_d, cert, _) = pem_files();
+        let e = err_of(&redis_section(&format!(
+            "url = \"redis://h\"\ntls_ca_file = \"{cert}\""
+        )));
+        assert!(
+            e.contains("[redis] field \"tls_ca_file\" needs rediss:// URLs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unreadable_tls_file_is_named() {
+        let e = err_of(&redis_section(
+            "url = \"rediss://h\"\ntls_ca_file = \"/nonexistent/ca.pem\"",
+        ));
+        assert!(
+            e.contains("[redis] field \"tls_ca_file\": cannot read /nonexistent/ca.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_file_without_pem_is_refused() {
+        let (_d, cert, key) = pem_files();
+        let e = err_of(&redis_section(&format!(
+            "url = \"rediss://h\"\ntls_ca_file = \"{key}\""
+        )));
+        assert!(
+            e.contains("field \"tls_ca_file\"") && e.contains("holds no PEM certificate"),
+            "{e}"
+        );
+        let e = err_of(&redis_section(&format!(
+            "url = \"rediss://h\"\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{cert}\""
+        )));
+        assert!(
+            e.contains("field \"tls_key_file\"") && e.contains("holds no PEM private key"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn client_cert_and_key_come_together() {
+        let (_d, cert, key) = pem_files();
+        let e = err_of(&redis_section(&format!(
+            "url = \"rediss://h\"\ntls_cert_file = \"{cert}\""
+        )));
+        assert!(
+            e.contains("[redis] field \"tls_key_file\" is required with tls_cert_file"),
+            "{e}"
+        );
+        let e = err_of(&redis_section(&format!(
+            "url = \"rediss://h\"\ntls_key_file = \"{key}\""
+        )));
+        assert!(
+            e.contains("[redis] field \"tls_cert_file\" is required with tls_key_file"),
+            "{e}"
+        );
+        let c = load_str(&redis_section(&format!(
+            "url = \"rediss://h\"\ntls_ca_file = \"{cert}\"\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\""
+        )))
+        .unwrap();
+        assert!(c.redis.is_tls() && c.redis.tls.key.is_some());
+    }
+
+    #[test]
+    fn hash_tagged_key_with_shards_is_refused_in_cluster_mode() {
+        let body = redis_section("mode = \"cluster\"\nurls = [\"redis://a:7000\"]")
+            .replace("key = \"k\"", "key = \"{k}\"\nshards = 4");
+        let e = err_of(&body);
+        assert!(
+            e.contains("business \"billing\", field \"key\": \"{k}\" has a hash tag"),
+            "{e}"
+        );
+        // One shard, or standalone, is fine.
+        let body = business("shards = 4").replace("key = \"k\"", "key = \"{k}\"");
+        assert!(load_str(&body).is_ok());
+    }
+
+    #[test]
+    fn bad_shard_names_is_refused() {
+        let e = err_of(&business("shard_names = \"hashed\""));
+        assert!(
+            e.contains("business \"billing\", field \"shard_names\" must be \"index\""),
+            "{e}"
+        );
+        let c = load_str(&business("shards = 2\nshard_names = \"spread\"")).unwrap();
+        assert_eq!(c.businesses[0].keys().len(), 2);
+        assert!(c.businesses[0].keys()[1].starts_with("k:{s1."));
+    }
+
+    #[test]
+    fn bad_max_rate_scope_is_refused() {
+        let e = err_of(&business("max_rate = 5\nmax_rate_scope = \"global\""));
+        assert!(
+            e.contains("business \"billing\", field \"max_rate_scope\" must be \"process\" or \"cluster\" (got \"global\")"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_rate_scope_needs_max_rate() {
+        let e = err_of(&business("max_rate_scope = \"cluster\""));
+        assert!(
+            e.contains("field \"max_rate_scope\" = \"cluster\" needs max_rate"),
+            "{e}"
+        );
+        let c = load_str(&business("max_rate = 5\nmax_rate_scope = \"cluster\"")).unwrap();
+        assert_eq!(c.businesses[0].max_rate_scope, RateScope::Cluster);
+    }
+
+    #[test]
+    fn redis_section_round_trips_through_toml() {
+        let c = load_str(&redis_section(
+            "mode = \"sentinel\"\nurls = [\"redis://:p\\\"w@s:26379\"]\nmaster_name = \"main\"",
+        ))
+        .unwrap();
+        let again = load_str(&format!(
+            "{}[amqp]\nurl = \"amqp://h\"\n[businesses.b]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+            c.redis.to_toml()
+        ))
+        .unwrap();
+        assert_eq!(again.redis.urls[0].expose(), c.redis.urls[0].expose());
+        assert_eq!(again.redis.master_name.as_deref(), Some("main"));
     }
 }

@@ -5,7 +5,10 @@
 //! then forgets it. Where each concern lives:
 //!
 //! - [`config`]: the TOML file, environment overrides and validation;
-//! - [`store`]: the Redis side, key names and the Lua scripts (`src/lua/`);
+//! - [`redis_conn`]: one connection type for every Redis mode (standalone,
+//!   cluster, sentinel), clear text or TLS;
+//! - [`keys`]: hash tags, cluster slots and shard names;
+//! - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
 //! - [`amqp`]: the RabbitMQ side: nodes, TLS, a supervised connection and the message;
 //! - [`tls`]: the CA and client certificate files the configuration names;
 //! - [`scanner`]: one claim → publish → settle loop;
@@ -20,6 +23,8 @@ pub mod amqp;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod keys;
+pub mod redis_conn;
 pub mod scanner;
 pub mod store;
 pub mod supervisor;

@@ -6,16 +6,17 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::Script;
 
 use crate::config::{MemberMode, ScoreUnit};
+use crate::keys::has_hash_tag;
+use crate::redis_conn::{script, RedisConn};
 
 /// A Redis failure, as seen by a scanner or a command.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Redis answered with an error or the connection failed.
-    #[error("{0}")]
+    #[error("{}", crate::redis_conn::describe(.0))]
     Redis(#[from] redis::RedisError),
     /// A script returned something it never returns; a bug or a foreign script.
     #[error("unexpected reply from Redis: {0}")]
@@ -92,18 +93,6 @@ impl KeyFamily {
     }
 }
 
-/// Redis Cluster hashes only the part between the first `{` and the next
-/// `}`, when that part is not empty.
-pub(crate) fn has_hash_tag(key: &str) -> bool {
-    match key.find('{') {
-        Some(open) => match key[open + 1..].find('}') {
-            Some(len) => len > 0,
-            None => false,
-        },
-        None => false,
-    }
-}
-
 /// The server's `notify-keyspace-events` flags, or `None` where `CONFIG` is
 /// forbidden (as on many managed services).
 pub async fn keyspace_flags<C: redis::aio::ConnectionLike>(conn: &mut C) -> Option<String> {
@@ -121,20 +110,17 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
     flags.contains('K') && (flags.contains('z') || flags.contains('A'))
 }
 
-static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/claim.lua")));
-static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ack.lua")));
-static RETRY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/retry.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/extend.lua")));
-static SWEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/sweep.lua")));
-static SWEEP_BODY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/sweep_body.lua")));
-static STATS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/stats.lua")));
-static DEAD_LIST: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/dead_list.lua")));
+static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
+static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/ack.lua")));
+static RETRY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/retry.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
+static SWEEP: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/sweep.lua")));
+static SWEEP_BODY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/sweep_body.lua")));
+static STATS: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/stats.lua")));
+static DEAD_LIST: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/dead_list.lua")));
 static DEAD_REQUEUE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/dead_requeue.lua")));
-static DEAD_PURGE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/dead_purge.lua")));
+    LazyLock::new(|| script(include_str!("lua/dead_requeue.lua")));
+static DEAD_PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/dead_purge.lua")));
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call
 /// should hold Redis for a few milliseconds at most.
@@ -322,7 +308,7 @@ fn calls<T>(groups: &[Held<T>], bytes: impl Fn(&T) -> usize) -> Vec<Vec<(u16, &[
 /// Typed calls to the scripts for one key family.
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    conn: RedisConn,
     keys: KeyFamily,
     unit: ScoreUnit,
     member: MemberMode,
@@ -330,9 +316,9 @@ pub struct Store {
 
 impl Store {
     /// A store for `keys` over a shared, self-reconnecting connection.
-    pub fn new(conn: ConnectionManager, keys: KeyFamily, unit: ScoreUnit) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, keys: KeyFamily, unit: ScoreUnit) -> Self {
         Self {
-            conn,
+            conn: conn.into(),
             keys,
             unit,
             member: MemberMode::Body,
@@ -877,11 +863,5 @@ mod tests {
         let k = KeyFamily::new("delay:{order}:timeout");
         assert_eq!(k.inflight, "delay:{order}:timeout:inflight");
         assert_eq!(k.body, "delay:{order}:timeout:body");
-    }
-
-    #[test]
-    fn empty_braces_are_not_a_tag() {
-        assert!(!has_hash_tag("a{}b"));
-        assert!(has_hash_tag("a{b}c"));
     }
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use redis::aio::ConnectionManager;
 use tokio::sync::{Notify, OnceCell};
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::Broker;
-use crate::config::Config;
+use crate::config::{Config, RedisMode};
+use crate::redis_conn::{Redis, RedisConn};
 use crate::scanner::{self, Lane};
 use crate::store::{KeyFamily, Store};
 use crate::telemetry::{self, Backoff, Health, HttpState};
@@ -19,9 +19,9 @@ use crate::telemetry::{self, Backoff, Health, HttpState};
 /// Errors that stop the daemon before it starts dispatching.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The Redis URL is unusable.
-    #[error("[redis] url {0}: {1}")]
-    RedisUrl(String, String),
+    /// The Redis settings are unusable.
+    #[error(transparent)]
+    Redis(#[from] crate::redis_conn::ConnError),
     /// The AMQP URL is unusable.
     #[error(transparent)]
     Amqp(#[from] crate::amqp::AmqpError),
@@ -33,34 +33,20 @@ pub enum RunError {
     Http(std::net::SocketAddr, std::io::Error),
 }
 
-/// Opens a Redis client, mapping a bad URL to a user-facing error.
-pub fn redis_client(config: &Config) -> Result<redis::Client, RunError> {
-    redis::Client::open(config.redis_url.expose()).map_err(|e| {
-        RunError::RedisUrl(
-            config.redis_url.redacted(),
-            crate::config::redact_url(&e.to_string()),
-        )
-    })
-}
-
-/// Connects a self-reconnecting Redis connection, retrying with backoff
-/// until it succeeds or `stop` fires, so delayd can start before Redis.
+/// Connects to Redis in the configured mode, retrying with backoff until
+/// it succeeds or `stop` fires, so delayd can start before Redis. Each
+/// failure's reason is what `/readyz` shows.
 pub async fn connect_redis(
-    client: &redis::Client,
+    redis: &Redis,
     health: &Health,
     stop: &CancellationToken,
-) -> Option<ConnectionManager> {
-    let cfg = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(3)))
-        .set_response_timeout(Some(Duration::from_secs(10)))
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_secs(2));
+) -> Option<RedisConn> {
     // Capped at 5 s, so dispatching starts within seconds of Redis coming up.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         let attempt = tokio::select! {
             _ = stop.cancelled() => return None,
-            r = client.get_connection_manager_with_config(cfg.clone()) => r,
+            r = redis.connect() => r,
         };
         match attempt {
             Ok(c) => {
@@ -80,7 +66,7 @@ pub async fn connect_redis(
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops cleanly.
 pub async fn run(config: Config) -> Result<(), RunError> {
-    let client = redis_client(&config)?;
+    let redis = Redis::new(&config.redis)?;
     let stop = CancellationToken::new();
     let conn_stop = CancellationToken::new();
     let broker = Broker::start(&config.amqp, conn_stop.clone())?;
@@ -108,12 +94,31 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     ));
 
     tracing::info!(
-        redis = %config.redis_url,
+        redis = %config.redis.describe(),
         amqp = %config.amqp,
         businesses = config.businesses.len(),
         "delayd starting"
     );
-    let Some(conn) = connect_redis(&client, &redis_health, &stop).await else {
+    // Served before Redis is reached, so /readyz can say why it is not.
+    let mut http = None;
+    if let Some(listen) = config.http_listen {
+        let state = Arc::new(HttpState {
+            redis: redis_health.clone(),
+            amqp: broker.health.clone(),
+            stores: std::sync::OnceLock::new(),
+            scrape: tokio::sync::Mutex::new(()),
+        });
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| RunError::Http(listen, e))?;
+        http = Some(state.clone());
+        tokio::spawn(async move {
+            if let Err(e) = telemetry::serve_http(listener, state).await {
+                tracing::error!(%listen, error = %e, "HTTP server stopped");
+            }
+        });
+    }
+    let Some(conn) = connect_redis(&redis, &redis_health, &stop).await else {
         conn_stop.cancel();
         return Ok(());
     };
@@ -144,31 +149,18 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         }
     }
 
-    if let Some(listen) = config.http_listen {
-        let state = Arc::new(HttpState {
-            redis: redis_health.clone(),
-            amqp: broker.health.clone(),
-            stores: lanes
+    if let Some(http) = &http {
+        let _ = http.stores.set(
+            lanes
                 .iter()
                 .map(|l| (l.business.name.clone(), l.store.clone()))
                 .collect(),
-            scrape: tokio::sync::Mutex::new(()),
-        });
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| RunError::Http(listen, e))?;
-        tokio::spawn(async move {
-            if let Err(e) = telemetry::serve_http(listener, state).await {
-                tracing::error!(%listen, error = %e, "HTTP server stopped");
-            }
-        });
+        );
     }
 
-    let db = client.get_connection_info().redis_settings().db();
     tokio::spawn(watch_keyspace(
-        client.clone(),
+        redis.clone(),
         conn.clone(),
-        db,
         lanes.clone(),
         stop.clone(),
     ));
@@ -284,55 +276,196 @@ async fn watch_signals(
     }
 }
 
-/// Subscribes to keyspace events of every key, as wake-up hints only: if the
-/// server does not publish them, or the subscription drops, scanners fall
-/// back to polling every `poll_interval`.
+/// How often the keyspace watcher re-reads where the masters are. A
+/// cluster's masters change on failover and resharding; a standalone
+/// server's flags are re-read now and then in case an operator turned the
+/// events on.
+fn topology_interval(mode: RedisMode) -> Duration {
+    match mode {
+        RedisMode::Standalone => Duration::from_secs(60),
+        RedisMode::Cluster | RedisMode::Sentinel => Duration::from_secs(1),
+    }
+}
+
+/// What one master's subscriber reports to the watcher.
+#[derive(Default)]
+struct NodeState {
+    /// The node publishes zset keyspace events (or we could not ask).
+    enabled: AtomicBool,
+    /// Subscribed and receiving.
+    subscribed: AtomicBool,
+    /// The node's flags, for the log.
+    flags: std::sync::Mutex<Option<String>>,
+}
+
+/// Subscribes to keyspace events of every key on every master, as wake-up
+/// hints only: keyspace events are published by the node that holds the
+/// key, so a cluster needs a subscription per master, redone when the
+/// masters change. Scanners count on the hints (sleeping up to
+/// `watchdog_interval`) only while every master is subscribed with the
+/// events on; otherwise they poll every `poll_interval`.
 async fn watch_keyspace(
-    client: redis::Client,
-    mut conn: ConnectionManager,
-    db: i64,
+    redis: Redis,
+    conn: RedisConn,
     lanes: Vec<Arc<Lane>>,
     stop: CancellationToken,
 ) {
-    let set_all = |on: bool| {
+    let changed = Arc::new(Notify::new());
+    let mut nodes: std::collections::BTreeMap<
+        String,
+        (tokio::task::JoinHandle<()>, Arc<NodeState>),
+    > = Default::default();
+    let mut reported: Option<bool> = None;
+    let mut failed_logged = false;
+    let interval = topology_interval(redis.mode());
+    loop {
+        match conn.masters(&redis).await {
+            Ok(masters) if !masters.is_empty() => {
+                failed_logged = false;
+                let wanted: std::collections::BTreeMap<String, crate::redis_conn::Master> = masters
+                    .into_iter()
+                    .map(|m| (m.addr.to_string(), m))
+                    .collect();
+                nodes.retain(|addr, (task, _)| {
+                    let keep = wanted.contains_key(addr);
+                    if !keep {
+                        task.abort();
+                    }
+                    keep
+                });
+                for (addr, m) in wanted {
+                    if nodes.contains_key(&addr) {
+                        continue;
+                    }
+                    match conn.subscriber(&redis, &m) {
+                        Ok(client) => {
+                            let state = Arc::new(NodeState::default());
+                            let task = tokio::spawn(subscribe_node(
+                                client,
+                                addr.clone(),
+                                redis.db(),
+                                lanes.clone(),
+                                state.clone(),
+                                changed.clone(),
+                                stop.clone(),
+                            ));
+                            nodes.insert(addr, (task, state));
+                        }
+                        Err(e) => tracing::debug!(error = %e, "cannot subscribe on a master"),
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if !failed_logged {
+                    tracing::debug!(error = %e, "cannot list the masters for keyspace subscriptions; polling meanwhile");
+                    failed_logged = true;
+                }
+            }
+        }
+        let all_on = !nodes.is_empty()
+            && nodes.values().all(|(_, s)| {
+                s.subscribed.load(Ordering::Relaxed) && s.enabled.load(Ordering::Relaxed)
+            });
         for l in &lanes {
-            l.notifications.store(on, Ordering::Relaxed);
+            l.notifications.store(all_on, Ordering::Relaxed);
+        }
+        let any_off = nodes
+            .values()
+            .any(|(_, s)| !s.enabled.load(Ordering::Relaxed));
+        let decided = all_on || any_off;
+        if decided && reported != Some(all_on) {
+            let flags: Vec<String> = nodes
+                .iter()
+                .map(|(a, (_, s))| {
+                    let f = s.flags.lock().ok().and_then(|f| f.clone());
+                    format!("{a}={}", f.as_deref().unwrap_or("unknown"))
+                })
+                .collect();
+            if all_on {
+                tracing::info!(flags = %flags.join(" "), masters = nodes.len(), "keyspace notifications on: idle scanners wake on ZADD and sleep until the next due time");
+            } else {
+                tracing::info!(flags = %flags.join(" "), "keyspace notifications off on some master: idle scanners poll every poll_interval; for millisecond lateness run CONFIG SET notify-keyspace-events Kz on every master");
+            }
+            reported = Some(all_on);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(interval) => {}
+            _ = changed.notified() => {}
+        }
+    }
+    for (task, _) in nodes.into_values() {
+        task.abort();
+    }
+}
+
+/// Keeps one subscription on one master: reads its flags, subscribes to
+/// every lane's channel (only the keys it holds will ever publish), wakes
+/// the lanes whenever a member may have become due sooner, and starts
+/// over, with backoff, when the stream drops.
+async fn subscribe_node(
+    client: redis::Client,
+    addr: String,
+    db: i64,
+    lanes: Vec<Arc<Lane>>,
+    state: Arc<NodeState>,
+    changed: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let sleep = |d: Duration| {
+        let stop = stop.clone();
+        async move {
+            tokio::select! {
+                _ = stop.cancelled() => false,
+                _ = tokio::time::sleep(d) => true,
+            }
         }
     };
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let mut reported: Option<bool> = None;
+    let connect_timeout = crate::redis_conn::CONNECT_TIMEOUT;
     loop {
-        let flags = crate::store::keyspace_flags(&mut conn).await;
         // Managed services often forbid CONFIG; subscribing anyway costs
         // nothing and works when the operator enabled the events.
+        let flags =
+            match tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection())
+                .await
+            {
+                Ok(Ok(mut c)) => crate::store::keyspace_flags(&mut c).await,
+                _ => {
+                    if !sleep(backoff.next_delay()).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
         let enabled = flags
             .as_deref()
             .map(crate::store::flags_notify_zsets)
             .unwrap_or(true);
-        if reported != Some(enabled) {
-            if enabled {
-                tracing::info!(flags = flags.as_deref().unwrap_or("unknown"), "keyspace notifications on: idle scanners wake on ZADD and sleep until the next due time");
-            } else {
-                tracing::info!(flags = flags.as_deref().unwrap_or(""), "keyspace notifications off: idle scanners poll every poll_interval; for millisecond lateness run CONFIG SET notify-keyspace-events Kz");
-            }
-            reported = Some(enabled);
+        if let Ok(mut f) = state.flags.lock() {
+            *f = flags;
         }
+        state.enabled.store(enabled, Ordering::Relaxed);
         if !enabled {
-            set_all(false);
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(60)) => continue,
+            changed.notify_one();
+            if !sleep(Duration::from_secs(60)).await {
+                return;
             }
+            continue;
         }
-        let mut pubsub = match client.get_async_pubsub().await {
-            Ok(p) => p,
-            Err(e) => {
-                set_all(false);
-                tracing::debug!(error = %e, "keyspace subscription failed; polling meanwhile");
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff.next_delay()) => continue,
+        let mut pubsub = match tokio::time::timeout(connect_timeout, client.get_async_pubsub())
+            .await
+        {
+            Ok(Ok(p)) => p,
+            other => {
+                if let Ok(Err(e)) = other {
+                    tracing::debug!(node = %addr, error = %e, "keyspace subscription failed; polling meanwhile");
                 }
+                if !sleep(backoff.next_delay()).await {
+                    return;
+                }
+                continue;
             }
         };
         let mut channels = std::collections::HashMap::new();
@@ -346,14 +479,14 @@ async fn watch_keyspace(
             channels.insert(ch.into_bytes(), l.clone());
         }
         if !ok {
-            set_all(false);
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(backoff.next_delay()) => continue,
+            if !sleep(backoff.next_delay()).await {
+                return;
             }
+            continue;
         }
         backoff.reset();
-        set_all(true);
+        state.subscribed.store(true, Ordering::Relaxed);
+        changed.notify_one();
         // Anything added while we were not subscribed is found by a poll.
         for l in &lanes {
             l.lead_wake.notify_one();
@@ -382,12 +515,17 @@ async fn watch_keyspace(
                         }
                     }
                     None => {
-                        set_all(false);
-                        tracing::debug!("keyspace subscription dropped; polling until it is back");
+                        tracing::debug!(node = %addr, "keyspace subscription dropped; polling until it is back");
                         break;
                     }
                 }
             }
+        }
+        state.subscribed.store(false, Ordering::Relaxed);
+        changed.notify_one();
+        // A node that drops every subscription at once must not be hammered.
+        if !sleep(backoff.next_delay()).await {
+            return;
         }
     }
 }

@@ -345,7 +345,7 @@ pub struct HttpState {
     /// RabbitMQ reachability.
     pub amqp: Arc<Health>,
     /// One store per key, with its business name, for scrape-time gauges.
-    pub stores: Vec<(String, Store)>,
+    pub stores: std::sync::OnceLock<Vec<(String, Store)>>,
     /// Serialises scrapes so a burst of them costs Redis one round each.
     pub scrape: Mutex<()>,
 }
@@ -422,7 +422,7 @@ async fn metrics_handler(
         let _guard = state.scrape.lock().await;
         let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
         let mut forecast: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
-        for (business, store) in &state.stores {
+        for (business, store) in state.stores.get().map(|v| v.as_slice()).unwrap_or(&[]) {
             let stats = tokio::time::timeout(Duration::from_secs(2), store.stats()).await;
             if let Ok(Ok(s)) = stats {
                 let t = totals.entry(business.as_str()).or_default();

@@ -207,7 +207,7 @@ fn override_problems(file: &str, env: &[(String, String)], cfg: &Config) -> Vec<
     let mut problems = Vec::new();
     for (k, v) in env {
         let effective = match k.as_str() {
-            "DELAYD_REDIS__URL" => Some(cfg.redis_url.expose().to_string()),
+            "DELAYD_REDIS__URL" => Some(cfg.redis.urls[0].expose().to_string()),
             "DELAYD_AMQP__URL" => Some(cfg.amqp.urls[0].expose().to_string()),
             "DELAYD_AMQP__URLS" => Some(
                 cfg.amqp
@@ -487,7 +487,7 @@ fn compose_problems(compose: &Value, img: &Image) -> Vec<String> {
     // The servers the URLs name are services of this file, on their ports.
     let services = at(compose, "services").and_then(Value::as_mapping);
     for (what, url) in [
-        ("redis", cfg.redis_url.expose()),
+        ("redis", cfg.redis.urls[0].expose()),
         ("amqp", cfg.amqp.urls[0].expose()),
     ] {
         let Some((host, port)) = url_host_port(url) else {

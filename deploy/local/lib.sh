@@ -458,6 +458,19 @@ rmq_test_node_pids() {
 	done
 }
 
+# redis_test_node_pids: pids of running private test Redis servers (cluster
+# and sentinel nodes from redis-cluster.sh / redis-sentinel.sh, the TLS
+# tests' servers), recognised by the DELAYD_TEST_REDIS_NODE marker in their
+# environment.
+redis_test_node_pids() {
+	local pid
+	for pid in $(pgrep -x redis-server || true) $(pgrep -x redis-sentinel || true); do
+		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^DELAYD_TEST_REDIS_NODE=1'; then
+			printf '%s\n' "$pid"
+		fi
+	done
+}
+
 # The shared servers that were down before this script ran: only those are
 # stopped again at exit. Sets the global array to_stop.
 note_servers_to_stop() {

@@ -38,6 +38,9 @@ note_servers_to_stop
 # Private brokers that tests start with rabbitmq-node.sh and fail to stop
 # (a panicking test) would outlive the run; those that ran before are not ours.
 preexisting_test_nodes=" $(rmq_test_node_pids | tr '\n' ' ') "
+# Likewise the Redis cluster, sentinel and TLS servers tests start once per
+# test binary (each also has a watcher that ends it with its binary).
+preexisting_redis_nodes=" $(redis_test_node_pids | tr '\n' ' ') "
 
 step_pid=""
 cleanup() {
@@ -51,6 +54,12 @@ cleanup() {
 	for pid in $(rmq_test_node_pids); do
 		if [[ "$preexisting_test_nodes" != *" $pid "* ]]; then
 			log "killing leftover test RabbitMQ node (pid $pid)"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	done
+	for pid in $(redis_test_node_pids); do
+		if [[ "$preexisting_redis_nodes" != *" $pid "* ]]; then
+			log "killing leftover test Redis server (pid $pid)"
 			kill -KILL "$pid" 2>/dev/null || true
 		fi
 	done

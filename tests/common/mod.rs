@@ -51,7 +51,7 @@ pub async fn redis() -> redis::aio::MultiplexedConnection {
 }
 
 /// Redis's clock in epoch ms (the clock delayd's scripts use).
-pub async fn redis_now_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+pub async fn redis_now_ms(conn: &mut impl redis::aio::ConnectionLike) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
     s * 1000 + us / 1000
 }
@@ -66,7 +66,7 @@ pub fn wall_ms() -> i64 {
 
 /// `ZADD key score member` for many members, pipelined.
 pub async fn zadd_many(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
     items: &[(f64, Vec<u8>)],
 ) {
@@ -81,7 +81,7 @@ pub async fn zadd_many(
 }
 
 /// `ZCARD` of a key.
-pub async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+pub async fn zcard(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> u64 {
     redis::cmd("ZCARD")
         .arg(key)
         .query_async(conn)
@@ -241,8 +241,42 @@ pub fn write_config_with(
     http_listen: &str,
     businesses: &[&BusinessSpec],
 ) -> PathBuf {
+    write_config_full(
+        dir,
+        &format!("[redis]\nurl = \"{redis_url}\"\n"),
+        amqp_section,
+        http_listen,
+        businesses,
+    )
+}
+
+/// Like [`write_config`], with a whole `[redis]` section (cluster,
+/// sentinel, TLS) and `[http] listen`.
+pub fn write_config_redis(
+    dir: &Path,
+    redis_section: &str,
+    amqp_url: &str,
+    http_listen: &str,
+    businesses: &[&BusinessSpec],
+) -> PathBuf {
+    write_config_full(
+        dir,
+        redis_section,
+        &format!("url = \"{amqp_url}\""),
+        http_listen,
+        businesses,
+    )
+}
+
+fn write_config_full(
+    dir: &Path,
+    redis_section: &str,
+    amqp_section: &str,
+    http_listen: &str,
+    businesses: &[&BusinessSpec],
+) -> PathBuf {
     let mut s = format!(
-        "[redis]\nurl = \"{redis_url}\"\n[amqp]\n{amqp_section}\n[http]\nlisten = \"{http_listen}\"\n[log]\nlevel = \"info\"\n"
+        "{redis_section}[amqp]\n{amqp_section}\n[http]\nlisten = \"{http_listen}\"\n[log]\nlevel = \"info\"\n"
     );
     for b in businesses {
         s.push_str(&format!(
@@ -347,11 +381,7 @@ pub fn delayd(args: &[&str]) -> (i32, String, String) {
 }
 
 /// Waits until `key` and its in-flight set are both empty; panics after `limit`.
-pub async fn wait_drained(
-    conn: &mut redis::aio::MultiplexedConnection,
-    key: &str,
-    limit: Duration,
-) {
+pub async fn wait_drained(conn: &mut impl redis::aio::ConnectionLike, key: &str, limit: Duration) {
     let f = family(key);
     let start = Instant::now();
     loop {
@@ -395,7 +425,7 @@ pub async fn wait_family_empty(
 }
 
 /// Asserts no key of the family is left behind (a clean drain leaves nothing).
-pub async fn assert_family_empty(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+pub async fn assert_family_empty(conn: &mut impl redis::aio::ConnectionLike, key: &str) {
     for k in family(key).all() {
         let exists: i64 = redis::cmd("EXISTS").arg(k).query_async(conn).await.unwrap();
         assert_eq!(exists, 0, "{k} still exists after the drain");
@@ -805,4 +835,39 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Some((code, body))
+}
+
+/// Ends `pids` (servers a test started once for its whole binary, which no
+/// destructor stops) when this test process exits, however it exits.
+pub fn reap_with_this_process(pids: &[u32]) {
+    let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+    let _ = Command::new("setsid")
+        .args([
+            "bash",
+            "-c",
+            "while kill -0 \"$1\" 2>/dev/null; do sleep 0.5; done; shift; kill -KILL \"$@\" 2>/dev/null",
+            "_",
+            &std::process::id().to_string(),
+        ])
+        .args(&list)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
+
+/// A script under `deploy/local/`.
+pub fn deploy_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/local")
+        .join(name)
+}
+
+/// Extracts the members of every message, sorted, and the count of each.
+pub fn counts(inbox: &Inbox) -> HashMap<Vec<u8>, usize> {
+    let mut m = HashMap::new();
+    for r in inbox.all() {
+        *m.entry(r.body).or_insert(0) += 1;
+    }
+    m
 }

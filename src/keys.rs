@@ -1,0 +1,141 @@
+//! Key names that Redis Cluster cares about: hash tags, slots, and the names
+//! of a sharded business's keys. Pure functions, shared by the configuration
+//! (validation), the store (key families) and the commands (`delayd shards`).
+
+/// Redis Cluster's number of hash slots.
+pub const SLOTS: u16 = 16384;
+
+/// The part of `key` Redis Cluster hashes: the text between the first `{`
+/// and the next `}` when it is not empty, else the whole key.
+pub fn hash_part(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&c| c == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&c| c == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+/// True when `key` carries a hash tag (a non-empty `{...}`), which then
+/// alone decides its slot.
+pub fn has_hash_tag(key: &str) -> bool {
+    hash_part(key.as_bytes()).len() != key.len()
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash part, mod 16384.
+pub fn slot(key: &str) -> u16 {
+    crc16(hash_part(key.as_bytes())) % SLOTS
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// How the keys of a business with `shards = M > 1` are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardNames {
+    /// `K:0 .. K:M-1`: simple, but on a cluster their slots fall where the
+    /// hash puts them, so three shards can share a master.
+    Index,
+    /// `K:{s<i>.<n>}`: shard `i` hashes into the middle of the `i`-th of
+    /// `M` equal slot ranges, so the shards spread over the masters as the
+    /// slots do.
+    Spread,
+}
+
+/// The key names of shard `0..shards` of `key`.
+pub fn shard_keys(key: &str, shards: usize, names: ShardNames) -> Vec<String> {
+    if shards <= 1 {
+        return vec![key.to_string()];
+    }
+    (0..shards)
+        .map(|i| match names {
+            ShardNames::Index => format!("{key}:{i}"),
+            ShardNames::Spread => format!("{key}:{{{}}}", spread_tag(i, shards)),
+        })
+        .collect()
+}
+
+/// The first tag `s<i>.<n>` (n = 0, 1, ...) whose slot lies in the middle
+/// half of the `i`-th of `shards` equal slot ranges: the middle, so that
+/// however a tool rounds the boundaries when it splits the slots evenly
+/// (`redis-cli --cluster create` gives 0-5460, 5461-10922, 10923-16383),
+/// the shard falls on the `i`-th master. The search takes about
+/// `2 × shards` tries and its result never changes, so producers can
+/// compute the same names.
+pub fn spread_tag(i: usize, shards: usize) -> String {
+    let (lo, hi) = slot_range(i, shards);
+    let quarter = (hi - lo) / 4;
+    let (lo, hi) = (lo + quarter, (hi - quarter).max(lo + quarter + 1));
+    (0u64..)
+        .map(|n| format!("s{i}.{n}"))
+        .find(|tag| {
+            let s = crc16(tag.as_bytes()) % SLOTS;
+            s >= lo && s < hi
+        })
+        .unwrap_or_default()
+}
+
+/// Slots `[lo, hi)` of the `i`-th of `shards` equal ranges.
+pub fn slot_range(i: usize, shards: usize) -> (u16, u16) {
+    let lo = (i * SLOTS as usize / shards) as u16;
+    let hi = ((i + 1) * SLOTS as usize / shards) as u16;
+    (lo, hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Values from CLUSTER KEYSLOT on a real server.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("bar"), 5061);
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        assert_eq!(hash_part(b"foo{}{bar}"), b"foo{}{bar}");
+    }
+
+    #[test]
+    fn empty_braces_are_not_a_tag() {
+        assert!(!has_hash_tag("a{}b"));
+        assert!(has_hash_tag("a{b}c"));
+        assert!(!has_hash_tag("a}b{c"));
+    }
+
+    #[test]
+    fn index_names_are_key_colon_i() {
+        assert_eq!(
+            shard_keys("k", 3, ShardNames::Index),
+            vec!["k:0", "k:1", "k:2"]
+        );
+        assert_eq!(shard_keys("k", 1, ShardNames::Spread), vec!["k"]);
+    }
+
+    #[test]
+    fn spread_names_land_in_their_slot_range() {
+        for m in [2usize, 3, 5, 16, 100] {
+            let keys = shard_keys("delay:order", m, ShardNames::Spread);
+            for (i, k) in keys.iter().enumerate() {
+                let (lo, hi) = slot_range(i, m);
+                let s = slot(k);
+                assert!(s >= lo && s < hi, "{k} slot {s} not in {lo}..{hi}");
+                assert!(k.starts_with("delay:order:{s"), "{k}");
+            }
+        }
+    }
+}

@@ -1,0 +1,602 @@
+//! delayd on a real Redis Cluster (3 masters, 3 replicas, started once for
+//! this test binary by `deploy/local/redis-cluster.sh`): sharded drains,
+//! a master killed or failed over mid-flow, a slot resharded mid-flow, and
+//! keyspace wake-ups on every master. The tests take turns: several change
+//! the cluster's topology.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::aio::ConnectionLike;
+
+struct Cluster {
+    dir: PathBuf,
+    ports: Vec<u16>,
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+/// One test at a time: failovers and resharding change what the others see.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        // Ports one by one: on a busy machine any port of a block may be
+        // held by an outgoing connection.
+        let ports: Vec<u16> = (0..6).map(|_| free_port(40000..45000, &[])).collect();
+        let buses: Vec<String> = (0..6)
+            .map(|_| free_port(50000..55000, &[]).to_string())
+            .collect();
+        let list: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+        let out = std::process::Command::new(deploy_script("redis-cluster.sh"))
+            .args(["start", dir.to_str().unwrap(), &list.join(",")])
+            .arg(std::process::id().to_string())
+            .env("DELAYD_CLUSTER_BUS_PORTS", buses.join(","))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("cannot run redis-cluster.sh");
+        assert!(
+            out.status.success(),
+            "redis-cluster.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Cluster { dir, ports }
+    })
+}
+
+impl Cluster {
+    fn ports(&self) -> Vec<u16> {
+        self.ports.clone()
+    }
+
+    fn section(&self) -> String {
+        format!(
+            "[redis]\nmode = \"cluster\"\nurls = [\"redis://127.0.0.1:{}\", \"redis://127.0.0.1:{}\"]\n",
+            self.ports[0], self.ports[1]
+        )
+    }
+
+    async fn conn(&self) -> redis::cluster_async::ClusterConnection {
+        let nodes: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect();
+        redis::cluster::ClusterClientBuilder::new(nodes)
+            .retries(10)
+            .max_retry_wait(1000)
+            .response_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// The nodes as a live node sees them.
+    async fn nodes(&self) -> Vec<Node> {
+        for p in self.ports() {
+            let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{p}")) else {
+                continue;
+            };
+            let Ok(Ok(mut c)) = tokio::time::timeout(
+                Duration::from_secs(2),
+                client.get_multiplexed_async_connection(),
+            )
+            .await
+            else {
+                continue;
+            };
+            if let Ok(text) = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async::<String>(&mut c)
+                .await
+            {
+                return parse_nodes(&text);
+            }
+        }
+        panic!("no cluster node answers CLUSTER NODES");
+    }
+
+    async fn master_of_slot(&self, slot: u16) -> Node {
+        self.nodes()
+            .await
+            .into_iter()
+            .find(|n| n.master && n.slots.iter().any(|&(a, b)| slot >= a && slot <= b))
+            .unwrap_or_else(|| panic!("no master serves slot {slot}"))
+    }
+
+    async fn replica_of(&self, master: &Node) -> Node {
+        self.nodes()
+            .await
+            .into_iter()
+            .find(|n| n.master_id == master.id)
+            .unwrap_or_else(|| panic!("{} has no replica", master.port))
+    }
+
+    /// Back to 3 masters with a replica each, every node ok.
+    fn wait_ready(&self) {
+        run_script(
+            "redis-cluster.sh",
+            &["wait", self.dir.to_str().unwrap()],
+            &[],
+        );
+    }
+
+    fn script(&self, cmd: &str, port: u16) {
+        run_script(
+            "redis-cluster.sh",
+            &[cmd, self.dir.to_str().unwrap(), &port.to_string()],
+            &[],
+        );
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    id: String,
+    port: u16,
+    master: bool,
+    master_id: String,
+    slots: Vec<(u16, u16)>,
+}
+
+fn parse_nodes(text: &str) -> Vec<Node> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() < 8 || f[2].contains("fail") && !f[2].contains("fail?") {
+                return None;
+            }
+            let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+            Some(Node {
+                id: f[0].to_string(),
+                port,
+                master: f[2].contains("master"),
+                master_id: f[3].to_string(),
+                slots: f[8..]
+                    .iter()
+                    .filter(|s| !s.starts_with('['))
+                    .filter_map(|s| match s.split_once('-') {
+                        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                        None => s.parse().ok().map(|x| (x, x)),
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("cannot run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// A business on the cluster with a consumer on its queue.
+struct Flow {
+    _dir: tempfile::TempDir,
+    b: BusinessSpec,
+    keys: Vec<String>,
+    config: PathBuf,
+    inbox: Inbox,
+    _amqp: lapin::Connection,
+}
+
+async fn flow(name: &str, extra: &str) -> Flow {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = BusinessSpec::random(name);
+    b.extra = extra.to_string();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config_redis(dir.path(), &cluster().section(), &amqp_url(), "off", &[&b]);
+    let keys = delayd::config::load(&config).unwrap().businesses[0].keys();
+    Flow {
+        _dir: dir,
+        b,
+        keys,
+        config,
+        inbox,
+        _amqp: amqp,
+    }
+}
+
+impl Flow {
+    /// Schedules `per_shard` members on every shard, due evenly over
+    /// `over` from now; bodies are `s<shard>-<i>`.
+    async fn schedule(&self, conn: &mut impl ConnectionLike, per_shard: usize, over: Duration) {
+        let now = redis_now_ms(conn).await;
+        for (s, key) in self.keys.iter().enumerate() {
+            let items: Vec<(f64, Vec<u8>)> = (0..per_shard)
+                .map(|i| {
+                    let due = now + (over.as_millis() as usize * i / per_shard.max(1)) as i64;
+                    (due as f64, format!("s{s}-{i}").into_bytes())
+                })
+                .collect();
+            zadd_many(conn, key, &items).await;
+        }
+    }
+
+    fn expected(&self, per_shard: usize) -> Vec<Vec<u8>> {
+        (0..self.keys.len())
+            .flat_map(|s| (0..per_shard).map(move |i| format!("s{s}-{i}").into_bytes()))
+            .collect()
+    }
+
+    /// Waits until every expected member arrived at least once; panics
+    /// with the missing count after `limit`.
+    async fn wait_all(
+        &self,
+        per_shard: usize,
+        limit: Duration,
+        daemon: &Daemon,
+    ) -> HashMap<Vec<u8>, usize> {
+        let want = self.expected(per_shard);
+        let start = Instant::now();
+        loop {
+            let seen = counts(&self.inbox);
+            let missing = want.iter().filter(|m| !seen.contains_key(*m)).count();
+            if missing == 0 {
+                return seen;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "{missing} of {} members never arrived within {limit:?}; log:\n{}",
+                    want.len(),
+                    daemon.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn assert_empty(&self, conn: &mut redis::cluster_async::ClusterConnection) {
+        for k in &self.keys {
+            wait_drained(conn, k, Duration::from_secs(30)).await;
+            // Claim records are deleted with the last settle of their claim.
+            assert!(
+                eventually(Duration::from_secs(10), || {
+                    let mut c = conn.clone();
+                    let k = k.clone();
+                    async move { family_empty(&mut c, &k).await }
+                })
+                .await,
+                "key family of {k} not empty"
+            );
+        }
+    }
+
+    /// When the first member of `shard` arrived after `t` (wall ms).
+    fn first_after(&self, shard: usize, t: i64) -> Option<i64> {
+        let prefix = format!("s{shard}-");
+        self.inbox
+            .all()
+            .iter()
+            .filter(|r| r.at_ms > t && r.body.starts_with(prefix.as_bytes()))
+            .map(|r| r.at_ms)
+            .min()
+    }
+}
+
+async fn family_empty(conn: &mut impl ConnectionLike, key: &str) -> bool {
+    for k in family(key).all() {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(k)
+            .query_async(conn)
+            .await
+            .unwrap_or(1);
+        if exists != 0 {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_drain_spreads_over_masters_and_delivers_exactly_once() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow("spread", "shards = 6\nscanners = 2").await;
+    // The default cluster naming puts two of six shards on each master.
+    let mut per_master: HashMap<u16, usize> = HashMap::new();
+    for k in &f.keys {
+        *per_master
+            .entry(c.master_of_slot(delayd::keys::slot(k)).await.port)
+            .or_default() += 1;
+    }
+    assert_eq!(per_master.len(), 3, "{per_master:?}");
+    assert!(per_master.values().all(|n| *n == 2), "{per_master:?}");
+
+    let mut conn = c.conn().await;
+    f.schedule(&mut conn, 500, Duration::ZERO).await;
+    let daemon = Daemon::start(&f.config);
+    let seen = f.wait_all(500, Duration::from_secs(60), &daemon).await;
+    f.inbox.settle(Duration::from_millis(500)).await;
+    let seen = counts(&f.inbox)
+        .into_iter()
+        .chain(seen)
+        .collect::<HashMap<_, _>>();
+    assert_eq!(seen.len(), 3000);
+    let twice = counts(&f.inbox).values().filter(|c| **c > 1).count();
+    assert_eq!(twice, 0, "{twice} members arrived twice on a clean run");
+    f.assert_empty(&mut conn).await;
+    assert!(!daemon.logs().contains("panicked"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_prints_placement_and_shards_prints_the_names() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow("placement", "shards = 3").await;
+    let cfg = f.config.to_str().unwrap();
+    let (code, out, err) = delayd(&["shards", "--config", cfg, &f.b.name]);
+    assert_eq!(code, 0, "{err}");
+    let names: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    assert_eq!(names, f.keys.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    let (code, out, err) = delayd(&["check", "--config", cfg]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("3 masters"), "{out}");
+    for (i, k) in f.keys.iter().enumerate() {
+        let m = c.master_of_slot(delayd::keys::slot(k)).await;
+        let line = format!(
+            "shard {i} \"{k}\" -> slot {} -> 127.0.0.1:{}",
+            delayd::keys::slot(k),
+            m.port
+        );
+        assert!(out.contains(&line), "{line} missing from:\n{out}");
+    }
+    assert!(!out.contains("WARNING"), "{out}");
+
+    // K:0..K:2 on a key where two shards share a master: check warns.
+    let nodes = c.nodes().await;
+    let owner = |slot: u16| {
+        nodes
+            .iter()
+            .find(|n| n.master && n.slots.iter().any(|&(a, b)| slot >= a && slot <= b))
+            .map(|n| n.port)
+    };
+    let key = (0..)
+        .map(|n| format!("test:crowded:{n}"))
+        .find(|key| {
+            let owners: std::collections::HashSet<Option<u16>> = (0..3)
+                .map(|i| owner(delayd::keys::slot(&format!("{key}:{i}"))))
+                .collect();
+            // CRC16 is linear: K:0 and K:2 differ in slot bit 13, so
+            // they never share a master of three; two masters is the worst.
+            owners.len() == 2 && !owners.contains(&None)
+        })
+        .unwrap();
+    let mut b = BusinessSpec::random("crowded");
+    b.key = key;
+    b.extra = "shards = 3\nshard_names = \"index\"".into();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config_redis(dir.path(), &c.section(), &amqp_url(), "off", &[&b]);
+    let amqp = amqp_at(&amqp_url()).await;
+    declare_exchange(&amqp.create_channel().await.unwrap(), &b.exchange).await;
+    let (code, out, _) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("WARNING: master(s)") && out.contains("hold no shard"),
+        "{out}"
+    );
+    assert!(out.contains("holds 2 of 3 shards"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow("kill", "shards = 3\nlease = \"3s\"").await;
+    let mut conn = c.conn().await;
+    f.schedule(&mut conn, 1000, Duration::from_secs(8)).await;
+    let victim = c.master_of_slot(delayd::keys::slot(&f.keys[0])).await;
+    let daemon = Daemon::start(&f.config);
+    f.inbox.wait_for(300, Duration::from_secs(30)).await;
+    let killed_at = wall_ms();
+    c.script("kill-node", victim.port);
+    let seen = f.wait_all(1000, Duration::from_secs(90), &daemon).await;
+    let resumed = f
+        .first_after(0, killed_at + 500)
+        .expect("shard 0 never delivered after the kill");
+    assert!(
+        resumed - killed_at <= 10_000,
+        "shard 0 resumed {} ms after its master died",
+        resumed - killed_at
+    );
+    assert_eq!(seen.len(), 3000);
+    f.assert_empty(&mut conn).await;
+    drop(daemon);
+    // The old master comes back as a replica of its successor.
+    c.script("start-node", victim.port);
+    c.wait_ready();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_failover_mid_flow_loses_nothing() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow("failover", "shards = 3\nlease = \"3s\"").await;
+    let mut conn = c.conn().await;
+    f.schedule(&mut conn, 1000, Duration::from_secs(6)).await;
+    let master = c.master_of_slot(delayd::keys::slot(&f.keys[1])).await;
+    let replica = c.replica_of(&master).await;
+    let daemon = Daemon::start(&f.config);
+    f.inbox.wait_for(300, Duration::from_secs(30)).await;
+    let reply = cli(replica.port, &["CLUSTER", "FAILOVER"]);
+    assert!(reply.contains("OK"), "{reply}");
+    let seen = f.wait_all(1000, Duration::from_secs(60), &daemon).await;
+    assert_eq!(seen.len(), 3000);
+    f.assert_empty(&mut conn).await;
+    drop(daemon);
+    c.wait_ready();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow(
+        "wake",
+        "shards = 3\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"",
+    )
+    .await;
+    let mut conn = c.conn().await;
+    let daemon = Daemon::start(&f.config);
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let on = daemon.logs().contains("keyspace notifications on");
+            async move { on }
+        })
+        .await,
+        "notifications never on:\n{}",
+        daemon.logs()
+    );
+    // Let every scanner make its first claim and go to sleep.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut round = 0;
+    let mut probe = |conn: &mut redis::cluster_async::ClusterConnection| {
+        round += 1;
+        let r = round;
+        let keys = f.keys.clone();
+        let inbox = f.inbox.clone();
+        let mut conn = conn.clone();
+        async move {
+            for (s, k) in keys.iter().enumerate() {
+                let body = format!("wake-{r}-{s}");
+                let before = inbox.len();
+                let t0 = wall_ms();
+                let _: i64 = redis::cmd("ZADD")
+                    .arg(k)
+                    .arg(0)
+                    .arg(&body)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let ok = eventually(Duration::from_secs(5), || {
+                    let n = inbox.len();
+                    async move { n > before }
+                })
+                .await;
+                assert!(ok, "round {r}: shard {s} never delivered");
+                let got = inbox
+                    .all()
+                    .into_iter()
+                    .find(|m| m.body == body.as_bytes())
+                    .expect("the woken member");
+                assert!(
+                    got.at_ms - t0 <= 100,
+                    "round {r}: shard {s} woke after {} ms",
+                    got.at_ms - t0
+                );
+            }
+        }
+    };
+    probe(&mut conn).await;
+    let master = c.master_of_slot(delayd::keys::slot(&f.keys[2])).await;
+    let replica = c.replica_of(&master).await;
+    let reply = cli(replica.port, &["CLUSTER", "FAILOVER"]);
+    assert!(reply.contains("OK"), "{reply}");
+    c.wait_ready();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let k = f.keys[2].clone();
+            let port = replica.port;
+            async move { c.master_of_slot(delayd::keys::slot(&k)).await.port == port }
+        })
+        .await,
+        "the failover did not happen"
+    );
+    // The watcher re-reads the masters every second; then the new master's
+    // subscription is in place and a ZADD there wakes its shard again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    probe(&mut conn).await;
+    drop(daemon);
+    for k in &f.keys {
+        let _: i64 = redis::cmd("DEL")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let nodes = c.nodes().await;
+    let mut masters: Vec<&Node> = nodes
+        .iter()
+        .filter(|n| n.master && !n.slots.is_empty())
+        .collect();
+    masters.sort_by_key(|n| n.port);
+    let (from, to) = (masters[0], masters[1]);
+    // reshard moves the source's lowest slots first: put the key there.
+    let slot = from.slots.iter().map(|r| r.0).min().unwrap();
+    let tag = (0u64..)
+        .map(|n| format!("r{n}"))
+        .find(|t| delayd::keys::slot(t) == slot)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = BusinessSpec::random("reshard");
+    b.key = format!("test:{{{tag}}}:{}", unique("k"));
+    b.extra = "lease = \"3s\"\nbatch_size = 20".into();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config_redis(dir.path(), &c.section(), &amqp_url(), "off", &[&b]);
+    let f = Flow {
+        keys: vec![b.key.clone()],
+        b,
+        config,
+        inbox,
+        _amqp: amqp,
+        _dir: dir,
+    };
+    let mut conn = c.conn().await;
+    f.schedule(&mut conn, 3000, Duration::from_secs(6)).await;
+    let daemon = Daemon::start(&f.config);
+    f.inbox.wait_for(500, Duration::from_secs(30)).await;
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "--cluster",
+            "reshard",
+            &format!("127.0.0.1:{}", from.port),
+            "--cluster-from",
+            &from.id,
+            "--cluster-to",
+            &to.id,
+            "--cluster-slots",
+            "1",
+            "--cluster-yes",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reshard failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        c.master_of_slot(slot).await.port,
+        to.port,
+        "the slot did not move"
+    );
+    let seen = f.wait_all(3000, Duration::from_secs(60), &daemon).await;
+    assert_eq!(seen.len(), 3000);
+    f.assert_empty(&mut conn).await;
+    assert!(!daemon.logs().contains("panicked"));
+}
