@@ -1120,12 +1120,6 @@ fn validate_business(
         problems.push(format!(
             "business \"{name}\", field \"max_rate_scope\" = \"cluster\" needs max_rate (publishes per second shared by every process)"
         ));
-    } else if max_rate_scope == RateScope::Cluster {
-        // Accepting it would promise a shared limit that the daemon does not
-        // enforce yet: N processes would still publish N x max_rate.
-        problems.push(format!(
-            "business \"{name}\", field \"max_rate_scope\" = \"cluster\" is not supported by this version yet; max_rate holds per process (leave max_rate_scope out or set \"process\")"
-        ));
     }
 
     let mut duration = |field: &str, v: Option<String>, default: &str| -> Duration {
@@ -1970,8 +1964,8 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
             e.contains("field \"max_rate_scope\" = \"cluster\" needs max_rate"),
             "{e}"
         );
-        let e = err_of(&business("max_rate = 5\nmax_rate_scope = \"cluster\""));
-        assert!(e.contains("is not supported by this version yet"), "{e}");
+        let c = load_str(&business("max_rate = 5\nmax_rate_scope = \"cluster\"")).unwrap();
+        assert_eq!(c.businesses[0].max_rate_scope, RateScope::Cluster);
         let c = load_str(&business("max_rate = 5\nmax_rate_scope = \"process\"")).unwrap();
         assert_eq!(c.businesses[0].max_rate_scope, RateScope::Process);
     }

@@ -11,6 +11,7 @@
 //! - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
 //! - [`amqp`]: the RabbitMQ side: nodes, TLS, a supervised connection and the message;
 //! - [`tls`]: the CA and client certificate files the configuration names;
+//! - [`rate`]: `max_rate`, per process or shared through Redis;
 //! - [`scanner`]: one claim → publish → settle loop;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
@@ -24,6 +25,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod keys;
+pub mod rate;
 pub mod redis_conn;
 pub mod scanner;
 pub mod store;

@@ -7,7 +7,6 @@
 //! released back to pending. Nothing claimed is forgotten.
 
 use std::collections::{BTreeMap, HashMap};
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,11 +20,9 @@ use tracing::Instrument;
 
 use crate::amqp::{self, Broker};
 use crate::config::Business;
+use crate::rate::{Limiter, Take};
 use crate::store::{Back, BackPolicy, Claimed, Held, Store};
 use crate::telemetry::{Backoff, Health, METRICS};
-
-/// Publishes-per-second limiter shared by every scanner of a business.
-pub type RateLimiter = governor::DefaultDirectRateLimiter;
 
 /// One Redis key of a business and what its scanners share.
 pub struct Lane {
@@ -41,8 +38,9 @@ pub struct Lane {
     pub all_wake: Notify,
     /// True while keyspace notifications for this key are being received.
     pub notifications: AtomicBool,
-    /// Shared publish-rate cap of the business and its burst, when configured.
-    pub limiter: Option<(Arc<RateLimiter>, usize)>,
+    /// The business's publish-rate cap and the most one claim may take
+    /// from it, when `max_rate` is set.
+    pub limiter: Option<(Arc<Limiter>, usize)>,
     /// Redis reachability, shared by the process.
     pub redis: Arc<Health>,
     /// Claims the leader has made: the others check that it still moves.
@@ -217,24 +215,42 @@ async fn scan(
                 Err(_) => break,
             }
         }
-        if let Some((limiter, max_burst)) = &lane.limiter {
-            // The limiter refuses a request larger than its burst: ask for
-            // no more than it can ever grant, and give the rest back.
-            if want > *max_burst {
-                window.add_permits(want - *max_burst);
-                want = *max_burst;
+        // Tokens granted for this claim; the ones it does not use go back.
+        let mut granted = None;
+        if let Some((limiter, burst)) = &lane.limiter {
+            if want > *burst {
+                window.add_permits(want - *burst);
+                want = *burst;
             }
-            let burst = NonZeroU32::new(want as u32).unwrap_or(NonZeroU32::MIN);
-            let ok = tokio::select! {
-                _ = stop.cancelled() => false,
-                r = limiter.until_n_ready(burst) => r.is_ok(),
+            let take = tokio::select! {
+                _ = stop.cancelled() => None,
+                t = limiter.take(want, *burst) => Some(t),
             };
-            if !ok {
-                window.add_permits(want);
-                if stop.is_cancelled() {
+            match take {
+                None => {
+                    window.add_permits(want);
                     break;
                 }
-                continue;
+                Some(Ok(Take::Granted(n))) => {
+                    window.add_permits(want - n.min(want));
+                    want = n.min(want);
+                    granted = Some(want);
+                }
+                Some(Ok(Take::Wait(d))) => {
+                    window.add_permits(want);
+                    if !sleep_or_stop(d).await {
+                        break;
+                    }
+                    continue;
+                }
+                Some(Err(e)) => {
+                    window.add_permits(want);
+                    lane.redis.down(&e);
+                    if !sleep_or_stop(redis_backoff.next_delay()).await {
+                        break;
+                    }
+                    continue;
+                }
             }
         }
 
@@ -243,6 +259,7 @@ async fn scan(
             Ok(c) => c,
             Err(e) => {
                 window.add_permits(want);
+                give_back(lane, granted, 0);
                 if e.is_wrong_type() {
                     lane.redis.up();
                     if !wrong_type_logged {
@@ -300,6 +317,7 @@ async fn scan(
         }
         let got = claim.members.len();
         window.add_permits(want - got);
+        give_back(lane, granted, got);
         if got == 0 && claim.dead_no_body + claim.deduplicated > 0 {
             // The whole batch was dropped, and more may be due behind it.
             continue;
@@ -444,6 +462,24 @@ async fn publish_or_give_up<F: std::future::Future>(
             }
         }
     }
+}
+
+/// Returns to the business's budget the tokens of `granted` that a claim of
+/// `used` members did not spend, off the claim loop: a lost refund only
+/// slows the business down a little, never speeds it up.
+fn give_back(lane: &Lane, granted: Option<usize>, used: usize) {
+    let (Some(granted), Some((limiter, burst))) = (granted, &lane.limiter) else {
+        return;
+    };
+    if granted <= used || !matches!(**limiter, Limiter::Shared(_)) {
+        return;
+    }
+    let (limiter, burst, unused) = (limiter.clone(), *burst, granted - used);
+    tokio::spawn(async move {
+        if let Err(e) = limiter.give_back(unused, burst).await {
+            tracing::debug!(error = %e, unused, "could not return unused publish budget");
+        }
+    });
 }
 
 /// Sleeps after a claim that found nothing due: until the next due time, a

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::Broker;
 use crate::config::{Config, RedisMode};
+use crate::rate::Limiter;
 use crate::redis_conn::{Redis, RedisConn};
 use crate::scanner::{self, Lane};
 use crate::store::{KeyFamily, Store};
@@ -126,13 +127,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let mut lanes = Vec::new();
     for b in &config.businesses {
         let business = Arc::new(b.clone());
-        // Bursts no larger than a batch keep the pace even within a second.
-        let limiter = b.max_rate.and_then(|r| {
-            let burst = (r as usize).min(b.batch_size).max(1);
-            let quota = governor::Quota::per_second(std::num::NonZeroU32::new(r)?)
-                .allow_burst(std::num::NonZeroU32::new(burst as u32)?);
-            Some((Arc::new(governor::RateLimiter::direct(quota)), burst))
-        });
+        let limiter = Limiter::for_business(b, &conn);
         for key in b.keys() {
             lanes.push(Arc::new(Lane {
                 business: business.clone(),

@@ -600,3 +600,37 @@ async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
     f.assert_empty(&mut conn).await;
     assert!(!daemon.logs().contains("panicked"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_share_one_rate_across_shards_on_every_master() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow(
+        "rate",
+        "shards = 3\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"",
+    )
+    .await;
+    let mut conn = c.conn().await;
+    let per_shard = 1333;
+    f.schedule(&mut conn, per_shard, Duration::ZERO).await;
+    let d1 = Daemon::start(&f.config);
+    let d2 = Daemon::start(&f.config);
+    let seen = f.wait_all(per_shard, Duration::from_secs(60), &d1).await;
+    f.inbox.settle(Duration::from_millis(500)).await;
+    let total = 3 * per_shard;
+    assert_eq!(seen.len(), total);
+    let all = f.inbox.all();
+    assert_eq!(all.len(), total, "a clean run delivers each member once");
+    let first = all.iter().map(|r| r.at_ms).min().unwrap();
+    let last = all.iter().map(|r| r.at_ms).max().unwrap();
+    let seconds = (last - first) as f64 / 1000.0;
+    // The budget starts full with one batch; the rest goes at 200/s.
+    let expected = (total - 100) as f64 / 200.0;
+    eprintln!("drained {total} over 3 shards in {seconds:.2} s (expected {expected:.1} s)");
+    assert!(
+        (expected * 0.9..=expected * 1.1).contains(&seconds),
+        "two processes, max_rate = 200 shared, drained {total} in {seconds:.2} s; expected {expected:.1} s ± 10 %"
+    );
+    f.assert_empty(&mut conn).await;
+    drop((d1, d2));
+}
