@@ -217,32 +217,26 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// A PEM file named in the configuration, read once at load time so a
-/// missing or unreadable file is a configuration error, not a runtime one.
-#[derive(Clone)]
-pub struct PemFile {
-    /// The path as configured.
-    pub path: PathBuf,
-    /// The file's bytes.
-    pub pem: Vec<u8>,
+/// A TOML basic string holding `s`.
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-impl fmt::Debug for PemFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path.display())
+/// The `tls_*_file` lines of a section, for [`RedisConfig::to_toml`] and
+/// [`AmqpConfig::to_toml`].
+fn tls_toml(files: &crate::tls::TlsFiles, out: &mut String) {
+    for (field, path) in [
+        ("tls_ca_file", &files.ca_file),
+        ("tls_cert_file", &files.cert_file),
+        ("tls_key_file", &files.key_file),
+    ] {
+        if let Some(p) = path {
+            out.push_str(&format!(
+                "{field} = {}\n",
+                toml_string(&p.to_string_lossy())
+            ));
+        }
     }
-}
-
-/// Certificates for `rediss://`: a private CA to trust instead of the
-/// system's roots, and a client certificate with its key.
-#[derive(Debug, Clone, Default)]
-pub struct RedisTlsFiles {
-    /// `tls_ca_file`: the CA that signed the servers' certificates.
-    pub ca: Option<PemFile>,
-    /// `tls_cert_file`: the client certificate (chain).
-    pub cert: Option<PemFile>,
-    /// `tls_key_file`: the client certificate's private key.
-    pub key: Option<PemFile>,
 }
 
 /// The validated `[redis]` section.
@@ -258,7 +252,7 @@ pub struct RedisConfig {
     /// Sentinel: the sentinels' own password, when they require one.
     pub sentinel_password: Option<Secret>,
     /// Certificates for TLS; empty for the system's roots and no client certificate.
-    pub tls: RedisTlsFiles,
+    pub tls: crate::tls::TlsFiles,
 }
 
 impl RedisConfig {
@@ -286,29 +280,23 @@ impl RedisConfig {
     /// The section as TOML, secrets included: for the temporary config
     /// `delayd bench` hands its child (a file only its owner can read).
     pub fn to_toml(&self) -> String {
-        let q = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
         let mut out = format!("[redis]\nmode = \"{}\"\n", self.mode.name());
-        let urls: Vec<String> = self.urls.iter().map(|u| q(u.expose())).collect();
+        let urls: Vec<String> = self.urls.iter().map(|u| toml_string(u.expose())).collect();
         if self.mode == RedisMode::Standalone {
             out.push_str(&format!("url = {}\n", urls.join(", ")));
         } else {
             out.push_str(&format!("urls = [{}]\n", urls.join(", ")));
         }
         if let Some(m) = &self.master_name {
-            out.push_str(&format!("master_name = {}\n", q(m)));
+            out.push_str(&format!("master_name = {}\n", toml_string(m)));
         }
         if let Some(p) = &self.sentinel_password {
-            out.push_str(&format!("sentinel_password = {}\n", q(p.expose())));
+            out.push_str(&format!(
+                "sentinel_password = {}\n",
+                toml_string(p.expose())
+            ));
         }
-        for (field, file) in [
-            ("tls_ca_file", &self.tls.ca),
-            ("tls_cert_file", &self.tls.cert),
-            ("tls_key_file", &self.tls.key),
-        ] {
-            if let Some(f) = file {
-                out.push_str(&format!("{field} = {}\n", q(&f.path.to_string_lossy())));
-            }
-        }
+        tls_toml(&self.tls, &mut out);
         out
     }
 }
@@ -374,22 +362,13 @@ impl AmqpConfig {
     /// The section as TOML, secrets included, for a configuration file that
     /// delayd writes for its own child processes (`delayd bench`).
     pub fn to_toml(&self) -> String {
-        let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
-        let urls: Vec<String> = self.urls.iter().map(|u| quote(u.expose())).collect();
+        let urls: Vec<String> = self.urls.iter().map(|u| toml_string(u.expose())).collect();
         let mut out = format!(
             "[amqp]\nurls = [{}]\nconnect_timeout = \"{}\"\n",
             urls.join(", "),
             humantime::format_duration(self.connect_timeout)
         );
-        for (field, path) in [
-            ("tls_ca_file", &self.tls.ca_file),
-            ("tls_cert_file", &self.tls.cert_file),
-            ("tls_key_file", &self.tls.key_file),
-        ] {
-            if let Some(p) = path {
-                out.push_str(&format!("{field} = {}\n", quote(&p.to_string_lossy())));
-            }
-        }
+        tls_toml(&self.tls, &mut out);
         out
     }
 }
@@ -768,44 +747,18 @@ fn validate_redis(raw: Option<RawRedis>, problems: &mut Vec<String>) -> RedisCon
             mode.name()
         ));
     }
-    let mut files = RedisTlsFiles::default();
-    for (field, path, slot, want_key) in [
-        ("tls_ca_file", raw.tls_ca_file, &mut files.ca, false),
-        ("tls_cert_file", raw.tls_cert_file, &mut files.cert, false),
-        ("tls_key_file", raw.tls_key_file, &mut files.key, true),
-    ] {
-        let Some(path) = path else { continue };
-        if !tls && !urls.is_empty() {
-            problems.push(format!(
-                "[redis] field \"{field}\" needs rediss:// URLs: with redis:// the connection is not encrypted and the file would be ignored"
-            ));
-            continue;
-        }
-        match std::fs::read(&path) {
-            Err(e) => problems.push(format!(
-                "[redis] field \"{field}\": cannot read {} ({e})",
-                path.display()
-            )),
-            Ok(pem) => {
-                if let Some(what) = pem_problem(&pem, want_key) {
-                    problems.push(format!(
-                        "[redis] field \"{field}\": {} {what}",
-                        path.display()
-                    ));
-                } else {
-                    *slot = Some(PemFile { path, pem });
-                }
-            }
-        }
-    }
-    match (&files.cert, &files.key) {
-        (Some(_), None) => problems.push(
-            "[redis] field \"tls_key_file\" is required with tls_cert_file (the client certificate's private key)".into(),
-        ),
-        (None, Some(_)) => problems.push(
-            "[redis] field \"tls_cert_file\" is required with tls_key_file (the client certificate the key belongs to)".into(),
-        ),
-        _ => {}
+    let files = crate::tls::TlsFiles {
+        ca_file: raw.tls_ca_file,
+        cert_file: raw.tls_cert_file,
+        key_file: raw.tls_key_file,
+    };
+    if !files.is_empty() && !tls && !urls.is_empty() {
+        problems.push(format!(
+            "[redis] field \"{}\" needs rediss:// URLs: with redis:// the connection is not encrypted and the file would be ignored",
+            files.first_field()
+        ));
+    } else {
+        files.check("redis", problems);
     }
     RedisConfig {
         mode,
@@ -825,21 +778,6 @@ fn url_db(url: &str) -> Option<i64> {
 }
 
 /// Why `pem` is not a usable certificate file (or key file), if it is not.
-fn pem_problem(pem: &[u8], want_key: bool) -> Option<&'static str> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    if want_key {
-        return PrivateKeyDer::from_pem_slice(pem)
-            .is_err()
-            .then_some("holds no PEM private key");
-    }
-    match CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>() {
-        Ok(certs) if !certs.is_empty() => None,
-        Ok(_) => Some("holds no PEM certificate"),
-        Err(_) => Some("is not a valid PEM certificate file"),
-    }
-}
-
 fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
     let mut problems = Vec::new();
     let redis = validate_redis(raw.redis, &mut problems);
@@ -1722,6 +1660,33 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
         (dir, c, k)
     }
 
+    /// A self-signed certificate and its key, made by `openssl`: validation
+    /// checks that the two make a usable client identity.
+    fn pem_pair() -> (tempfile::TempDir, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        let ok = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args([
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=t",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl is needed by the tests");
+        assert!(ok.success());
+        let (c, k) = (cert.display().to_string(), key.display().to_string());
+        (dir, c, k)
+    }
+
     #[test]
     fn redis_mode_defaults_to_standalone_and_refuses_others() {
         let c = load_str(&business("")).unwrap();
@@ -1893,7 +1858,8 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
             "url = \"rediss://h\"\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{cert}\""
         )));
         assert!(
-            e.contains("field \"tls_key_file\"") && e.contains("holds no PEM private key"),
+            e.contains("field \"tls_key_file\"")
+                && e.contains("holds no usable unencrypted private key"),
             "{e}"
         );
     }
@@ -1905,21 +1871,22 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
             "url = \"rediss://h\"\ntls_cert_file = \"{cert}\""
         )));
         assert!(
-            e.contains("[redis] field \"tls_key_file\" is required with tls_cert_file"),
+            e.contains("[redis] field \"tls_cert_file\" is set without \"tls_key_file\""),
             "{e}"
         );
         let e = err_of(&redis_section(&format!(
             "url = \"rediss://h\"\ntls_key_file = \"{key}\""
         )));
         assert!(
-            e.contains("[redis] field \"tls_cert_file\" is required with tls_key_file"),
+            e.contains("[redis] field \"tls_key_file\" is set without \"tls_cert_file\""),
             "{e}"
         );
+        let (_d, cert, key) = pem_pair();
         let c = load_str(&redis_section(&format!(
             "url = \"rediss://h\"\ntls_ca_file = \"{cert}\"\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\""
         )))
         .unwrap();
-        assert!(c.redis.is_tls() && c.redis.tls.key.is_some());
+        assert!(c.redis.is_tls() && c.redis.tls.key_file.is_some());
     }
 
     #[test]

@@ -209,22 +209,45 @@ pub struct Redis {
     infos: Vec<ConnectionInfo>,
 }
 
+/// The PEM files `[redis]` names, as the redis crate takes them. They were
+/// checked at validation; reading them again can only fail if they went away.
+fn redis_certificates(files: &crate::tls::TlsFiles) -> Result<redis::TlsCertificates, ConnError> {
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            ConnError::Settings(format!(
+                "field \"{field}\": cannot read {} ({e})",
+                path.display()
+            ))
+        })
+    };
+    let client_tls = match (&files.cert_file, &files.key_file) {
+        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+            client_cert: read("tls_cert_file", c)?,
+            client_key: read("tls_key_file", k)?,
+        }),
+        _ => None,
+    };
+    let root_cert = match &files.ca_file {
+        Some(p) => Some(read("tls_ca_file", p)?),
+        None => None,
+    };
+    Ok(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
 impl Redis {
     /// Checks the URLs and loads the certificates; connects to nothing.
     pub fn new(cfg: &RedisConfig) -> Result<Self, ConnError> {
         // rustls needs one crypto provider for the process; this build has
         // only ring. Installing twice is harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let certs = cfg.is_tls().then(|| redis::TlsCertificates {
-            client_tls: match (&cfg.tls.cert, &cfg.tls.key) {
-                (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
-                    client_cert: c.pem.clone(),
-                    client_key: k.pem.clone(),
-                }),
-                _ => None,
-            },
-            root_cert: cfg.tls.ca.as_ref().map(|c| c.pem.clone()),
-        });
+        let certs = if cfg.is_tls() {
+            Some(redis_certificates(&cfg.tls)?)
+        } else {
+            None
+        };
         let infos = cfg
             .urls
             .iter()
