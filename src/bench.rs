@@ -96,9 +96,9 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         exchange: format!("delayd-bench-{tag}"),
         queue: format!("delayd-bench-{tag}"),
         routing_key: "bench".into(),
-        // A hash tag, so the bench's helper keys (staging, recipe) share the
-        // key's slot on a cluster.
-        key: format!("delayd:bench:{{{tag}}}"),
+        // No hash tag: a cluster refuses one on a sharded business. Each
+        // key's helpers (staging, recipe) are named by `helper`, in its slot.
+        key: format!("delayd:bench:{tag}"),
     };
     let client = Redis::new(&cfg.redis).map_err(|e| BenchError::Usage(e.to_string()))?;
     let mut redis = client
@@ -151,14 +151,23 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             )
             .await;
     }
-    let fam = KeyFamily::new(&names.key);
-    let _: redis::RedisResult<i64> = redis::cmd("DEL")
-        .arg(&fam.all()[..])
-        .arg(format!("{}:staging", names.key))
-        .arg(format!("{}:body-staging", names.key))
-        .arg(format!("{}:recipe", names.key))
-        .query_async(&mut redis)
-        .await;
+    // One DEL per key family: on a cluster, each shard's keys share a slot
+    // but the shards do not.
+    let keys = if state.keys.is_empty() {
+        vec![names.key.clone()]
+    } else {
+        std::mem::take(&mut state.keys)
+    };
+    for key in &keys {
+        let fam = KeyFamily::new(key);
+        let _: redis::RedisResult<i64> = redis::cmd("DEL")
+            .arg(&fam.all()[..])
+            .arg(helper(key, "staging"))
+            .arg(helper(key, "body-staging"))
+            .arg(helper(key, "recipe"))
+            .query_async(&mut redis)
+            .await;
+    }
     if let Some(path) = state.config_path.take() {
         let _ = std::fs::remove_file(path);
     }
@@ -177,6 +186,18 @@ struct Names {
 struct BenchState {
     daemon: Option<Child>,
     config_path: Option<PathBuf>,
+    /// The bench business's keys (its shards'), once its config is loaded.
+    keys: Vec<String>,
+}
+
+/// A helper key of the bench in `key`'s cluster slot, like the key
+/// family's: `{K}:suffix`, or `K:suffix` when `K` has a hash tag (a shard).
+fn helper(key: &str, suffix: &str) -> String {
+    if crate::keys::has_hash_tag(key) {
+        format!("{key}:{suffix}")
+    } else {
+        format!("{{{key}}}:{suffix}")
+    }
 }
 
 fn stop_child(child: &mut Child) {
@@ -265,6 +286,13 @@ async fn bench(
     // The same properties delayd will send, so the broker's cost of the
     // message format can be told apart from delayd's own.
     let format = bench_cfg.businesses.into_iter().next();
+    // With `shards = M` delayd reads M keys: the backlog is spread over them
+    // as producers would spread it.
+    let keys = format
+        .as_ref()
+        .map(|b| b.keys())
+        .unwrap_or_else(|| vec![names.key.clone()]);
+    state.keys = keys.clone();
     let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
     let child = Command::new(exe)
         .args(["run", "--config"])
@@ -277,7 +305,8 @@ async fn bench(
     state.daemon = Some(child);
 
     let body_len = args.size;
-    let fam = KeyFamily::new(&names.key);
+    let fams: Vec<KeyFamily> = keys.iter().map(|k| KeyFamily::new(k)).collect();
+    let redis_procs = redis_processes(client, redis).await;
     eprintln!("bench: finding the raw publisher's best channels and window ...");
     let trial_n = (args.messages / 4).max(1000);
     let mut best = (0.0f64, 1usize, 256usize);
@@ -297,6 +326,8 @@ async fn bench(
     let mut ratios = Vec::new();
     let mut same_ratios = Vec::new();
     let mut memory_per_task = Vec::new();
+    let mut cpu_masters = Vec::new();
+    let mut cpu_replicas = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let raw = raw_publish(
             amqp,
@@ -321,17 +352,23 @@ async fn bench(
         .await?;
         between_phases(&ch, names, &counter, args.no_consumer).await?;
         let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
-        let (drain, bytes) = delayd_drain(
+        let (drain, bytes, ticks) = delayd_drain(
             redis,
-            &fam,
-            &names.key,
+            &fams,
             args.messages,
             body_len,
             round,
             id_mode,
+            &redis_procs,
         )
         .await?;
         memory_per_task.push(bytes);
+        if let Some((m, r)) = ticks {
+            // /proc counts CPU time in USER_HZ ticks, 100 per second on Linux.
+            let per = |t: u64| t as f64 * 10_000.0 / args.messages.max(2) as f64;
+            cpu_masters.push(per(m));
+            cpu_replicas.push(per(r));
+        }
         between_phases(&ch, names, &counter, args.no_consumer).await?;
         eprintln!(
             "bench: round {round}: raw ceiling {raw:.0} msg/s, raw with delayd's format {same:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3} ({:.3} to the same format)",
@@ -345,16 +382,13 @@ async fn bench(
         ratios.push(drain / raw);
     }
     let rss_after_drain = rss_kb(pid);
-    let id_bodies = format
-        .as_ref()
-        .filter(|b| b.member.is_id())
-        .map(|_| fam.body.clone());
+    let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
     if args.no_consumer {
         start_consumer(amqp, names, &counter).await?;
     }
 
     eprintln!("bench: the common recipe (one member per Lua call, no confirms) ...");
-    let recipe = common_recipe_drain(redis, amqp, names, args.messages, body_len).await?;
+    let recipe = common_recipe_drain(redis, amqp, names, &keys[0], args.messages, body_len).await?;
     wait_consumed(&counter, Duration::from_secs(60)).await;
 
     eprintln!(
@@ -365,8 +399,8 @@ async fn bench(
     counter.record.store(true, Ordering::Relaxed);
     let scheduled = lateness_phase(
         redis,
-        &names.key,
-        id_bodies.as_deref(),
+        &fams,
+        id_mode,
         args.rate,
         args.lateness_secs,
         body_len,
@@ -388,7 +422,7 @@ async fn bench(
 
     eprintln!("bench: idle Redis commands over {} s ...", args.idle_secs);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle = idle_commands(client, redis, &names.key, args.idle_secs.max(1)).await?;
+    let idle = idle_commands(client, redis, &keys, args.idle_secs.max(1)).await?;
     let idle_per_s = idle as f64 / args.idle_secs.max(1) as f64;
     let rss_end = rss_kb(pid);
 
@@ -452,13 +486,35 @@ async fn bench(
         &format!("{:.0} B", median(&memory_per_task)),
         &format!(
             "MEMORY USAGE of the loaded backlog{}, {body_len}-byte bodies",
-            if id_bodies.is_some() {
-                " (ids and {K}:body)"
-            } else {
-                ""
-            }
+            if id_mode { " (ids and {K}:body)" } else { "" }
         ),
     );
+    if cpu_masters.is_empty() {
+        row(
+            "Redis CPU per drained member",
+            "unknown",
+            "its redis-server processes are not on this machine",
+        );
+    } else {
+        let replicas = if redis_procs.iter().any(|p| p.replica) {
+            format!("; its replicas {:.1} µs more", median(&cpu_replicas))
+        } else {
+            String::new()
+        };
+        row(
+            "Redis CPU per drained member",
+            &format!("{:.1} µs", median(&cpu_masters)),
+            &format!(
+                "median; rounds {}; user+system of {} master(s){replicas}",
+                cpu_masters
+                    .iter()
+                    .map(|c| format!("{c:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                redis_procs.iter().filter(|p| !p.replica).count()
+            ),
+        );
+    }
     row(
         "common recipe drain",
         &format!("{recipe:.0} msg/s"),
@@ -752,105 +808,135 @@ async fn raw_publish(
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Loads a due backlog into a staging key, swaps it in with one RENAME so
-/// the clock starts with every member due at once, then adds the last member
-/// with a ZADD, as a producer would (RENAME raises no sorted-set event), and
-/// times until every member is confirmed and forgotten.
-/// Times delayd draining `n` due members; in id mode the members are ids
-/// and their bodies go into `{K}:body` in the same step. Also returns the
-/// Redis memory per pending task of the loaded backlog, in bytes.
+/// Loads a due backlog into staging keys, one per shard key (member `i` into
+/// shard `i mod M`, as producers spread them), swaps each in with RENAME so
+/// the clock starts with every member due at once, then adds one last member
+/// to each shard with a ZADD, as a producer would (RENAME raises no
+/// sorted-set event, and each shard's scanner waits for its own), and times
+/// until every member is confirmed and forgotten. In id mode the members are
+/// ids and their bodies go into `{K}:body` in the same step. Also returns
+/// the Redis memory per pending task of the loaded backlog, in bytes, and
+/// the CPU ticks the local Redis processes spent over the drain (masters,
+/// replicas), when there are any.
 async fn delayd_drain(
     redis: &mut RedisConn,
-    fam: &KeyFamily,
-    key: &str,
+    fams: &[KeyFamily],
     n: usize,
     size: usize,
     round: usize,
     id_mode: bool,
-) -> Result<(f64, f64), BenchError> {
-    let staging = format!("{key}:staging");
-    let body_staging = format!("{key}:body-staging");
+    procs: &[RedisProcess],
+) -> Result<(f64, f64, Option<(u64, u64)>), BenchError> {
+    let shards = fams.len().max(1);
     let id_of = |i: usize| format!("r{round}-{i:09}").into_bytes();
     let (secs, _): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
     let due = (secs - 1) * 1000;
-    let n = n.max(2);
-    for start in (0..n - 1).step_by(5000) {
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(&staging);
-        let mut bodies = redis::cmd("HSET");
-        bodies.arg(&body_staging);
-        for i in start..(start + 5000).min(n - 1) {
-            let body = body_of(&format!("r{round}"), i, size);
-            if id_mode {
-                cmd.arg(due).arg(id_of(i));
-                bodies.arg(id_of(i)).arg(body);
-            } else {
-                cmd.arg(due).arg(body);
+    // Members 0..staged are staged; each shard gets one more at the end.
+    let n = n.max(2 * shards);
+    let staged = n - shards;
+    for start in (0..staged).step_by(5000) {
+        let end = (start + 5000).min(staged);
+        for (s, fam) in fams.iter().enumerate() {
+            let mut cmd = redis::cmd("ZADD");
+            cmd.arg(helper(&fam.pending, "staging"));
+            let mut bodies = redis::cmd("HSET");
+            bodies.arg(helper(&fam.pending, "body-staging"));
+            let mut any = false;
+            for i in (start..end).filter(|i| i % shards == s) {
+                let body = body_of(&format!("r{round}"), i, size);
+                if id_mode {
+                    cmd.arg(due).arg(id_of(i));
+                    bodies.arg(id_of(i)).arg(body);
+                } else {
+                    cmd.arg(due).arg(body);
+                }
+                any = true;
             }
-        }
-        let _: i64 = cmd
-            .query_async(redis)
-            .await
-            .map_err(|e| fail("redis")(e.to_string()))?;
-        if id_mode {
-            let _: i64 = bodies
+            if !any {
+                continue;
+            }
+            let _: i64 = cmd
                 .query_async(redis)
                 .await
                 .map_err(|e| fail("redis")(e.to_string()))?;
+            if id_mode {
+                let _: i64 = bodies
+                    .query_async(redis)
+                    .await
+                    .map_err(|e| fail("redis")(e.to_string()))?;
+            }
         }
     }
     let mut bytes = 0u64;
-    for k in [&staging, &body_staging] {
-        let b: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(k)
-            .arg("SAMPLES")
-            .arg(0)
+    for fam in fams {
+        for k in [
+            helper(&fam.pending, "staging"),
+            helper(&fam.pending, "body-staging"),
+        ] {
+            let b: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(k)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(redis)
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+            bytes += b.unwrap_or(0);
+        }
+    }
+    let per_task = bytes as f64 / staged as f64;
+    let ticks_before = cpu_ticks(procs);
+    let start = Instant::now();
+    for (s, fam) in fams.iter().enumerate() {
+        let i = staged + s;
+        let last = body_of(&format!("r{round}"), i, size);
+        let mut pipe = redis::pipe();
+        // One transaction per shard: no claim sees an id before its body.
+        pipe.atomic();
+        if id_mode {
+            pipe.cmd("RENAME")
+                .arg(helper(&fam.pending, "body-staging"))
+                .arg(&fam.body)
+                .ignore()
+                .cmd("HSET")
+                .arg(&fam.body)
+                .arg(id_of(i))
+                .arg(&last)
+                .ignore();
+        }
+        pipe.cmd("RENAME")
+            .arg(helper(&fam.pending, "staging"))
+            .arg(&fam.pending)
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg(&fam.pending)
+            .arg(due)
+            .arg(if id_mode { id_of(i) } else { last })
+            .ignore();
+        let _: () = pipe
             .query_async(redis)
             .await
             .map_err(|e| fail("redis")(e.to_string()))?;
-        bytes += b.unwrap_or(0);
     }
-    let per_task = bytes as f64 / (n - 1) as f64;
-    let last = body_of(&format!("r{round}"), n - 1, size);
-    let mut pipe = redis::pipe();
-    // One transaction: no claim sees an id before its body.
-    pipe.atomic();
-    if id_mode {
-        pipe.cmd("RENAME")
-            .arg(&body_staging)
-            .arg(&fam.body)
-            .ignore()
-            .cmd("HSET")
-            .arg(&fam.body)
-            .arg(id_of(n - 1))
-            .arg(&last)
-            .ignore();
-    }
-    pipe.cmd("RENAME").arg(&staging).arg(key).ignore();
-    pipe.cmd("ZADD")
-        .arg(key)
-        .arg(due)
-        .arg(if id_mode { id_of(n - 1) } else { last })
-        .ignore();
-    let start = Instant::now();
-    let _: () = pipe
-        .query_async(redis)
-        .await
-        .map_err(|e| fail("redis")(e.to_string()))?;
     let limit = Duration::from_secs(600);
     loop {
-        let (p, i): (u64, u64) = redis::pipe()
-            .cmd("ZCARD")
-            .arg(key)
-            .cmd("ZCARD")
-            .arg(&fam.inflight)
-            .query_async(redis)
-            .await
-            .map_err(|e| fail("redis")(e.to_string()))?;
+        let (mut p, mut i) = (0u64, 0u64);
+        // One pipeline per shard: a cluster serves each from its own master.
+        for fam in fams {
+            let (fp, fi): (u64, u64) = redis::pipe()
+                .cmd("ZCARD")
+                .arg(&fam.pending)
+                .cmd("ZCARD")
+                .arg(&fam.inflight)
+                .query_async(redis)
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+            p += fp;
+            i += fi;
+        }
         if p == 0 && i == 0 {
             break;
         }
@@ -861,20 +947,148 @@ async fn delayd_drain(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok((n as f64 / start.elapsed().as_secs_f64(), per_task))
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let ticks = (!procs.is_empty()).then(|| {
+        let after = cpu_ticks(procs);
+        (
+            after.0.saturating_sub(ticks_before.0),
+            after.1.saturating_sub(ticks_before.1),
+        )
+    });
+    Ok((rate, per_task, ticks))
+}
+
+/// A redis-server process on this machine that serves the bench.
+struct RedisProcess {
+    pid: u32,
+    replica: bool,
+}
+
+/// The local redis-server processes behind the connection: every master (a
+/// cluster's all, else the one server) and their replicas, found by the
+/// `process_id` each reports. A pid counts only if /proc shows a
+/// redis-server listening on the node's port, so servers on other machines
+/// are left out (and the CPU row then says unknown).
+async fn redis_processes(redis: &Redis, conn: &RedisConn) -> Vec<RedisProcess> {
+    let Ok(masters) = conn.masters(redis).await else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for m in &masters {
+        let Ok(client) = conn.subscriber(redis, m) else {
+            continue;
+        };
+        let Some((pid, replicas)) = node_info(&client).await else {
+            continue;
+        };
+        if let Some(pid) = pid {
+            out.push(RedisProcess {
+                pid,
+                replica: false,
+            });
+        }
+        for addr in replicas {
+            let Ok(client) = redis.node_client(&addr) else {
+                continue;
+            };
+            if let Some((Some(pid), _)) = node_info(&client).await {
+                out.push(RedisProcess { pid, replica: true });
+            }
+        }
+    }
+    out
+}
+
+/// A node's local pid (when /proc confirms it) and its replicas' addresses.
+async fn node_info(client: &redis::Client) -> Option<(Option<u32>, Vec<crate::redis_conn::Addr>)> {
+    let mut c = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let server: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    let replication: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    let pid = field(&server, "process_id:").and_then(|v| v.parse::<u32>().ok());
+    let port = field(&server, "tcp_port:").unwrap_or_default();
+    // Redis titles its process "redis-server <addr>:<port> ...".
+    let local = pid.filter(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        cmdline.starts_with("redis-server") && cmdline.contains(&format!(":{port}"))
+    });
+    // slave0:ip=127.0.0.1,port=31003,state=online,offset=...,lag=0
+    let replicas = replication
+        .lines()
+        .filter(|l| l.starts_with("slave") && l.contains("ip="))
+        .filter_map(|l| {
+            let kv = |k: &str| {
+                l.split([':', ','])
+                    .find_map(|p| p.strip_prefix(k))
+                    .map(str::to_string)
+            };
+            Some(crate::redis_conn::Addr {
+                host: kv("ip=")?,
+                port: kv("port=")?.parse().ok()?,
+            })
+        })
+        .collect();
+    Some((local, replicas))
+}
+
+/// User plus system CPU ticks so far of the masters and of the replicas.
+fn cpu_ticks(procs: &[RedisProcess]) -> (u64, u64) {
+    let mut sum = (0u64, 0u64);
+    for p in procs {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).unwrap_or_default();
+        // Fields after the ")" that ends the command name: state is the
+        // 3rd field of the line, utime the 14th and stime the 15th.
+        let ticks: u64 = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| {
+                rest.split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|v| v.parse::<u64>().ok())
+                    .sum()
+            })
+            .unwrap_or(0);
+        if p.replica {
+            sum.1 += ticks;
+        } else {
+            sum.0 += ticks;
+        }
+    }
+    sum
 }
 
 /// The recipe delayd replaces, for comparison: one Lua call pops one due
 /// member, which is then published without confirms (so a crash or an
-/// unroutable publish loses it). Times a drain of `n` due members.
+/// unroutable publish loses it). Times a drain of `n` due members, in a
+/// helper key in `key`'s slot.
 async fn common_recipe_drain(
     redis: &mut RedisConn,
     amqp: &Connection,
     names: &Names,
+    key: &str,
     n: usize,
     size: usize,
 ) -> Result<f64, BenchError> {
-    let key = format!("{}:recipe", names.key);
+    let key = helper(key, "recipe");
     let (secs, _): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await
@@ -948,12 +1162,13 @@ async fn clock_offset_ms(redis: &mut RedisConn) -> Result<f64, BenchError> {
 }
 
 /// A producer that, every 10 ms, schedules the members due one second later
-/// at `rate` per second; in id mode (`bodies` names `{K}:body`) ids with
-/// their bodies, in one transaction. Returns how many it scheduled.
+/// at `rate` per second, member `i` into shard `i mod M`; in id mode ids
+/// with their bodies in the shard's `{K}:body`, in one transaction per
+/// shard. Returns how many it scheduled.
 async fn lateness_phase(
     redis: &mut RedisConn,
-    key: &str,
-    bodies: Option<&str>,
+    fams: &[KeyFamily],
+    id_mode: bool,
     rate: u32,
     secs: u64,
     size: usize,
@@ -965,6 +1180,7 @@ async fn lateness_phase(
     let t0 = s * 1000 + us / 1000 + 1000;
     let total = (rate as u64 * secs) as usize;
     let spacing = 1000.0 / rate as f64;
+    let shards = fams.len().max(1);
     let started = Instant::now();
     let mut next = 0usize;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -972,33 +1188,49 @@ async fn lateness_phase(
         tick.tick().await;
         // Everything due within the next second (of the schedule) is added now.
         let horizon = started.elapsed().as_millis() as f64 + 1000.0;
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(key);
-        let mut hset = redis::cmd("HSET");
-        hset.arg(bodies.unwrap_or_default());
-        let mut any = false;
+        let mut zadds: Vec<redis::Cmd> = fams
+            .iter()
+            .map(|f| {
+                let mut c = redis::cmd("ZADD");
+                c.arg(&f.pending);
+                c
+            })
+            .collect();
+        let mut hsets: Vec<redis::Cmd> = fams
+            .iter()
+            .map(|f| {
+                let mut c = redis::cmd("HSET");
+                c.arg(&f.body);
+                c
+            })
+            .collect();
+        let mut any = vec![false; shards];
         while next < total && (next as f64 * spacing) <= horizon {
             let due = t0 + (next as f64 * spacing) as i64;
+            let s = next % shards;
             // The due time rides in the body too, for businesses that send
             // no headers.
             let body = body_of(&format!("late{due}"), next, size);
-            if bodies.is_some() {
+            if id_mode {
                 let id = format!("late-{next}");
-                hset.arg(&id).arg(body);
-                cmd.arg(due).arg(id);
+                hsets[s].arg(&id).arg(body);
+                zadds[s].arg(due).arg(id);
             } else {
-                cmd.arg(due).arg(body);
+                zadds[s].arg(due).arg(body);
             }
             next += 1;
-            any = true;
+            any[s] = true;
         }
-        if any {
+        for ((zadd, hset), any) in zadds.into_iter().zip(hsets).zip(any) {
+            if !any {
+                continue;
+            }
             let mut pipe = redis::pipe();
             pipe.atomic();
-            if bodies.is_some() {
+            if id_mode {
                 pipe.add_command(hset).ignore();
             }
-            pipe.add_command(cmd).ignore();
+            pipe.add_command(zadd).ignore();
             let () = pipe
                 .query_async(redis)
                 .await
@@ -1010,33 +1242,44 @@ async fn lateness_phase(
     Ok(total)
 }
 
-/// Counts, with MONITOR, the commands that name the bench key: delayd's own
-/// traffic for the business, whatever else the server is doing.
+/// Counts, with MONITOR on every master that holds one of `keys`, the
+/// commands that name one of them: delayd's own traffic for the business,
+/// whatever else the servers are doing.
 async fn idle_commands(
     redis: &Redis,
     conn: &RedisConn,
-    key: &str,
+    keys: &[String],
     secs: u64,
 ) -> Result<u64, BenchError> {
-    // MONITOR shows one server's commands: the master that holds the key.
-    let slot = crate::keys::slot(key);
+    // MONITOR shows one server's commands.
     let masters = conn
         .masters(redis)
         .await
         .map_err(|e| fail("masters")(e.to_string()))?;
-    let master = masters
-        .iter()
-        .find(|m| m.serves(slot))
-        .ok_or_else(|| fail("masters")(format!("no master serves slot {slot}")))?;
-    let client = conn
-        .subscriber(redis, master)
-        .map_err(|e| fail("MONITOR")(e.to_string()))?;
-    let mut monitor = client
-        .get_async_monitor()
-        .await
-        .map_err(|e| fail("MONITOR")(e.to_string()))?;
-    let mut lines = monitor.on_message::<String>();
-    let needle = format!("\"{key}\"");
+    let mut holders: Vec<&crate::redis_conn::Master> = Vec::new();
+    for key in keys {
+        let slot = crate::keys::slot(key);
+        let master = masters
+            .iter()
+            .find(|m| m.serves(slot))
+            .ok_or_else(|| fail("masters")(format!("no master serves slot {slot}")))?;
+        if !holders.iter().any(|h| h.addr == master.addr) {
+            holders.push(master);
+        }
+    }
+    let mut streams = Vec::new();
+    for master in holders {
+        let client = conn
+            .subscriber(redis, master)
+            .map_err(|e| fail("MONITOR")(e.to_string()))?;
+        let monitor = client
+            .get_async_monitor()
+            .await
+            .map_err(|e| fail("MONITOR")(e.to_string()))?;
+        streams.push(Box::pin(monitor.into_on_message::<String>()));
+    }
+    let mut lines = futures::stream::select_all(streams);
+    let needles: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
     let end = tokio::time::sleep(Duration::from_secs(secs));
     tokio::pin!(end);
     let mut count = 0u64;
@@ -1045,7 +1288,7 @@ async fn idle_commands(
             _ = &mut end => break,
             line = lines.next() => match line {
                 // Commands a script runs show up too, tagged "lua"; count the calls.
-                Some(l) if l.contains(&needle) && !l.contains(" lua]") => count += 1,
+                Some(l) if !l.contains(" lua]") && needles.iter().any(|n| l.contains(n.as_str())) => count += 1,
                 Some(_) => {}
                 None => return Err(BenchError::Runtime("bench: MONITOR stream ended".into())),
             }
