@@ -634,3 +634,107 @@ async fn two_processes_share_one_rate_across_shards_on_every_master() {
     f.assert_empty(&mut conn).await;
     drop((d1, d2));
 }
+
+/// The one fenced block of `lang` in docs/redis-modes.md.
+fn doc_block(lang: &str) -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/redis-modes.md"))
+        .unwrap();
+    let open = format!("```{lang}\n");
+    let blocks: Vec<&str> = doc.split(&open).skip(1).collect();
+    assert_eq!(
+        blocks.len(),
+        1,
+        "docs/redis-modes.md must have one ```{lang} block"
+    );
+    blocks[0].split("\n```").next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads() {
+    let out = std::process::Command::new("bash")
+        .arg(deploy_script("clients.sh"))
+        .arg("python")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "clients.sh python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let python = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let c = cluster();
+    let _turn = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let snippet = dir.path().join("producer.py");
+    std::fs::write(&snippet, doc_block("python")).unwrap();
+    let mut conn = c.conn().await;
+    for shards in [3usize, 16] {
+        let key = unique("test:snippet");
+        // The keys delayd reads for this business, from its own config.
+        let config = dir.path().join(format!("shards-{shards}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "{}[amqp]\nurl = \"amqp://127.0.0.1:1/%2f\"\n[http]\nlisten = \"off\"\n[businesses.b]\nkey = \"{key}\"\nexchange = \"x\"\nrouting_key = \"r\"\nshards = {shards}\n",
+                c.section()
+            ),
+        )
+        .unwrap();
+        let keys = delayd::config::load(&config).unwrap().businesses[0].keys();
+        assert_eq!(keys.len(), shards);
+        let before = redis_now_ms(&mut conn).await;
+        let mut cmd = std::process::Command::new(&python);
+        cmd.arg(&snippet)
+            .env("REDIS_URL", format!("redis://127.0.0.1:{}", c.ports()[0]))
+            .env("DELAYD_KEY", &key)
+            .env("DELAYD_SHARDS", shards.to_string());
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "producer.py failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            printed, keys,
+            "the snippet's shard names for shards = {shards}"
+        );
+        let after = redis_now_ms(&mut conn).await;
+        let body = r#"{"order":42,"action":"expire"}"#;
+        let mut holders = Vec::new();
+        for k in &keys {
+            let score: Option<f64> = redis::cmd("ZSCORE")
+                .arg(k)
+                .arg(body)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if let Some(due) = score {
+                holders.push((k.clone(), due as i64));
+            }
+        }
+        assert_eq!(
+            holders.len(),
+            1,
+            "order-42 in {holders:?}, not in one shard"
+        );
+        let due = holders[0].1;
+        assert!(
+            (before + 25_000..=after + 35_000).contains(&due),
+            "order-42 due {due}, not ~30 s after {before}"
+        );
+        for k in &keys {
+            let _: i64 = redis::cmd("DEL")
+                .arg(k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+}
