@@ -306,7 +306,11 @@ async fn bench(
 
     let body_len = args.size;
     let fams: Vec<KeyFamily> = keys.iter().map(|k| KeyFamily::new(k)).collect();
-    let redis_procs = redis_processes(client, redis).await;
+    let watch = CpuWatch {
+        redis: redis_processes(client, redis).await,
+        daemon: pid,
+    };
+    let redis_procs = &watch.redis;
     eprintln!("bench: finding the raw publisher's best channels and window ...");
     let trial_n = (args.messages / 4).max(1000);
     let mut best = (0.0f64, 1usize, 256usize);
@@ -328,6 +332,7 @@ async fn bench(
     let mut memory_per_task = Vec::new();
     let mut cpu_masters = Vec::new();
     let mut cpu_replicas = Vec::new();
+    let mut cpu_daemon = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let raw = raw_publish(
             amqp,
@@ -352,20 +357,21 @@ async fn bench(
         .await?;
         between_phases(&ch, names, &counter, args.no_consumer).await?;
         let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
-        let (drain, bytes, ticks) = delayd_drain(
+        let (drain, bytes, ticks, daemon_ticks) = delayd_drain(
             redis,
             &fams,
             args.messages,
             body_len,
             round,
             id_mode,
-            &redis_procs,
+            &watch,
         )
         .await?;
         memory_per_task.push(bytes);
+        // /proc counts CPU time in USER_HZ ticks, 100 per second on Linux.
+        let per = |t: u64| t as f64 * 10_000.0 / args.messages.max(2) as f64;
+        cpu_daemon.push(per(daemon_ticks));
         if let Some((m, r)) = ticks {
-            // /proc counts CPU time in USER_HZ ticks, 100 per second on Linux.
-            let per = |t: u64| t as f64 * 10_000.0 / args.messages.max(2) as f64;
             cpu_masters.push(per(m));
             cpu_replicas.push(per(r));
         }
@@ -506,15 +512,19 @@ async fn bench(
             &format!("{:.1} µs", median(&cpu_masters)),
             &format!(
                 "median; rounds {}; user+system of {} master(s){replicas}",
-                cpu_masters
-                    .iter()
-                    .map(|c| format!("{c:.1}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                join_us(&cpu_masters),
                 redis_procs.iter().filter(|p| !p.replica).count()
             ),
         );
     }
+    row(
+        "delayd CPU per drained member",
+        &format!("{:.1} µs", median(&cpu_daemon)),
+        &format!(
+            "median; rounds {}; user+system of the delayd process",
+            join_us(&cpu_daemon)
+        ),
+    );
     row(
         "common recipe drain",
         &format!("{recipe:.0} msg/s"),
@@ -584,6 +594,13 @@ fn join_rates(v: &[f64]) -> String {
 fn join_ratios(v: &[f64]) -> String {
     v.iter()
         .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn join_us(v: &[f64]) -> String {
+    v.iter()
+        .map(|r| format!("{r:.1}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -825,8 +842,9 @@ async fn delayd_drain(
     size: usize,
     round: usize,
     id_mode: bool,
-    procs: &[RedisProcess],
-) -> Result<(f64, f64, Option<(u64, u64)>), BenchError> {
+    watch: &CpuWatch,
+) -> Result<(f64, f64, Option<(u64, u64)>, u64), BenchError> {
+    let procs = &watch.redis[..];
     let shards = fams.len().max(1);
     let id_of = |i: usize| format!("r{round}-{i:09}").into_bytes();
     let (secs, _): (i64, i64) = redis::cmd("TIME")
@@ -889,6 +907,7 @@ async fn delayd_drain(
     }
     let per_task = bytes as f64 / staged as f64;
     let ticks_before = cpu_ticks(procs);
+    let daemon_before = proc_ticks(watch.daemon);
     let start = Instant::now();
     for (s, fam) in fams.iter().enumerate() {
         let i = staged + s;
@@ -955,7 +974,16 @@ async fn delayd_drain(
             after.1.saturating_sub(ticks_before.1),
         )
     });
-    Ok((rate, per_task, ticks))
+    let daemon_ticks = proc_ticks(watch.daemon).saturating_sub(daemon_before);
+    Ok((rate, per_task, ticks, daemon_ticks))
+}
+
+/// The processes whose CPU time a drain is charged with.
+struct CpuWatch {
+    /// The local redis-server processes (masters and replicas).
+    redis: Vec<RedisProcess>,
+    /// delayd's own process.
+    daemon: u32,
 }
 
 /// A redis-server process on this machine that serves the bench.
@@ -1050,23 +1078,27 @@ async fn node_info(client: &redis::Client) -> Option<(Option<u32>, Vec<crate::re
     Some((local, replicas))
 }
 
+/// User plus system CPU ticks so far of one process (0 if it is gone).
+fn proc_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the ")" that ends the command name: state is the 3rd
+    // field of the line, utime the 14th and stime the 15th.
+    stat.rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// User plus system CPU ticks so far of the masters and of the replicas.
 fn cpu_ticks(procs: &[RedisProcess]) -> (u64, u64) {
     let mut sum = (0u64, 0u64);
     for p in procs {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).unwrap_or_default();
-        // Fields after the ")" that ends the command name: state is the
-        // 3rd field of the line, utime the 14th and stime the 15th.
-        let ticks: u64 = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| {
-                rest.split_whitespace()
-                    .skip(11)
-                    .take(2)
-                    .filter_map(|v| v.parse::<u64>().ok())
-                    .sum()
-            })
-            .unwrap_or(0);
+        let ticks = proc_ticks(p.pid);
         if p.replica {
             sum.1 += ticks;
         } else {
