@@ -31,7 +31,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A Redis connection problem, as one line that names the server.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ConnError {
     /// The settings cannot make a client (caught by validation in practice).
     #[error("[redis] {0}")]
@@ -396,6 +396,8 @@ impl Redis {
                     redis: self.clone(),
                     current: tokio::sync::Mutex::new(None),
                     master: Mutex::new(None),
+                    failed: Mutex::new(None),
+                    asker: tokio::sync::Mutex::new(None),
                 });
                 s.get().await?;
                 Ok(RedisConn {
@@ -406,39 +408,81 @@ impl Redis {
         }
     }
 
+    /// A connection to configured sentinel `i`, with `sentinel_password`
+    /// and nothing else of the URL's credentials.
+    async fn connect_sentinel(&self, i: usize) -> Result<MultiplexedConnection, ConnError> {
+        let mut sentinel_redis = self.infos[i].redis_settings().clone().set_db(0);
+        sentinel_redis = match &self.cfg.sentinel_password {
+            Some(p) => sentinel_redis.set_password(p.expose()),
+            // The URL's credentials are the master's; a sentinel
+            // without a password of its own must not be sent them.
+            None => redis::RedisConnectionInfo::default().set_protocol(sentinel_redis.protocol()),
+        };
+        let info = self.infos[i].clone().set_redis_settings(sentinel_redis);
+        let client = self.client_of(info, self.url(i))?;
+        connect_multiplexed(&client, self.url(i), self.cfg.is_tls())
+            .await
+            .map_err(|e| self.sentinel_auth_hint(e))
+    }
+
+    /// A password problem at a sentinel, in terms of the setting to change:
+    /// the raw `NOAUTH`/`WRONGPASS` reply does not say which password.
+    fn sentinel_auth_hint(&self, e: ConnError) -> ConnError {
+        match e {
+            ConnError::Unreachable { server, reason } => {
+                let r = reason.to_uppercase();
+                let reason = if r.contains("NOAUTH") {
+                    "the sentinel requires a password (set sentinel_password)".to_string()
+                } else if r.contains("WRONGPASS")
+                    || r.contains("INVALID PASSWORD")
+                    || r.contains("AUTHENTICATIONFAILED")
+                {
+                    "the sentinel refused sentinel_password (wrong password)".to_string()
+                } else if r.contains("WITHOUT ANY PASSWORD CONFIGURED") {
+                    "the sentinel has no password (remove sentinel_password)".to_string()
+                } else {
+                    reason
+                };
+                ConnError::Unreachable { server, reason }
+            }
+            other => other,
+        }
+    }
+
+    /// Where sentinel `c` (configured URL `i`) says the master is.
+    async fn ask_sentinel(
+        &self,
+        i: usize,
+        c: &mut MultiplexedConnection,
+    ) -> Result<Addr, ConnError> {
+        let name = self.cfg.master_name.as_deref().unwrap_or_default();
+        let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query_async(c)
+            .await
+            .map_err(|e| self.sentinel_auth_hint(unreachable(self.url(i), &e)))?;
+        match reply {
+            Some((host, port)) => Ok(Addr { host, port }),
+            None => Err(ConnError::Unreachable {
+                server: self.url(i).redacted(),
+                reason: format!(
+                    "this sentinel monitors no master named \"{name}\" (check master_name)"
+                ),
+            }),
+        }
+    }
+
     /// Asks the sentinels, in order, where the master is, and connects to it;
     /// a sentinel that does not know, or names a server that is not (yet) a
     /// master, is skipped.
     async fn resolve_master(&self) -> Result<(Addr, MultiplexedConnection), ConnError> {
-        let name = self.cfg.master_name.clone().unwrap_or_default();
+        let name = self.cfg.master_name.as_deref().unwrap_or_default();
         let mut last = None;
         for i in 0..self.infos.len() {
-            let mut sentinel_redis = self.infos[i].redis_settings().clone().set_db(0);
-            sentinel_redis = match &self.cfg.sentinel_password {
-                Some(p) => sentinel_redis.set_password(p.expose()),
-                // The URL's credentials are the master's; a sentinel
-                // without a password of its own must not be sent them.
-                None => {
-                    redis::RedisConnectionInfo::default().set_protocol(sentinel_redis.protocol())
-                }
-            };
-            let info = self.infos[i].clone().set_redis_settings(sentinel_redis);
             let result = async {
-                let client = self.client_of(info, self.url(i))?;
-                let mut c = connect_multiplexed(&client, self.url(i), self.cfg.is_tls()).await?;
-                let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&name)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| unreachable(self.url(i), &e))?;
-                let Some((host, port)) = reply else {
-                    return Err(ConnError::Unreachable {
-                        server: self.url(i).redacted(),
-                        reason: format!("this sentinel monitors no master named \"{name}\" (check master_name)"),
-                    });
-                };
-                let addr = Addr { host, port };
+                let mut c = self.connect_sentinel(i).await?;
+                let addr = self.ask_sentinel(i, &mut c).await?;
                 let client = self.client_at(i, &addr)?;
                 let mut m = connect_multiplexed(&client, &addr, self.cfg.is_tls()).await?;
                 let role: Vec<Value> = redis::cmd("ROLE")
@@ -503,9 +547,26 @@ struct SentinelConn {
     current: tokio::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
     /// The master's address while connected, for the keyspace watcher.
     master: Mutex<Option<Addr>>,
+    /// The last failed resolution: within [`RESOLVE_INTERVAL`] of it,
+    /// callers get its error rather than a new round of connections, so
+    /// many waiting commands cost the sentinels one round per interval.
+    failed: Mutex<Option<(std::time::Instant, ConnError)>>,
+    /// The sentinel [`SentinelConn::follow`] asks (configured URL index),
+    /// kept open: it asks every second.
+    asker: tokio::sync::Mutex<Option<(usize, MultiplexedConnection)>>,
 }
 
 static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How often the master is looked for while none is reachable.
+const RESOLVE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long a command waits for the sentinels to name a reachable master
+/// after the old one went away, rather than failing at once: a failover
+/// takes the sentinels' `down-after-milliseconds` plus an election, and a
+/// caller that failed would back off for longer than the wait that is left.
+/// Only the search for a master is retried, never a command that was sent.
+const FAILOVER_WAIT: Duration = RESPONSE_TIMEOUT;
 
 impl SentinelConn {
     async fn get(&self) -> Result<(u64, MultiplexedConnection), ConnError> {
@@ -513,13 +574,45 @@ impl SentinelConn {
         if let Some((g, c)) = cur.as_ref() {
             return Ok((*g, c.clone()));
         }
-        let (addr, c) = self.redis.resolve_master().await?;
+        if let Some((at, e)) = self.failed.lock().ok().and_then(|f| f.clone()) {
+            if at.elapsed() < RESOLVE_INTERVAL {
+                return Err(e);
+            }
+        }
+        let (addr, c) = match self.redis.resolve_master().await {
+            Ok(found) => found,
+            Err(e) => {
+                if let Ok(mut f) = self.failed.lock() {
+                    *f = Some((std::time::Instant::now(), e.clone()));
+                }
+                return Err(e);
+            }
+        };
+        if let Ok(mut f) = self.failed.lock() {
+            *f = None;
+        }
         let g = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut m) = self.master.lock() {
             *m = Some(addr);
         }
         *cur = Some((g, c.clone()));
         Ok((g, c))
+    }
+
+    /// [`SentinelConn::get`], retried for up to [`FAILOVER_WAIT`] while no
+    /// master is reachable: a command issued during a failover runs on the
+    /// new master as soon as the sentinels name it.
+    async fn get_waiting(&self) -> Result<(u64, MultiplexedConnection), ConnError> {
+        let deadline = tokio::time::Instant::now() + FAILOVER_WAIT;
+        loop {
+            match self.get().await {
+                Ok(found) => return Ok(found),
+                Err(e) if tokio::time::Instant::now() + RESOLVE_INTERVAL >= deadline => {
+                    return Err(e)
+                }
+                Err(_) => tokio::time::sleep(RESOLVE_INTERVAL).await,
+            }
+        }
     }
 
     async fn forget(&self, generation: u64) {
@@ -530,6 +623,65 @@ impl SentinelConn {
                 *m = None;
             }
         }
+    }
+
+    /// Where the sentinels say the master is now: the sentinel asked last
+    /// if it still answers, else the first that does.
+    async fn named_master(&self) -> Result<Addr, ConnError> {
+        let mut asker = self.asker.lock().await;
+        if let Some((i, c)) = asker.as_mut() {
+            match self.redis.ask_sentinel(*i, c).await {
+                Ok(addr) => return Ok(addr),
+                Err(_) => *asker = None,
+            }
+        }
+        let mut last = None;
+        for i in 0..self.redis.infos.len() {
+            let found = async {
+                let mut c = self.redis.connect_sentinel(i).await?;
+                let addr = self.redis.ask_sentinel(i, &mut c).await?;
+                Ok::<_, ConnError>((addr, c))
+            }
+            .await;
+            match found {
+                Ok((addr, c)) => {
+                    *asker = Some((i, c));
+                    return Ok(addr);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ConnError::Settings("no sentinel configured".into())))
+    }
+
+    /// Moves to the master the sentinels name, if it is not the one we are
+    /// connected to. Commands re-resolve only when they fail, which an idle
+    /// process never sees, and a demoted master still answers reads; the
+    /// keyspace watcher calls this every second so that its subscription
+    /// and the scanners follow a failover within about a second.
+    async fn follow(&self) -> Result<(), ConnError> {
+        let named = self.named_master().await?;
+        let current = self.master.lock().ok().and_then(|m| m.clone());
+        if current.as_ref() == Some(&named) {
+            return Ok(());
+        }
+        if current.is_none() {
+            return self.get().await.map(|_| ());
+        }
+        // A sentinel that has not heard of the failover yet names a server
+        // that is no longer master: resolve_master checks the role.
+        let (addr, c) = self.redis.resolve_master().await?;
+        let mut cur = self.current.lock().await;
+        let Ok(mut master) = self.master.lock() else {
+            return Ok(());
+        };
+        if master.as_ref() != Some(&addr) {
+            tracing::info!(master = %addr, "the sentinels name a new master; moving to it");
+            let g = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *cur = Some((g, c));
+            *master = Some(addr);
+        }
+        Ok(())
     }
 
     fn must_reresolve(e: &RedisError) -> bool {
@@ -573,7 +725,7 @@ impl RedisConn {
             Inner::Single(c) => c.req_packed_command(cmd).await,
             Inner::Cluster(c) => c.req_packed_command(cmd).await,
             Inner::Sentinel(s) => {
-                let (g, mut c) = s.get().await.map_err(conn_error)?;
+                let (g, mut c) = s.get_waiting().await.map_err(conn_error)?;
                 let r = c.req_packed_command(cmd).await;
                 if let Err(e) = &r {
                     if SentinelConn::must_reresolve(e) {
@@ -586,8 +738,9 @@ impl RedisConn {
     }
 
     /// The masters that serve slots, in cluster mode, from `CLUSTER NODES`
-    /// as one node sees it; the one server otherwise (the current master in
-    /// sentinel mode, `None` while it is being looked for).
+    /// as one node sees it; the one server otherwise (in sentinel mode the
+    /// master the sentinels name now, moving this connection to it if it
+    /// moved).
     pub async fn masters(&self, redis: &Redis) -> Result<Vec<Master>, ConnError> {
         match &self.inner {
             Inner::Cluster(c) => {
@@ -620,6 +773,9 @@ impl RedisConn {
                 }])
             }
             Inner::Sentinel(s) => {
+                if let Err(e) = s.follow().await {
+                    tracing::debug!(error = %e, "cannot ask the sentinels where the master is");
+                }
                 if s.master.lock().ok().and_then(|m| m.clone()).is_none() {
                     s.get().await?;
                 }
@@ -681,7 +837,7 @@ impl ConnectionLike for RedisConn {
                 Inner::Single(c) => c.req_packed_commands(cmd, offset, count).await,
                 Inner::Cluster(c) => c.req_packed_commands(cmd, offset, count).await,
                 Inner::Sentinel(s) => {
-                    let (g, mut c) = s.get().await.map_err(conn_error)?;
+                    let (g, mut c) = s.get_waiting().await.map_err(conn_error)?;
                     let r = c.req_packed_commands(cmd, offset, count).await;
                     if let Err(e) = &r {
                         if SentinelConn::must_reresolve(e) {

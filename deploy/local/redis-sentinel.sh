@@ -5,12 +5,21 @@
 #   deploy/local/redis-sentinel.sh start DIR BASEPORT [WATCH_PID]
 #   deploy/local/redis-sentinel.sh stop DIR
 #   deploy/local/redis-sentinel.sh kill-node DIR PORT   (SIGKILL, as a crash)
+#   deploy/local/redis-sentinel.sh heal DIR             (restart downed nodes)
 #
 # The master listens on BASEPORT, the replica on BASEPORT+1, the sentinels on
 # BASEPORT+2..BASEPORT+4; they monitor the master as "main" with quorum 2 and
 # down-after-milliseconds 1000. `start` returns once the replica is in sync
 # and every sentinel knows the replica and the other sentinels. With
 # WATCH_PID, a watcher stops everything when that process exits.
+#
+# `heal` restarts every data node that is down as a replica of the master the
+# sentinels name (a killed master must not come back as an empty master) and
+# returns once the set is ready again, whichever node is now the master.
+#
+# With DELAYD_REDIS_PASSWORD at `start`, the data nodes require it (and the
+# sentinels use it); with DELAYD_SENTINEL_PASSWORD, the sentinels require
+# theirs. Both are kept in DIR (mode 600) for the later commands.
 set -euo pipefail
 
 LOG_TAG=redis-sentinel
@@ -18,44 +27,74 @@ LOG_TAG=redis-sentinel
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
-	sed -n '5,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+	sed -n '5,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
-cli() { timeout 5 redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
+# Passwords reach redis-cli through its environment, never its arguments.
+data_pass() { cat "$DIR/redis.pass" 2>/dev/null || true; }
+sentinel_pass() { cat "$DIR/sentinel.pass" 2>/dev/null || true; }
+authed_cli() { # PASSWORD PORT ARGS...
+	local pass="$1"
+	shift
+	if [[ -n "$pass" ]]; then
+		REDISCLI_AUTH="$pass" timeout 5 redis-cli -h 127.0.0.1 -p "$1" "${@:2}"
+	else
+		timeout 5 redis-cli -h 127.0.0.1 -p "$1" "${@:2}"
+	fi
+}
+dcli() { authed_cli "$(data_pass)" "$@"; }
+scli() { authed_cli "$(sentinel_pass)" "$@"; }
 
-spawn() { # DIR PORT ARGS...: a redis-server in the background, pid in DIR/PORT.pid
-	local dir="$1" port="$2"
-	shift 2
-	mkdir -p "$dir/$port"
+# conf_quote VALUE: VALUE as a double-quoted redis.conf string.
+conf_quote() {
+	local v="${1//\\/\\\\}"
+	printf '"%s"' "${v//\"/\\\"}"
+}
+
+spawn() { # PORT ARGS...: a redis-server in the background, pid in DIR/PORT.pid
+	local port="$1"
+	shift
+	mkdir -p "$DIR/$port"
 	DELAYD_TEST_REDIS_NODE=1 setsid redis-server "$@" </dev/null >/dev/null 2>&1 &
-	printf '%s\n' "$!" >"$dir/$port.pid"
+	printf '%s\n' "$!" >"$DIR/$port.pid"
 }
 
-data_node() { # DIR PORT [MASTERPORT]
-	local dir="$1" port="$2" args=()
-	[[ -n "${3:-}" ]] && args=(--replicaof 127.0.0.1 "$3")
-	spawn "$dir" "$port" --port "$port" --bind 127.0.0.1 --dir "$dir/$port" \
-		--appendonly no --save '' --repl-diskless-sync-delay 0 \
-		--notify-keyspace-events Kz --daemonize no \
-		--logfile "$dir/$port/redis.log" "${args[@]}"
+data_node() { # PORT [MASTERPORT]
+	local port="$1" pass
+	mkdir -p "$DIR/$port"
+	pass="$(data_pass)"
+	# A file, so the password stays out of the process list.
+	{
+		printf 'port %s\nbind 127.0.0.1\ndir %s\n' "$port" "$DIR/$port"
+		printf 'appendonly no\nsave ""\nrepl-diskless-sync-delay 0\n'
+		printf 'notify-keyspace-events Kz\ndaemonize no\nlogfile %s\n' "$DIR/$port/redis.log"
+		if [[ -n "${2:-}" ]]; then printf 'replicaof 127.0.0.1 %s\n' "$2"; fi
+		if [[ -n "$pass" ]]; then printf 'requirepass %s\nmasterauth %s\n' "$(conf_quote "$pass")" "$(conf_quote "$pass")"; fi
+	} >"$DIR/$port/redis.conf"
+	chmod 600 "$DIR/$port/redis.conf"
+	spawn "$port" "$DIR/$port/redis.conf"
 }
 
-sentinel_node() { # DIR PORT MASTERPORT
-	local dir="$1" port="$2" master="$3"
-	mkdir -p "$dir/$port"
+sentinel_node() { # PORT MASTERPORT
+	local port="$1" master="$2" pass spass
+	mkdir -p "$DIR/$port"
+	pass="$(data_pass)" spass="$(sentinel_pass)"
 	# Sentinel rewrites its config file with what it learns: one per sentinel.
-	cat >"$dir/$port/sentinel.conf" <<-EOF
-		port $port
-		bind 127.0.0.1
-		dir $dir/$port
-		logfile $dir/$port/sentinel.log
-		sentinel monitor main 127.0.0.1 $master 2
-		sentinel down-after-milliseconds main 1000
-		sentinel failover-timeout main 10000
-		sentinel parallel-syncs main 1
-	EOF
-	spawn "$dir" "$port" "$dir/$port/sentinel.conf" --sentinel
+	{
+		printf 'port %s\nbind 127.0.0.1\ndir %s\nlogfile %s\n' "$port" "$DIR/$port" "$DIR/$port/sentinel.log"
+		printf 'sentinel monitor main 127.0.0.1 %s 2\n' "$master"
+		printf 'sentinel down-after-milliseconds main 1000\n'
+		printf 'sentinel failover-timeout main 10000\n'
+		printf 'sentinel parallel-syncs main 1\n'
+		if [[ -n "$pass" ]]; then printf 'sentinel auth-pass main %s\n' "$(conf_quote "$pass")"; fi
+		# Sentinels ask each other for votes with the password they require.
+		if [[ -n "$spass" ]]; then
+			printf 'requirepass %s\nsentinel sentinel-pass %s\n' "$(conf_quote "$spass")" "$(conf_quote "$spass")"
+		fi
+	} >"$DIR/$port/sentinel.conf"
+	chmod 600 "$DIR/$port/sentinel.conf"
+	spawn "$port" "$DIR/$port/sentinel.conf" --sentinel
 }
 
 wait_until() { # SECONDS DESCRIPTION COMMAND...
@@ -70,21 +109,48 @@ wait_until() { # SECONDS DESCRIPTION COMMAND...
 	done
 }
 
-ready() { # BASEPORT
-	local base="$1" p info
-	info="$(cli $((base + 1)) info replication)" || return 1
-	[[ "$info" == *"master_link_status:up"* ]] || return 1
+answers() { [[ "$(dcli "$1" ping 2>/dev/null)" == "PONG" ]]; }
+
+# field NAME: the value after the line NAME in a field/value reply on stdin.
+field() { grep -A1 -x "$1" | sed -n 2p; }
+
+# The master's port as the sentinels name it; fails unless they all agree.
+named_master() {
+	local base p reply port="" m
+	base="$(cat "$DIR/base")"
 	for p in $((base + 2)) $((base + 3)) $((base + 4)); do
-		info="$(cli "$p" sentinel master main)" || return 1
-		# num-slaves 1 and num-other-sentinels 2, as the reply's field/value lines.
-		grep -A1 -x 'num-slaves' <<<"$info" | tail -1 | grep -qx 1 || return 1
-		grep -A1 -x 'num-other-sentinels' <<<"$info" | tail -1 | grep -qx 2 || return 1
+		reply="$(scli "$p" sentinel get-master-addr-by-name main)" || return 1
+		m="$(sed -n 2p <<<"$reply")"
+		[[ "$m" =~ ^[0-9]+$ ]] || return 1
+		[[ -z "$port" || "$port" == "$m" ]] || return 1
+		port="$m"
+	done
+	printf '%s\n' "$port"
+}
+
+# Ready: the sentinels agree on a master that says it is one, the other data
+# node replicates it with its link up, and every sentinel sees that replica
+# healthy and the two other sentinels.
+ready() {
+	local base master replica p info
+	base="$(cat "$DIR/base")"
+	master="$(named_master)" || return 1
+	if ((master == base)); then replica=$((base + 1)); else replica=$base; fi
+	[[ "$(dcli "$master" role | head -1)" == "master" ]] || return 1
+	info="$(dcli "$replica" info replication)" || return 1
+	[[ "$info" == *"master_port:$master"* && "$info" == *"master_link_status:up"* ]] || return 1
+	for p in $((base + 2)) $((base + 3)) $((base + 4)); do
+		info="$(scli "$p" sentinel master main)" || return 1
+		[[ "$(field num-slaves <<<"$info")" == 1 ]] || return 1
+		[[ "$(field num-other-sentinels <<<"$info")" == 2 ]] || return 1
+		info="$(scli "$p" sentinel replicas main)" || return 1
+		[[ "$(field flags <<<"$info")" == "slave" ]] || return 1
 	done
 }
 
-stop_all() { # DIR
+stop_all() {
 	local f pid
-	for f in "$1"/*.pid; do
+	for f in "$DIR"/*.pid; do
 		[[ -e "$f" ]] || continue
 		pid="$(read_pid "$f")"
 		[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
@@ -95,38 +161,62 @@ stop_all() { # DIR
 case "${1:-}" in
 start)
 	(($# >= 3)) || usage
-	dir="$2" base="$3" watch="${4:-}"
+	base="$3" watch="${4:-}"
 	valid_port "$base" BASEPORT
 	valid_port $((base + 4)) "BASEPORT+4"
 	command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || ensure_packages
-	mkdir -p "$dir"
-	dir="$(cd "$dir" && pwd -P)"
+	mkdir -p "$2"
+	DIR="$(cd "$2" && pwd -P)"
+	printf '%s\n' "$base" >"$DIR/base"
+	(
+		umask 077
+		printf '%s' "${DELAYD_REDIS_PASSWORD:-}" >"$DIR/redis.pass"
+		printf '%s' "${DELAYD_SENTINEL_PASSWORD:-}" >"$DIR/sentinel.pass"
+	)
 	t0="$(now_ms)"
-	data_node "$dir" "$base"
-	wait_until 20 "master answering" redis_answers "$base"
-	data_node "$dir" $((base + 1)) "$base"
+	data_node "$base"
+	wait_until 20 "master answering" answers "$base"
+	data_node $((base + 1)) "$base"
 	for p in $((base + 2)) $((base + 3)) $((base + 4)); do
-		sentinel_node "$dir" "$p" "$base"
+		sentinel_node "$p" "$base"
 	done
-	wait_until 30 "replica in sync and sentinels agreed" ready "$base"
+	wait_until 30 "replica in sync and sentinels agreed" ready
 	if [[ -n "$watch" ]]; then
 		setsid bash -c '
 			while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
 			for f in "$2"/*.pid; do [[ -e "$f" ]] && kill -KILL "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
-		' _ "$watch" "$dir" </dev/null >/dev/null 2>&1 &
+		' _ "$watch" "$DIR" </dev/null >/dev/null 2>&1 &
 	fi
 	log "master 127.0.0.1:$base, replica :$((base + 1)), sentinels :$((base + 2))-$((base + 4)) ready in $(($(now_ms) - t0)) ms"
 	;;
 stop)
 	(($# == 2)) || usage
-	stop_all "$2"
+	DIR="$2"
+	stop_all
 	;;
 kill-node)
 	(($# == 3)) || usage
-	pid="$(read_pid "$2/$3.pid")"
-	[[ -n "$pid" ]] || die "no node on port $3 in $2"
+	DIR="$2"
+	pid="$(read_pid "$DIR/$3.pid")"
+	[[ -n "$pid" ]] || die "no node on port $3 in $DIR"
 	kill -KILL "$pid"
-	rm -f "$2/$3.pid"
+	rm -f "$DIR/$3.pid"
+	;;
+heal)
+	(($# == 2)) || usage
+	DIR="$(cd "$2" && pwd -P)"
+	base="$(cat "$DIR/base")"
+	t0="$(now_ms)"
+	for p in "$base" $((base + 1)); do
+		alive "$(read_pid "$DIR/$p.pid")" && continue
+		wait_until 30 "a master named by every sentinel" named_master
+		master="$(named_master)"
+		((master != p)) || die "the sentinels name $p master, but it is down"
+		data_node "$p" "$master"
+		log "restarted :$p as a replica of :$master"
+	done
+	wait_until 30 "replica in sync and sentinels agreed" ready
+	log "ready (master :$(named_master)) in $(($(now_ms) - t0)) ms"
 	;;
 *) usage ;;
 esac

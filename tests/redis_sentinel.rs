@@ -1,0 +1,720 @@
+//! delayd in sentinel mode on real sentinels: a master, a replica and three
+//! sentinels (quorum 2, down-after 1000 ms) started once for this test binary
+//! by `deploy/local/redis-sentinel.sh`, plus a set of their own for the
+//! password test. A drain, the master killed mid-flow, keyspace wake-ups that
+//! follow a failover, a wrong `master_name`, and passwords that stay out of
+//! the logs. The tests take turns: two of them fail the master over, and each
+//! starts by bringing a killed node back as a replica.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::aio::MultiplexedConnection;
+
+/// One master, one replica and three sentinels monitoring it as "main".
+struct Sentinels {
+    dir: PathBuf,
+    base: u16,
+    /// The data nodes' password, if they require one.
+    password: Option<String>,
+    /// The sentinels' own password, if they require one.
+    sentinel_password: Option<String>,
+}
+
+static SHARED: OnceLock<Sentinels> = OnceLock::new();
+/// One test at a time: failovers change what the others see, and the
+/// wake-up timings need the machine's attention.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The shared set, started on first use and stopped by the script's watcher
+/// when this test process exits, however it exits.
+fn shared() -> &'static Sentinels {
+    SHARED.get_or_init(|| Sentinels::start(None, None))
+}
+
+impl Sentinels {
+    fn start(password: Option<String>, sentinel_password: Option<String>) -> Self {
+        let dir = tempfile::tempdir().unwrap().keep();
+        // The master, the replica and the sentinels on base..base+4.
+        let base = free_port(27000..29995, &[1, 2, 3, 4]);
+        let mut env = Vec::new();
+        if let Some(p) = &password {
+            env.push(("DELAYD_REDIS_PASSWORD", p.clone()));
+        }
+        if let Some(p) = &sentinel_password {
+            env.push(("DELAYD_SENTINEL_PASSWORD", p.clone()));
+        }
+        run_script(
+            "redis-sentinel.sh",
+            &[
+                "start",
+                dir.to_str().unwrap(),
+                &base.to_string(),
+                &std::process::id().to_string(),
+            ],
+            &env,
+        );
+        Sentinels {
+            dir,
+            base,
+            password,
+            sentinel_password,
+        }
+    }
+
+    fn sentinel_ports(&self) -> [u16; 3] {
+        [self.base + 2, self.base + 3, self.base + 4]
+    }
+
+    /// The `[redis]` section for delayd, with the master's password in the
+    /// sentinels' URLs (delayd's convention) and `sentinel_password`.
+    fn section(&self, master_name: &str) -> String {
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        let urls: Vec<String> = self
+            .sentinel_ports()
+            .iter()
+            .map(|p| format!("\"redis://{auth}127.0.0.1:{p}\""))
+            .collect();
+        let mut s = format!(
+            "[redis]\nmode = \"sentinel\"\nurls = [{}]\nmaster_name = \"{master_name}\"\n",
+            urls.join(", ")
+        );
+        if let Some(p) = &self.sentinel_password {
+            s.push_str(&format!("sentinel_password = \"{p}\"\n"));
+        }
+        s
+    }
+
+    fn url(&self, port: u16, password: &Option<String>) -> String {
+        match password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{port}"),
+            None => format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
+    /// The master's port as the first answering sentinel names it.
+    async fn named_master(&self) -> Option<u16> {
+        for p in self.sentinel_ports() {
+            let Ok(mut c) = connect(&self.url(p, &self.sentinel_password)).await else {
+                continue;
+            };
+            if let Ok(Some((_, port))) = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg("main")
+                .query_async::<Option<(String, u16)>>(&mut c)
+                .await
+            {
+                return Some(port);
+            }
+        }
+        None
+    }
+
+    /// A connection to the master, found the way any sentinel client finds
+    /// it (independently of delayd's code): ask, connect, check the role.
+    async fn master(&self) -> Option<MultiplexedConnection> {
+        let port = self.named_master().await?;
+        let mut c = connect(&self.url(port, &self.password)).await.ok()?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut c).await.ok()?;
+        matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master").then_some(c)
+    }
+
+    /// Like [`Sentinels::master`], retried for up to 30 s.
+    async fn master_conn(&self) -> MultiplexedConnection {
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.master().await {
+                return c;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no master reachable through the sentinels"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the sentinels name a master other than `old`; panics
+    /// after `limit`.
+    async fn wait_switch(&self, old: u16, limit: Duration) -> u16 {
+        let start = Instant::now();
+        loop {
+            if let Some(p) = self.named_master().await {
+                if p != old {
+                    return p;
+                }
+            }
+            assert!(
+                start.elapsed() < limit,
+                "the sentinels did not fail over from :{old} within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn kill_node(&self, port: u16) {
+        run_script(
+            "redis-sentinel.sh",
+            &["kill-node", self.dir.to_str().unwrap(), &port.to_string()],
+            &[],
+        );
+    }
+
+    /// Brings back any node a test killed, as a replica, and waits until
+    /// the set is ready: whichever node is master, the other replicates it.
+    fn heal(&self) {
+        run_script(
+            "redis-sentinel.sh",
+            &["heal", self.dir.to_str().unwrap()],
+            &[],
+        );
+    }
+
+    fn stop(&self) {
+        run_script(
+            "redis-sentinel.sh",
+            &["stop", self.dir.to_str().unwrap()],
+            &[],
+        );
+    }
+}
+
+/// A set of sentinels of its own, stopped when the test ends (also when
+/// it fails).
+struct Private(Sentinels);
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+async fn connect(url: &str) -> redis::RedisResult<MultiplexedConnection> {
+    let client = redis::Client::open(url)?;
+    match tokio::time::timeout(
+        Duration::from_secs(3),
+        client.get_multiplexed_async_connection_with_config(&slow_ok()),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+    }
+}
+
+/// `ZADD` then `WAIT 1`: true only when the member reached the replica,
+/// the producer's way of knowing a failover cannot take it back.
+async fn zadd_replicated(c: &mut MultiplexedConnection, key: &str, due: i64, body: &str) -> bool {
+    let mut p = redis::pipe();
+    p.cmd("ZADD")
+        .arg(key)
+        .arg(due)
+        .arg(body)
+        .ignore()
+        .cmd("WAIT")
+        .arg(1)
+        .arg(200);
+    matches!(p.query_async::<(i64,)>(c).await, Ok((n,)) if n >= 1)
+}
+
+/// A business in sentinel mode with a consumer on its queue.
+struct Flow {
+    _dir: tempfile::TempDir,
+    b: BusinessSpec,
+    config: PathBuf,
+    inbox: Inbox,
+    _amqp: lapin::Connection,
+}
+
+async fn flow(s: &Sentinels, name: &str, extra: &str) -> Flow {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = BusinessSpec::random(name);
+    b.extra = extra.to_string();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("q");
+    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    let inbox = consume(&amqp, &queue).await;
+    let config = write_config_redis(dir.path(), &s.section("main"), &amqp_url(), "off", &[&b]);
+    Flow {
+        _dir: dir,
+        b,
+        config,
+        inbox,
+        _amqp: amqp,
+    }
+}
+
+impl Flow {
+    /// Waits until every one of `want` arrived at least once; panics with
+    /// the missing count and the daemon's log after `limit`.
+    async fn wait_all(&self, want: &[String], limit: Duration, daemon: &Daemon) {
+        let start = Instant::now();
+        loop {
+            let seen = counts(&self.inbox);
+            let missing: Vec<&String> = want
+                .iter()
+                .filter(|m| !seen.contains_key(m.as_bytes()))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "{} of {} members never arrived within {limit:?} (first: {:?}); log:\n{}",
+                    missing.len(),
+                    want.len(),
+                    &missing[..missing.len().min(5)],
+                    daemon.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until no key of the family is left on the current master.
+    async fn assert_family_gone(&self, s: &Sentinels) {
+        let key = self.b.key.clone();
+        let gone = eventually(Duration::from_secs(30), || {
+            let key = key.clone();
+            async move {
+                let Some(mut c) = s.master().await else {
+                    return false;
+                };
+                for k in family(&key).all() {
+                    let n: i64 = redis::cmd("EXISTS")
+                        .arg(k)
+                        .query_async(&mut c)
+                        .await
+                        .unwrap_or(1);
+                    if n != 0 {
+                        return false;
+                    }
+                }
+                true
+            }
+        })
+        .await;
+        assert!(gone, "key family of {key} not empty");
+    }
+}
+
+fn duplicates(inbox: &Inbox) -> usize {
+    counts(inbox).values().map(|n| n - 1).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_through_sentinel_delivers_every_member_exactly_once_and_empties_the_family() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let f = flow(s, "drain", "scanners = 2").await;
+    let mut c = s.master_conn().await;
+    let now = redis_now_ms(&mut c).await;
+    let want: Vec<String> = (0..2000).map(|i| format!("m-{i}")).collect();
+    let items: Vec<(f64, Vec<u8>)> = want
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ((now + i as i64 % 1000) as f64, m.clone().into_bytes()))
+        .collect();
+    zadd_many(&mut c, &f.b.key, &items).await;
+    let daemon = Daemon::start(&f.config);
+    f.wait_all(&want, Duration::from_secs(60), &daemon).await;
+    f.inbox.settle(Duration::from_millis(500)).await;
+    let seen = counts(&f.inbox);
+    assert_eq!(seen.len(), want.len(), "members nobody scheduled arrived");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} members arrived more than once on a clean run",
+        twice.len()
+    );
+    f.assert_family_gone(s).await;
+    let log = daemon.logs();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// What the test's producer did with one member.
+struct Produced {
+    body: String,
+    /// When its ZADD was sent (wall ms).
+    sent_ms: i64,
+    /// ZADD answered and `WAIT 1` saw the replica take it.
+    acked: bool,
+}
+
+/// ZADDs members due now, as fast as one connection goes with a `WAIT` per
+/// member, re-finding the master through the sentinels after any error,
+/// until `stop`.
+fn produce(
+    s: &'static Sentinels,
+    key: String,
+    stop: Arc<AtomicBool>,
+) -> (Arc<Mutex<Vec<Produced>>>, tokio::task::JoinHandle<()>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let out = log.clone();
+    let task = tokio::spawn(async move {
+        let mut conn: Option<MultiplexedConnection> = None;
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let Some(c) = conn.as_mut() else {
+                conn = s.master().await;
+                if conn.is_none() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                continue;
+            };
+            let body = format!("p-{i}");
+            i += 1;
+            let sent_ms = wall_ms();
+            let acked = zadd_replicated(c, &key, sent_ms, &body).await;
+            if !acked {
+                conn = None;
+            }
+            out.lock().unwrap().push(Produced {
+                body,
+                sent_ms,
+                acked,
+            });
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    (log, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_master_mid_flow_loses_no_acknowledged_member_and_resumes_within_10s() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let f = flow(s, "kill", "scanners = 2\nlease = \"3s\"").await;
+    // A backlog due over the next 6 s, then a producer that keeps adding.
+    let mut c = s.master_conn().await;
+    let now = redis_now_ms(&mut c).await;
+    let backlog: Vec<String> = (0..1500).map(|i| format!("b-{i}")).collect();
+    let items: Vec<(f64, Vec<u8>)> = backlog
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ((now + i as i64 * 4) as f64, m.clone().into_bytes()))
+        .collect();
+    zadd_many(&mut c, &f.b.key, &items).await;
+    let synced: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(synced, 1, "the backlog did not reach the replica");
+    let daemon = Daemon::start(&f.config);
+    f.inbox.wait_for(200, Duration::from_secs(30)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (produced, producer) = produce(s, f.b.key.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let victim = s.named_master().await.expect("no master named");
+    s.kill_node(victim);
+    // After the kill: a ZADD sent from now on can only land on a new master.
+    let killed_at = wall_ms();
+    let new_master = s.wait_switch(victim, Duration::from_secs(30)).await;
+    let switched_ms = wall_ms() - killed_at;
+    // The old master comes back as a replica, so WAIT can succeed again.
+    s.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await.unwrap();
+
+    let produced = std::mem::take(&mut *produced.lock().unwrap());
+    let acked: Vec<String> = produced
+        .iter()
+        .filter(|p| p.acked)
+        .map(|p| p.body.clone())
+        .collect();
+    let after_kill = produced
+        .iter()
+        .filter(|p| p.acked && p.sent_ms > killed_at)
+        .count();
+    assert!(
+        after_kill > 50,
+        "the producer got only {after_kill} members acknowledged after the kill"
+    );
+    let want: Vec<String> = backlog.iter().cloned().chain(acked.clone()).collect();
+    f.wait_all(&want, Duration::from_secs(60), &daemon).await;
+    f.inbox.settle(Duration::from_millis(500)).await;
+
+    // Resumed: the first delivery of a member the producer sent after the kill.
+    let sent_after: std::collections::HashSet<&str> = produced
+        .iter()
+        .filter(|p| p.sent_ms > killed_at)
+        .map(|p| p.body.as_str())
+        .collect();
+    let resumed = f
+        .inbox
+        .all()
+        .iter()
+        .filter(|r| sent_after.contains(std::str::from_utf8(&r.body).unwrap_or("")))
+        .map(|r| r.at_ms)
+        .min()
+        .expect("nothing sent after the kill was delivered")
+        - killed_at;
+    let unacked = produced.iter().filter(|p| !p.acked).count();
+    let seen = counts(&f.inbox);
+    let unacked_delivered = produced
+        .iter()
+        .filter(|p| !p.acked && seen.contains_key(p.body.as_bytes()))
+        .count();
+    let dups = duplicates(&f.inbox);
+    eprintln!(
+        "master :{victim} killed; sentinels named :{new_master} after {switched_ms} ms; \
+         delivery resumed {resumed} ms after the kill; {} members acknowledged \
+         ({after_kill} after the kill), all delivered; {unacked} unacknowledged \
+         ({unacked_delivered} of them delivered); {dups} duplicate deliveries",
+        want.len()
+    );
+    assert!(
+        resumed <= 10_000,
+        "delivery resumed {resumed} ms after the master died; log:\n{}",
+        daemon.logs()
+    );
+    f.assert_family_gone(s).await;
+    let log = daemon.logs();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zadd_wakes_an_idle_business_within_100ms_also_after_a_failover() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let f = flow(
+        s,
+        "wake",
+        "scanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"",
+    )
+    .await;
+    let daemon = Daemon::start(&f.config);
+    let on = |n: usize| {
+        let log = daemon.logs();
+        async move { log.matches("keyspace notifications on").count() >= n }
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || on(1)).await,
+        "notifications never on:\n{}",
+        daemon.logs()
+    );
+    // Let the scanner make its first claim and go to sleep.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Five ZADDs a round, each after the scanner went back to sleep: the
+    // median says what a wake-up takes, not one scheduling hiccup of a
+    // busy machine. Without a subscription it would take poll_interval (30 s).
+    let probe = |round: &'static str| {
+        let inbox = f.inbox.clone();
+        let key = f.b.key.clone();
+        async move {
+            let mut c = s.master_conn().await;
+            let mut took = Vec::new();
+            for i in 0..5 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let body = format!("wake-{round}-{i}");
+                let t0 = wall_ms();
+                let _: i64 = redis::cmd("ZADD")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(&body)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                let arrived = eventually(Duration::from_secs(5), || {
+                    let n = inbox.all().iter().any(|m| m.body == body.as_bytes());
+                    async move { n }
+                })
+                .await;
+                assert!(arrived, "{round}: {body} never arrived");
+                let got = inbox
+                    .all()
+                    .into_iter()
+                    .find(|m| m.body == body.as_bytes())
+                    .unwrap();
+                took.push(got.at_ms - t0);
+            }
+            eprintln!("{round}: woke after {took:?} ms");
+            took.sort();
+            took[2]
+        }
+    };
+    let took = probe("before").await;
+    assert!(
+        took <= 100,
+        "before the failover: woke after {took} ms (median)"
+    );
+
+    // The old master stays down: only a subscription on the new one can wake it.
+    let victim = s.named_master().await.expect("no master named");
+    s.kill_node(victim);
+    let new_master = s.wait_switch(victim, Duration::from_secs(30)).await;
+    let channel = format!("__keyspace@0__:{}", f.b.key);
+    let subscribed = eventually(Duration::from_secs(15), || {
+        let channel = channel.clone();
+        async move {
+            let Ok(mut c) = connect(&s.url(new_master, &s.password)).await else {
+                return false;
+            };
+            let r: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            r.first().is_some_and(|(_, n)| *n >= 1)
+        }
+    })
+    .await;
+    assert!(
+        subscribed,
+        "delayd never subscribed on the new master :{new_master}; log:\n{}",
+        daemon.logs()
+    );
+    // The new subscription wakes the scanner once, to catch up; let it sleep again.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let took = probe("after").await;
+    assert!(
+        took <= 100,
+        "after the failover: woke after {took} ms (median); log:\n{}",
+        daemon.logs()
+    );
+    drop(daemon);
+    let mut c = s.master_conn().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&f.b.key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    s.heal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_master_name_check_exits_1_with_one_line_naming_the_field_and_run_keeps_retrying() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let b = BusinessSpec::random("lost");
+    let amqp = amqp_at(&amqp_url()).await;
+    declare_exchange(&amqp.create_channel().await.unwrap(), &b.exchange).await;
+    let config = write_config_redis(dir.path(), &s.section("nosuch"), &amqp_url(), "off", &[&b]);
+    let start = Instant::now();
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 1, "exit code {code}:\n{out}\n{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "check took {:?}",
+        start.elapsed()
+    );
+    let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
+    assert_eq!(failed.len(), 1, "exactly one FAILED line expected:\n{out}");
+    assert!(
+        failed[0].contains("no master named \"nosuch\"") && failed[0].contains("master_name"),
+        "the line should name the master and the field: {}",
+        failed[0]
+    );
+    assert_eq!(err.lines().count(), 1, "stderr: {err}");
+    assert!(!out.contains("panicked") && !err.contains("panicked"));
+
+    // The daemon, like for any unreachable Redis, says why once and retries.
+    let mut daemon = Daemon::start(&config);
+    let said = eventually(Duration::from_secs(10), || {
+        let n = daemon.logs().matches("master_name").count();
+        async move { n >= 1 }
+    })
+    .await;
+    assert!(said, "no line names master_name:\n{}", daemon.logs());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "delayd exited:\n{}",
+        daemon.logs()
+    );
+    let log = daemon.logs();
+    assert_eq!(log.matches("master_name").count(), 1, "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    daemon.signal(15); // SIGTERM
+    let status = daemon.wait(Duration::from_secs(10));
+    assert!(status.success(), "{status}:\n{}", daemon.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_passwords_work_and_no_password_reaches_logs_or_output() {
+    let _turn = SERIAL.lock().await;
+    let set = Private(Sentinels::start(
+        Some(unique("masterpw")),
+        Some(unique("sentinelpw")),
+    ));
+    let s = &set.0;
+    let secrets = [
+        s.password.clone().unwrap(),
+        s.sentinel_password.clone().unwrap(),
+    ];
+    let leaks = |text: &str| secrets.iter().any(|p| text.contains(p.as_str()));
+    let f = flow(s, "auth", "").await;
+    // Every debug line too.
+    let text = std::fs::read_to_string(&f.config)
+        .unwrap()
+        .replace("level = \"info\"", "level = \"debug\"");
+    std::fs::write(&f.config, text).unwrap();
+    let cfg = f.config.to_str().unwrap();
+
+    let (code, out, err) = delayd(&["check", "--config", cfg]);
+    assert_eq!(code, 0, "check failed:\n{out}\n{err}");
+    assert!(!leaks(&out) && !leaks(&err), "a password in:\n{out}\n{err}");
+    assert!(out.contains("keyspace notifications on"), "{out}");
+
+    let mut c = s.master_conn().await;
+    let now = redis_now_ms(&mut c).await;
+    let want: Vec<String> = (0..300).map(|i| format!("a-{i}")).collect();
+    let items: Vec<(f64, Vec<u8>)> = want
+        .iter()
+        .map(|m| (now as f64, m.clone().into_bytes()))
+        .collect();
+    zadd_many(&mut c, &f.b.key, &items).await;
+    let daemon = Daemon::start(&f.config);
+    f.wait_all(&want, Duration::from_secs(30), &daemon).await;
+    f.assert_family_gone(s).await;
+    let log = daemon.logs();
+    assert!(
+        log.contains("keyspace notifications on"),
+        "no subscription through the master's password:\n{log}"
+    );
+    assert!(!leaks(&log), "a password in the log:\n{log}");
+    drop(daemon);
+
+    // Without the sentinels' password, or a wrong one: one line that says
+    // which setting to change, and still no password.
+    let original = std::fs::read_to_string(&f.config).unwrap();
+    let sentinel_pw = format!("sentinel_password = \"{}\"\n", secrets[1]);
+    for (what, replacement, expect) in [
+        ("missing", String::new(), "set sentinel_password"),
+        (
+            "wrong",
+            "sentinel_password = \"not-it\"\n".to_string(),
+            "refused sentinel_password",
+        ),
+    ] {
+        std::fs::write(&f.config, original.replace(&sentinel_pw, &replacement)).unwrap();
+        let (code, out, err) = delayd(&["check", "--config", cfg]);
+        assert_eq!(code, 1, "{what}: exit code {code}:\n{out}\n{err}");
+        let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
+        assert_eq!(failed.len(), 1, "{what}: one FAILED line expected:\n{out}");
+        assert!(failed[0].contains(expect), "{what}: {}", failed[0]);
+        assert!(
+            !leaks(&out) && !leaks(&err),
+            "{what}: a password in:\n{out}\n{err}"
+        );
+    }
+}
