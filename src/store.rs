@@ -110,17 +110,30 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
     flags.contains('K') && (flags.contains('z') || flags.contains('A'))
 }
 
-static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
-static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/ack.lua")));
-static RETRY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/retry.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/extend.lua")));
-static SWEEP: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/sweep.lua")));
-static SWEEP_BODY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/sweep_body.lua")));
-static STATS: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/stats.lua")));
-static DEAD_LIST: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/dead_list.lua")));
-static DEAD_REQUEUE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/dead_requeue.lua")));
-static DEAD_PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/dead_purge.lua")));
+/// A script from `src/lua/NAME.lua`, after `prelude.lua`: the helpers whose
+/// formulas (Redis's clock, the claim tag in an in-flight score, the
+/// wrong-type check) must agree between scripts.
+macro_rules! lua {
+    ($name:literal) => {
+        LazyLock::new(|| {
+            script(concat!(
+                include_str!("lua/prelude.lua"),
+                include_str!(concat!("lua/", $name, ".lua"))
+            ))
+        })
+    };
+}
+
+static CLAIM: LazyLock<Script> = lua!("claim");
+static ACK: LazyLock<Script> = lua!("ack");
+static RETRY: LazyLock<Script> = lua!("retry");
+static EXTEND: LazyLock<Script> = lua!("extend");
+static SWEEP: LazyLock<Script> = lua!("sweep");
+static SWEEP_BODY: LazyLock<Script> = lua!("sweep_body");
+static STATS: LazyLock<Script> = lua!("stats");
+static DEAD_LIST: LazyLock<Script> = lua!("dead_list");
+static DEAD_REQUEUE: LazyLock<Script> = lua!("dead_requeue");
+static DEAD_PURGE: LazyLock<Script> = lua!("dead_purge");
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call
 /// should hold Redis for a few milliseconds at most.

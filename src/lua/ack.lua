@@ -22,8 +22,7 @@ end
 local has_meta = redis.call('EXISTS', KEYS[2]) == 1
 local now
 if id_mode and window > 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = now_ms()
 end
 local total = 0
 local delivered = 0
@@ -37,11 +36,8 @@ while i <= #ARGV do
     local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, last))
     local ours = {}
     for k, score in ipairs(scores) do
-      if score then
-        local s = tonumber(score)
-        if math.floor((s - math.floor(s)) * 1024 + 0.5) == tag then
-          ours[#ours + 1] = ARGV[first + k - 1]
-        end
+      if score and tag_of(score) == tag then
+        ours[#ours + 1] = ARGV[first + k - 1]
       end
     end
     if #ours > 0 then

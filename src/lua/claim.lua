@@ -30,12 +30,9 @@
 -- settle write acts only on members whose in-flight fraction is that tag,
 -- so a write that is repeated, or that arrives after the lease expired and
 -- another claim took the member, changes nothing.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a sorted set')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local err = wrong_type(KEYS[1])
+if err then return err end
+local now = now_ms()
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local unit = tonumber(ARGV[3])
@@ -51,11 +48,6 @@ local function batched(cmd, key, list, per)
     local j = math.min(#list, i + CHUNK * per - 1)
     redis.call(cmd, key, unpack(list, i, j))
   end
-end
-
-local function tag_of(score)
-  local s = tonumber(score)
-  return math.floor((s - math.floor(s)) * 1024 + 0.5)
 end
 
 local function score_of(due_ms)
@@ -171,7 +163,7 @@ if limit > 0 then
     -- Numbers handed to redis.call are printed with printf, which showed up
     -- as the largest share of Redis's time in a drain: the deadline is
     -- printed once, and due times pass through as the strings Redis gave.
-    local deadline = string.format(fmt, now + lease + tag / 1024)
+    local deadline = inflight_score(now + lease, tag)
     local members, leased = {}, {}
     for i = 1, #items, 2 do
       members[#members + 1] = items[i]

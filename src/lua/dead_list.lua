@@ -2,8 +2,7 @@
 -- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH
 -- ARGV[1] most members to list
 -- Returns {now_ms, m1, died1_ms, reason1, m2, ...}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local items = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 local out = {now}
 for i = 1, #items, 2 do

@@ -4,12 +4,9 @@
 -- ARGV[1] most members to move, ARGV[2] ms per score unit
 -- Returns the number of members requeued. A dead member that a producer has
 -- scheduled again keeps the producer's due time: it only leaves the dead set.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a sorted set')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local err = wrong_type(KEYS[1])
+if err then return err end
+local now = now_ms()
 local unit = tonumber(ARGV[2])
 local members = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
 for _, m in ipairs(members) do

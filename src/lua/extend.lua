@@ -5,8 +5,7 @@
 -- Returns the number of leases extended. The claim's tag stays the
 -- fraction of the new deadline; members another claim holds now are left
 -- alone.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local lease = tonumber(ARGV[1])
 local total = 0
 local i = 2
@@ -16,16 +15,13 @@ while i <= #ARGV do
   local first, last = i + 2, i + 1 + n
   i = last + 1
   if n > 0 then
-    local deadline = string.format('%.17g', now + lease + tag / 1024)
+    local deadline = inflight_score(now + lease, tag)
     local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, last))
     local args = {}
     for k, score in ipairs(scores) do
-      if score then
-        local s = tonumber(score)
-        if math.floor((s - math.floor(s)) * 1024 + 0.5) == tag then
-          args[#args + 1] = deadline
-          args[#args + 1] = ARGV[first + k - 1]
-        end
+      if score and tag_of(score) == tag then
+        args[#args + 1] = deadline
+        args[#args + 1] = ARGV[first + k - 1]
       end
     end
     if #args > 0 then

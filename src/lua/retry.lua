@@ -17,13 +17,10 @@
 -- group's is skipped: this call already ran (a lost reply, retried), or
 -- the lease expired and another claim holds the member now. The producer's
 -- own schedule wins: a member already pending again is not moved.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  -- Checked before any write: a failed ZADD after the ZREM would lose it.
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a sorted set')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Checked before any write: a failed ZADD after the ZREM would lose it.
+local err = wrong_type(KEYS[1])
+if err then return err end
+local now = now_ms()
 local mode = ARGV[1]
 local max_attempts = tonumber(ARGV[2])
 local backoff = tonumber(ARGV[3])
@@ -40,8 +37,7 @@ while i <= #ARGV do
     local m, due, attempt = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
     i = i + 3
     local score = redis.call('ZSCORE', KEYS[2], m)
-    local s = score and tonumber(score)
-    if not s or math.floor((s - math.floor(s)) * 1024 + 0.5) ~= tag then
+    if not score or tag_of(score) ~= tag then
       skipped = skipped + 1
     elseif mode == 'refused' and attempt >= max_attempts then
       redis.call('ZADD', KEYS[4], now, m)

@@ -5,8 +5,7 @@
 --          in_flight, dead, due_within_1, due_within_2, ...}; times are
 --          strings so nothing is truncated. due_within_i counts the pending
 --          members due by now + window i, overdue ones included.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local unit = tonumber(ARGV[1])
 local nowu = string.format('%.17g', now / unit)
 local pending = redis.call('ZCARD', KEYS[1])

@@ -8,16 +8,10 @@
 -- ARGV[3] lease ms: records younger than this are never touched
 -- Returns {next cursor ('0' when the pass is done), meta deleted, records
 -- deleted}. Cheap when idle: two EXISTS and nothing else.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local count = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local cursor, metas_deleted, records_deleted = '0', 0, 0
-
-local function tag_of(score)
-  local s = tonumber(score)
-  return math.floor((s - math.floor(s)) * 1024 + 0.5)
-end
 
 if redis.call('EXISTS', KEYS[3]) == 1 then
   -- A meta entry is live while its member is in flight, or pending at the
