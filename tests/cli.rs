@@ -224,11 +224,7 @@ async fn schedule_then_inspect_json_shows_it_pending() {
         .await
         .unwrap();
     assert_eq!(members, vec![b"body".to_vec()]);
-    let _: i64 = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    del(&mut redis, &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -45,6 +45,21 @@ static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 impl Cluster {
     fn url(&self, port: u16) -> String {
         format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
+    }
+
+    /// A config in `dir` for `b` that gives delayd the nodes on `ports`.
+    fn config(&self, dir: &std::path::Path, ports: &[u16], b: &BusinessSpec) -> PathBuf {
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("\"{}\"", self.url(*p)))
+            .collect();
+        write_config_with(
+            dir,
+            &redis_url(),
+            &format!("urls = [{}]\nconnect_timeout = \"3s\"", urls.join(", ")),
+            "off",
+            &[b],
+        )
     }
 
     /// `rabbitmq-node.sh CMD` for the node on `port`, off the async threads.
@@ -114,16 +129,6 @@ fn connected_port(d: &Daemon) -> Option<u16> {
         .ok()
 }
 
-fn tail(d: &Daemon) -> String {
-    let logs = d.logs();
-    let lines: Vec<&str> = logs.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-fn bodies(inbox: &Inbox) -> HashSet<Vec<u8>> {
-    inbox.all().into_iter().map(|r| r.body).collect()
-}
-
 /// A quorum queue bound to the business's exchange, declared through `via`.
 async fn quorum_queue(via: &str, b: &BusinessSpec) -> String {
     let queue = unique("qq");
@@ -160,25 +165,6 @@ async fn schedule_flow(
     items.into_iter().map(|(_, m)| m).collect()
 }
 
-async fn wait_all(inbox: &Inbox, want: &HashSet<Vec<u8>>, limit: Duration, d: &Daemon) {
-    let start = Instant::now();
-    loop {
-        let got = bodies(inbox);
-        if want.is_subset(&got) {
-            return;
-        }
-        if start.elapsed() > limit {
-            panic!(
-                "{} of {} members not delivered within {limit:?}; daemon log:\n{}",
-                want.difference(&got).count(),
-                want.len(),
-                tail(d)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_10s() {
     let c = cluster();
@@ -186,24 +172,13 @@ async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_
     c.make_whole().await;
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("cluster_kill");
-    let urls: Vec<String> = c
-        .ports
-        .iter()
-        .map(|p| format!("\"{}\"", c.url(*p)))
-        .collect();
-    let config = write_config_with(
-        dir.path(),
-        &redis_url(),
-        &format!("urls = [{}]\nconnect_timeout = \"3s\"", urls.join(", ")),
-        "off",
-        &[&b],
-    );
+    let config = c.config(dir.path(), &c.ports, &b);
     let mut d = Daemon::start(&config);
     let ok = eventually(Duration::from_secs(20), || async {
         connected_port(&d).is_some()
     })
     .await;
-    assert!(ok, "delayd did not connect; log:\n{}", tail(&d));
+    assert!(ok, "delayd did not connect; log:\n{}", d.tail());
     let victim = connected_port(&d).unwrap();
     // Declared through the node delayd is on, which then leads the queue
     // (client-local placement): the kill takes delayd's connection and the
@@ -246,7 +221,7 @@ async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_
         first_after - killed < 10_000,
         "delivery resumed {} ms after the kill; log:\n{}",
         first_after - killed,
-        tail(&d)
+        d.tail()
     );
     let now_on = connected_port(&d).unwrap();
     assert_ne!(now_on, victim, "delayd should be on another node");
@@ -274,17 +249,7 @@ async fn stopping_the_quorum_leader_stalls_confirms_then_they_resume_and_nothing
     // delayd and the consumer use the followers only: what stops is the
     // queue's leader, not delayd's connection.
     let followers: Vec<u16> = c.ports.iter().copied().filter(|p| *p != leader).collect();
-    let urls: Vec<String> = followers
-        .iter()
-        .map(|p| format!("\"{}\"", c.url(*p)))
-        .collect();
-    let config = write_config_with(
-        dir.path(),
-        &redis_url(),
-        &format!("urls = [{}]\nconnect_timeout = \"3s\"", urls.join(", ")),
-        "off",
-        &[&b],
-    );
+    let config = c.config(dir.path(), &followers, &b);
     let consumer = amqp_at(&c.url(followers[0])).await;
     let inbox = Inbox::default();
     consume_into(&consumer, &queue, &inbox, true).await;
@@ -310,7 +275,7 @@ async fn stopping_the_quorum_leader_stalls_confirms_then_they_resume_and_nothing
         zcard(&mut redis, &family(&b.key).dead).await,
         0,
         "members were dead-lettered; log:\n{}",
-        tail(&d)
+        d.tail()
     );
     assert!(d.child.try_wait().unwrap().is_none(), "delayd exited");
     d.kill();

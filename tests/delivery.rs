@@ -8,41 +8,11 @@ use std::time::Duration;
 
 use common::*;
 
-struct Setup {
-    _dir: tempfile::TempDir,
-    config: std::path::PathBuf,
-    redis: redis::aio::MultiplexedConnection,
-    _amqp: lapin::Connection,
-    inboxes: Vec<Inbox>,
-}
-
-/// Declares each business's exchange and a queue, starts consumers and
-/// writes the config; the daemon is started by the test.
-async fn setup(businesses: &[&BusinessSpec]) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let mut inboxes = Vec::new();
-    for b in businesses {
-        let queue = unique("q");
-        declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-        inboxes.push(consume(&amqp, &queue).await);
-    }
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), businesses);
-    Setup {
-        _dir: dir,
-        config,
-        redis: redis().await,
-        _amqp: amqp,
-        inboxes,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
     let mut b = BusinessSpec::random("bin");
     b.extra = "content_type = \"application/octet-stream\"".into();
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let bodies: Vec<Vec<u8>> = vec![
         Vec::new(),
@@ -90,7 +60,7 @@ async fn properties_no_headers_keeps_the_message_id_and_bare_sends_nothing_else(
     b.extra = "properties = \"no-headers\"".into();
     let mut bare = BusinessSpec::random("bare");
     bare.extra = "properties = \"bare\"".into();
-    let mut s = setup(&[&b, &bare]).await;
+    let mut s = Setup::new(&[&b, &bare]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let items: Vec<(f64, Vec<u8>)> = (0..20)
         .map(|i| (now as f64, format!("m{i}").into_bytes()))
@@ -126,7 +96,7 @@ async fn properties_no_headers_keeps_the_message_id_and_bare_sends_nothing_else(
 async fn two_businesses_each_reach_their_own_queue() {
     let a = BusinessSpec::random("alpha");
     let b = BusinessSpec::random("beta");
-    let mut s = setup(&[&a, &b]).await;
+    let mut s = Setup::new(&[&a, &b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let ia: Vec<(f64, Vec<u8>)> = (0..50)
         .map(|i| (now, format!("a{i}").into_bytes()))
@@ -149,7 +119,7 @@ async fn two_businesses_each_reach_their_own_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_not_yet_due_wait_and_arrive_on_time_never_early() {
     let b = BusinessSpec::random("ontime");
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let now = redis_now_ms(&mut s.redis).await;
@@ -183,7 +153,7 @@ async fn members_not_yet_due_wait_and_arrive_on_time_never_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescheduled_member_arrives_once_at_its_new_time() {
     let b = BusinessSpec::random("resched");
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
     zadd_many(
@@ -209,7 +179,7 @@ async fn a_rescheduled_member_arrives_once_at_its_new_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zrem_cancels_a_member() {
     let b = BusinessSpec::random("cancel");
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
     zadd_many(
@@ -238,7 +208,7 @@ async fn zrem_cancels_a_member() {
 async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
     let a = BusinessSpec::random("bulk_a");
     let b = BusinessSpec::random("bulk_b");
-    let mut s = setup(&[&a, &b]).await;
+    let mut s = Setup::new(&[&a, &b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
     let n = 3000i64;
@@ -281,7 +251,7 @@ async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
 async fn score_unit_seconds_is_honoured() {
     let mut b = BusinessSpec::random("secs");
     b.extra = "score_unit = \"s\"".into();
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
     let due_s = (now + 1500) as f64 / 1000.0;
@@ -301,7 +271,7 @@ async fn score_unit_seconds_is_honoured() {
 async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_duplicates() {
     let mut b = BusinessSpec::random("term");
     b.extra = "max_rate = 2000".into();
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 8000usize;
     let items: Vec<(f64, Vec<u8>)> = (0..n)
@@ -337,7 +307,7 @@ async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_du
 async fn sigkill_mid_drain_then_restart_delivers_every_member() {
     let mut b = BusinessSpec::random("kill");
     b.extra = "lease = \"2s\"\nmax_rate = 2000".into();
-    let mut s = setup(&[&b]).await;
+    let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 6000usize;
     let items: Vec<(f64, Vec<u8>)> = (0..n)

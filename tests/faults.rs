@@ -11,59 +11,11 @@ use std::time::{Duration, Instant};
 use common::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
-/// The distinct bodies an inbox holds.
-fn bodies(inbox: &Inbox) -> HashSet<Vec<u8>> {
-    inbox
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.body.clone())
-        .collect()
-}
-
-/// The last lines of the daemon's log, for failure messages.
-fn tail(d: &Daemon) -> String {
-    let logs = d.logs();
-    let lines: Vec<&str> = logs.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-/// Waits until every body in `want` has arrived at least once.
-async fn wait_all(inbox: &Inbox, want: &HashSet<Vec<u8>>, limit: Duration, d: &Daemon) {
-    let start = Instant::now();
-    loop {
-        let got = bodies(inbox);
-        if want.is_subset(&got) {
-            return;
-        }
-        if start.elapsed() > limit {
-            let missing = want.difference(&got).count();
-            panic!(
-                "{missing} of {} members not delivered within {limit:?}; daemon log:\n{}",
-                want.len(),
-                tail(d)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Panics with the daemon's log unless it is still running.
 fn assert_running(d: &mut Daemon) {
     if let Some(status) = d.child.try_wait().unwrap() {
-        panic!("delayd exited ({status}); log:\n{}", tail(d));
+        panic!("delayd exited ({status}); log:\n{}", d.tail());
     }
-}
-
-/// Deletes every key of the family (for tests that leave members behind).
-async fn drop_family(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
-    let f = family(key);
-    let _: i64 = redis::cmd("DEL")
-        .arg(&f.all()[..])
-        .query_async(conn)
-        .await
-        .unwrap();
 }
 
 /// Distinct members, `now_count` due at `now`, the rest spread evenly over
@@ -92,14 +44,8 @@ fn flow(
 async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
     let mut b = BusinessSpec::random("kills");
     b.extra = "lease = \"2s\"".into();
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
-    let mut redis = redis().await;
+    let s = Setup::new(&[&b]).await;
+    let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
 
     // 20k members: half due now (a backlog), half due over the next 6 s.
     let n = 20_000;
@@ -114,7 +60,7 @@ async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
         .map(|_| rand::random_range(n / 20..n * 3 / 4))
         .collect();
     points.sort();
-    let mut d = Daemon::start(&config);
+    let mut d = Daemon::start(config);
     for (i, point) in points.iter().enumerate() {
         let started = Instant::now();
         let pause = Duration::from_millis(rand::random_range(200..1200));
@@ -123,19 +69,19 @@ async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
                 started.elapsed() < Duration::from_secs(60),
                 "kill {i}: only {} of {point} messages arrived within 60s; log:\n{}",
                 inbox.len(),
-                tail(&d)
+                d.tail()
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         d.kill();
-        let delivered = bodies(&inbox).len();
+        let delivered = inbox.bodies().len();
         assert!(delivered < n, "kill {i} came after the flow had ended");
-        d = Daemon::start(&config);
+        d = Daemon::start(config);
     }
 
     wait_drained(&mut redis, &b.key, Duration::from_secs(120)).await;
     wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
-    assert_eq!(bodies(&inbox), want, "nothing but the scheduled members");
+    assert_eq!(inbox.bodies(), want, "nothing but the scheduled members");
     // What the killed processes left goes within a lease plus a sweep (2 s each).
     wait_family_empty(&mut redis, &b.key, Duration::from_secs(15)).await;
 }
@@ -145,15 +91,10 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = PrivateRedis::new(dir.path());
     tokio::task::block_in_place(|| server.start());
-    let mut rc = server.conn().await;
     let b = BusinessSpec::random("redis_restart");
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config(dir.path(), &server.url(), &amqp_url(), &[&b]);
-    let mut d = Daemon::start(&config);
+    let s = Setup::on(&server.url(), &amqp_url(), &[&b]).await;
+    let (config, inbox, mut rc) = (&s.config, s.inbox().clone(), s.redis.clone());
+    let mut d = Daemon::start(config);
 
     let n = 3000;
     let now = redis_now_ms(&mut rc).await;
@@ -167,7 +108,7 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     assert!(
         before > 0 && before < n,
         "the flow should be under way when Redis stops ({before} of {n} delivered); log:\n{}",
-        tail(&d)
+        d.tail()
     );
     tokio::task::block_in_place(|| server.stop());
     drop(rc);
@@ -192,7 +133,7 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
         first_after - restarted < 10_000,
         "delivery resumed {} ms after Redis came back; log:\n{}",
         first_after - restarted,
-        tail(&d)
+        d.tail()
     );
     assert_running(&mut d);
     let mut rc = server.conn().await;
@@ -231,7 +172,7 @@ async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     assert!(
         before > 0 && before < n,
         "the flow should be under way when RabbitMQ stops ({before} of {n} delivered); log:\n{}",
-        tail(&d)
+        d.tail()
     );
     node.stop().await;
     let gone = wall_ms();
@@ -271,7 +212,7 @@ async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
         first_new - back < 10_000,
         "delivery resumed {} ms after RabbitMQ came back; log:\n{}",
         first_new - back,
-        tail(&d)
+        d.tail()
     );
     assert_running(&mut d);
     wait_drained(&mut redis, &b.key, Duration::from_secs(30)).await;
@@ -322,7 +263,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
         assert!(
             p || i || dead,
             "the unroutable member vanished from pending, in-flight and dead; log:\n{}",
-            tail(&d)
+            d.tail()
         );
         if dead {
             break;
@@ -330,7 +271,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "not dead-lettered within 20s; log:\n{}",
-            tail(&d)
+            d.tail()
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -363,9 +304,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
     );
 
     // Now give it somewhere to go and requeue it.
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
+    let inbox = bind_and_consume(&amqp, &ch, &b, &unique("q")).await;
     let (code, out, err) = tokio::task::block_in_place(|| {
         delayd(&["dead", "requeue", "--config", &cfg, "unroutable"])
     });
@@ -423,7 +362,7 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
             zcard(&mut redis, &f.dead).await,
             0,
             "a nacked member was dead-lettered; log:\n{}",
-            tail(&d)
+            d.tail()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -433,7 +372,7 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
     assert!(
         d.logs().contains("nacked"),
         "the log says the broker nacked; log:\n{}",
-        tail(&d)
+        d.tail()
     );
     // The consumer catches up: everything arrives, exactly once.
     let inbox = Inbox::default();
@@ -463,13 +402,8 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
     node.start().await;
     let mut b = BusinessSpec::random("hostile");
     b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
-    let amqp = amqp_at(&node.url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config(dir.path(), &redis_url(), &node.url(), &[&b]);
-    let mut redis = redis().await;
+    let s = Setup::on(&redis_url(), &node.url(), &[&b]).await;
+    let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
 
     let random_bytes = |n: usize| -> Vec<u8> { (0..n).map(|_| rand::random::<u8>()).collect() };
     let mut big = b"b-four-mib-".to_vec();
@@ -493,7 +427,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
     zadd_many(&mut redis, &b.key, &deliverable).await;
     zadd_many(&mut redis, &b.key, &never).await;
     zadd_many(&mut redis, &b.key, &[(now, oversize.clone())]).await;
-    let mut d = Daemon::start(&config);
+    let mut d = Daemon::start(config);
 
     // Scheduled after the hostile ones, once they have been through a claim.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -515,7 +449,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the oversize member was not dead-lettered within 30s; log:\n{}",
-            tail(&d)
+            d.tail()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -537,7 +471,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
 
     inbox.settle(Duration::from_millis(500)).await;
     let got = inbox.all();
-    assert_eq!(bodies(&inbox), want, "nothing else delivered");
+    assert_eq!(inbox.bodies(), want, "nothing else delivered");
     for r in &got {
         if r.body == b"negative-score" {
             assert_eq!(r.due(), 0, "a negative score is clamped to epoch 0");
@@ -552,7 +486,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
             "{:?} was counted as a failed attempt: {:?}; log:\n{}",
             String::from_utf8_lossy(&r.body[..r.body.len().min(16)]),
             r.headers.get("x-delayd-attempt"),
-            tail(&d)
+            d.tail()
         );
     }
     // +inf and 1e15 are never due: they stay pending, untouched.
@@ -573,29 +507,22 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
     assert_eq!(zcard(&mut redis, &f.pending).await, 2);
     assert_eq!(zcard(&mut redis, &f.inflight).await, 0);
     assert_running(&mut d);
-    drop_family(&mut redis, &b.key).await;
+    del_family(&mut redis, &b.key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_type_key_is_reported_and_other_businesses_go_on() {
     let a = BusinessSpec::random("listkey");
     let b = BusinessSpec::random("fine");
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    declare(&ch, &a.exchange, &unique("q"), &a.routing_key).await;
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let mut redis = redis().await;
+    let s = Setup::new(&[&a, &b]).await;
+    let (inbox, mut redis) = (s.inboxes[1].clone(), s.redis.clone());
     let _: i64 = redis::cmd("RPUSH")
         .arg(&a.key)
         .arg("not-a-zset")
         .query_async(&mut redis)
         .await
         .unwrap();
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&a, &b]);
-    let mut d = Daemon::start(&config);
+    let mut d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut redis).await;
     let items = flow("fine", 50, 25, now, 200, 1000);
     zadd_many(&mut redis, &b.key, &items).await;
@@ -614,14 +541,10 @@ async fn wrong_type_key_is_reported_and_other_businesses_go_on() {
         reported,
         "no log line names {} and says it is not a sorted set; log:\n{}",
         a.key,
-        tail(&d)
+        d.tail()
     );
     assert_running(&mut d);
-    let _: i64 = redis::cmd("DEL")
-        .arg(&a.key)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    del(&mut redis, &a.key).await;
     wait_drained(&mut redis, &b.key, Duration::from_secs(5)).await;
     assert_family_empty(&mut redis, &b.key).await;
 }
@@ -641,9 +564,7 @@ async fn starts_while_servers_are_down_and_dispatches_once_they_are_up() {
     node.start().await;
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
+    let inbox = bind_and_consume(&amqp, &ch, &b, &unique("q")).await;
     let mut rc = server.conn().await;
     let now = redis_now_ms(&mut rc).await;
     zadd_many(&mut rc, &b.key, &[(now as f64, b"first-light".to_vec())]).await;

@@ -29,12 +29,6 @@ fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
-async fn del_family(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
-    for k in family(key).all() {
-        let _: i64 = redis::cmd("DEL").arg(k).query_async(conn).await.unwrap();
-    }
-}
-
 async fn hget(conn: &mut redis::aio::MultiplexedConnection, key: &str, f: &str) -> Option<Vec<u8>> {
     redis::cmd("HGET")
         .arg(key)
@@ -583,9 +577,7 @@ async fn live(b: &BusinessSpec, bind: bool) -> Live {
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let inbox = if bind {
-        let queue = unique("q");
-        declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-        consume(&amqp, &queue).await
+        bind_and_consume(&amqp, &ch, b, &unique("q")).await
     } else {
         declare_exchange(&ch, &b.exchange).await;
         Inbox::default()
@@ -757,10 +749,8 @@ async fn a_dead_id_keeps_its_body_and_a_requeue_delivers_it_with_that_body() {
         "{out}"
     );
     assert_eq!(v["body"], "d1|body of d1", "a dead id lost its body: {out}");
-    let queue = unique("q");
     let ch = s.amqp.create_channel().await.unwrap();
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&s.amqp, &queue).await;
+    let inbox = bind_and_consume(&s.amqp, &ch, &b, &unique("q")).await;
     let (code, out, err) = delayd(&["dead", "requeue", "-c", &s.cfg, "orders"]);
     assert_eq!(code, 0, "{out}{err}");
     inbox.wait_for(3, Duration::from_secs(20)).await;
@@ -839,18 +829,7 @@ async fn an_id_re_added_inside_the_dedup_window_is_dropped_and_outside_it_delive
         eventually(Duration::from_secs(10), || {
             let mut r = s.redis.clone();
             let key = b.key.clone();
-            async move {
-                let mut left = 0;
-                for k in family(&key).all() {
-                    let n: i64 = redis::cmd("EXISTS")
-                        .arg(k)
-                        .query_async(&mut r)
-                        .await
-                        .unwrap();
-                    left += n;
-                }
-                left == 0
-            }
+            async move { family_keys_left(&mut r, &key).await == 0 }
         })
         .await,
         "the key family did not empty once the window passed"

@@ -45,14 +45,6 @@ async fn hlen(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("HLEN").arg(key).query_async(conn).await.unwrap()
 }
 
-async fn del_family(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
-    let _: i64 = redis::cmd("DEL")
-        .arg(&family(key).all()[..])
-        .query_async(conn)
-        .await
-        .unwrap();
-}
-
 /// Claims exactly the given members (all due now) and returns the claim.
 async fn claim_now(
     s: &Store,
@@ -71,6 +63,17 @@ async fn claim_now(
     c
 }
 
+/// A producer's mistake: K turned into a list.
+async fn turn_into_list(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+    del(conn, key).await;
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(key)
+        .arg("oops")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 fn held(c: &delayd::store::Claim) -> Vec<(u16, Vec<&Claimed>)> {
     vec![(c.tag, c.members.iter().collect())]
 }
@@ -84,17 +87,7 @@ async fn wrong_type_key_at_release_or_retry_loses_nothing() {
     for mode in [Back::Release, Back::Refused, Back::Nack] {
         let c = claim_now(&s, &mut conn, &key, &[b"m"]).await;
         // A producer turns K into a list while m is in flight.
-        let _: i64 = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let _: i64 = redis::cmd("RPUSH")
-            .arg(&key)
-            .arg("oops")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        turn_into_list(&mut conn, &key).await;
         let err = s.back(mode, &held(&c), &policy("test")).await.unwrap_err();
         assert!(err.is_wrong_type(), "{mode:?}: {err}");
         assert!(
@@ -102,11 +95,7 @@ async fn wrong_type_key_at_release_or_retry_loses_nothing() {
             "{mode:?}: a failed hand-back left the member nowhere"
         );
         // The key is fixed: the same write now goes through.
-        let _: i64 = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        del(&mut conn, &key).await;
         let out = s.back(mode, &held(&c), &policy("test")).await.unwrap();
         assert_eq!(out.back, 1, "{mode:?}");
         assert!(
@@ -125,17 +114,7 @@ async fn wrong_type_key_at_release_or_retry_loses_nothing() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let _: i64 = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: i64 = redis::cmd("RPUSH")
-        .arg(&key)
-        .arg("oops")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    turn_into_list(&mut conn, &key).await;
     assert!(s.claim(10, LEASE).await.unwrap_err().is_wrong_type());
     assert!(
         score(&mut conn, &f.inflight, b"r").await.is_some(),
@@ -576,13 +555,8 @@ async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     rabbit.start().await;
     let mut b = BusinessSpec::random("blocked");
     b.extra = "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2".into();
-    let amqp = amqp_at(&rabbit.url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config(dir.path(), &redis_url(), &rabbit.url(), &[&b]);
-    let mut redis = redis().await;
+    let s = Setup::on(&redis_url(), &rabbit.url(), &[&b]).await;
+    let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
     let alarm = Alarm(&rabbit);
 
     // A steady flow over 12 s; the alarm holds for 3 leases in the middle.
@@ -591,7 +565,7 @@ async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
         .map(|i| ((now + 500 + i * 10) as f64, format!("blk-{i}").into_bytes()))
         .collect();
     zadd_many(&mut redis, &b.key, &items).await;
-    let mut d = Daemon::start(&config);
+    let mut d = Daemon::start(config);
     tokio::time::sleep(Duration::from_secs(3)).await;
     alarm.raise().await;
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -637,7 +611,7 @@ async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     );
     alarm.clear().await;
     // Everything is delivered by the next run.
-    let d2 = Daemon::start(&config);
+    let d2 = Daemon::start(config);
     let want2: HashSet<Vec<u8>> = more.iter().map(|(_, m)| m.clone()).collect();
     let ok = eventually(Duration::from_secs(30), || {
         let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
@@ -685,21 +659,16 @@ fn metric(text: &str, name: &str, business: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_exchange_pauses_publishing_without_spinning() {
     let b = BusinessSpec::random("noexchange");
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
+    let s = Setup::new(&[&b]).await;
+    let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
     let port = free_port(44000..45000, &[]);
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
-    let text = std::fs::read_to_string(&config).unwrap().replace(
+    let text = std::fs::read_to_string(config).unwrap().replace(
         "listen = \"off\"",
         &format!("listen = \"127.0.0.1:{port}\""),
     );
-    std::fs::write(&config, text).unwrap();
-    let mut redis = redis().await;
-    let d = Daemon::start(&config);
+    std::fs::write(config, text).unwrap();
+    let mut redis = s.redis.clone();
+    let d = Daemon::start(config);
     let now = redis_now_ms(&mut redis).await;
     zadd_many(&mut redis, &b.key, &[(now as f64, b"before".to_vec())]).await;
     inbox.wait_for(1, Duration::from_secs(15)).await;
@@ -746,7 +715,7 @@ async fn missing_exchange_pauses_publishing_without_spinning() {
     );
 
     // The exchange comes back: everything is delivered, once.
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
+    declare(ch, &b.exchange, queue, &b.routing_key).await;
     inbox.wait_for(51, Duration::from_secs(40)).await;
     inbox.settle(Duration::from_millis(500)).await;
     assert_eq!(inbox.len(), 51);
@@ -774,20 +743,15 @@ const TO_ZSET: &str = "redis.call('DEL', KEYS[1]) \
 async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
     let mut b = BusinessSpec::random("soak");
     b.extra = "lease = \"2s\"\nmax_attempts = 1000\nretry_backoff = \"200ms\"\nretry_backoff_max = \"1s\"".into();
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
-    let mut redis = redis().await;
+    let s = Setup::new(&[&b]).await;
+    let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
+    let mut redis = s.redis.clone();
     let f = family(&b.key);
     let saved = format!("{}:saved", f.meta);
 
     let secs = 60u64;
     let start = Instant::now();
-    let mut d = Daemon::start(&config);
+    let mut d = Daemon::start(config);
     let mut kills: Vec<u64> = vec![rand::random_range(5..25), rand::random_range(30..50)];
     let mut scheduled: HashSet<Vec<u8>> = HashSet::new();
     let mut cancelled: HashSet<Vec<u8>> = HashSet::new();
@@ -877,7 +841,7 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
         if kills.first().is_some_and(|k| elapsed >= *k) {
             kills.remove(0);
             d.kill();
-            d = Daemon::start(&config);
+            d = Daemon::start(config);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -937,26 +901,8 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
     // Nothing else stays: the sweep takes what the kills and cancels left.
     let clean = eventually(Duration::from_secs(20), || {
         let mut r = redis.clone();
-        let fam = f.clone();
-        async move {
-            let mut left = 0i64;
-            for k in [
-                &fam.pending,
-                &fam.inflight,
-                &fam.meta,
-                &fam.claims,
-                &fam.dead,
-                &fam.reasons,
-            ] {
-                let e: i64 = redis::cmd("EXISTS")
-                    .arg(k)
-                    .query_async(&mut r)
-                    .await
-                    .unwrap();
-                left += e;
-            }
-            left == 0
-        }
+        let key = b.key.clone();
+        async move { family_keys_left(&mut r, &key).await == 0 }
     })
     .await;
     let meta = hlen(&mut redis, &f.meta).await;
@@ -966,11 +912,7 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
         "key family not empty after the soak: {meta} meta, {claims} records; log:\n{}",
         d.logs()
     );
-    let _: i64 = redis::cmd("DEL")
-        .arg(&saved)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    del(&mut redis, &saved).await;
     ch.queue_delete(queue.as_str().into(), Default::default())
         .await
         .unwrap();

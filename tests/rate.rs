@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -18,46 +17,24 @@ const MEMBERS: usize = 4000;
 /// budget starts full), the rest at the rate.
 const EXPECTED_S: f64 = (MEMBERS - 100) as f64 / RATE as f64;
 
-struct Setup {
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    redis: redis::aio::MultiplexedConnection,
-    _amqp: lapin::Connection,
-    inbox: Inbox,
-    shards: Vec<String>,
-}
-
 /// A business of two shards (a budget shared across shards as well as
-/// processes), with 4,000 members due now spread over both.
-async fn setup(b: &mut BusinessSpec) -> Setup {
+/// processes), with 4,000 members due now spread over both; returns the
+/// shard keys too.
+async fn setup(b: &mut BusinessSpec) -> (Setup, Vec<String>) {
     b.extra = format!(
         "shards = 2\nmax_rate = {RATE}\nmax_rate_scope = \"cluster\"\nbatch_size = 100\nlease = \"2s\"\nscanners = 2"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[b]);
-    let mut redis = redis().await;
+    let mut s = Setup::new(&[b]).await;
     let shards = delayd::keys::shard_keys(&b.key, 2, ShardNames::Index);
-    let now = redis_now_ms(&mut redis).await as f64;
-    for (s, shard) in shards.iter().enumerate() {
-        let items: Vec<(f64, Vec<u8>)> = (s..MEMBERS)
+    let now = redis_now_ms(&mut s.redis).await as f64;
+    for (n, shard) in shards.iter().enumerate() {
+        let items: Vec<(f64, Vec<u8>)> = (n..MEMBERS)
             .step_by(2)
             .map(|i| (now, format!("r{i}").into_bytes()))
             .collect();
-        zadd_many(&mut redis, shard, &items).await;
+        zadd_many(&mut s.redis, shard, &items).await;
     }
-    Setup {
-        _dir: dir,
-        config,
-        redis,
-        _amqp: amqp,
-        inbox,
-        shards,
-    }
+    (s, shards)
 }
 
 /// Seconds from the first message to the one that completed the set of
@@ -79,11 +56,11 @@ fn drain_seconds(inbox: &Inbox) -> (f64, usize) {
     )
 }
 
-/// Waits for every distinct body, with the daemons' logs on failure.
-async fn wait_all(inbox: &Inbox, limit: Duration, daemons: &[&Daemon]) {
+/// Waits for every member, with the daemons' logs on failure.
+async fn wait_every_member(inbox: &Inbox, limit: Duration, daemons: &[&Daemon]) {
     let start = Instant::now();
     loop {
-        let distinct: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+        let distinct = inbox.bodies();
         if distinct.len() == MEMBERS {
             return;
         }
@@ -130,16 +107,16 @@ async fn assert_budget_key_expires(redis: &mut redis::aio::MultiplexedConnection
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_a_cluster_rate_of_200_per_second() {
     let mut b = BusinessSpec::random("rate2");
-    let mut s = setup(&mut b).await;
+    let (mut s, shards) = setup(&mut b).await;
     let mut d1 = Daemon::start(&s.config);
     let mut d2 = Daemon::start(&s.config);
-    wait_all(&s.inbox, Duration::from_secs(40), &[&d1, &d2]).await;
-    s.inbox.settle(Duration::from_millis(500)).await;
-    let (seconds, duplicates) = drain_seconds(&s.inbox);
+    wait_every_member(s.inbox(), Duration::from_secs(40), &[&d1, &d2]).await;
+    s.inbox().settle(Duration::from_millis(500)).await;
+    let (seconds, duplicates) = drain_seconds(s.inbox());
     eprintln!("drained {MEMBERS} in {seconds:.2} s (expected {EXPECTED_S:.1} s)");
     assert_near_expected(seconds);
     assert_eq!(duplicates, 0, "a clean run delivers each member once");
-    for shard in &s.shards {
+    for shard in &shards {
         assert_family_empty(&mut s.redis, shard).await;
     }
     assert_budget_key_expires(&mut s.redis, &b.key).await;
@@ -152,15 +129,15 @@ async fn two_processes_share_a_cluster_rate_of_200_per_second() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_process_leaves_the_whole_shared_rate_to_the_survivor() {
     let mut b = BusinessSpec::random("ratekill");
-    let mut s = setup(&mut b).await;
+    let (mut s, shards) = setup(&mut b).await;
     let mut d1 = Daemon::start(&s.config);
     let d2 = Daemon::start(&s.config);
     // Midway: 1,600 members is 8 s at the shared rate.
-    s.inbox.wait_for(1600, Duration::from_secs(20)).await;
+    s.inbox().wait_for(1600, Duration::from_secs(20)).await;
     d1.kill();
-    wait_all(&s.inbox, Duration::from_secs(40), &[&d2]).await;
-    s.inbox.settle(Duration::from_millis(500)).await;
-    let (seconds, duplicates) = drain_seconds(&s.inbox);
+    wait_every_member(s.inbox(), Duration::from_secs(40), &[&d2]).await;
+    s.inbox().settle(Duration::from_millis(500)).await;
+    let (seconds, duplicates) = drain_seconds(s.inbox());
     eprintln!(
         "drained {MEMBERS} in {seconds:.2} s with one process killed midway, {duplicates} duplicates"
     );
@@ -168,7 +145,7 @@ async fn a_killed_process_leaves_the_whole_shared_rate_to_the_survivor() {
     // A killed process can have published members it never acked: those
     // come again, and no more than it could hold at once.
     assert!(duplicates <= 200, "{duplicates} duplicates");
-    for shard in &s.shards {
+    for shard in &shards {
         wait_family_empty(&mut s.redis, shard, Duration::from_secs(20)).await;
     }
 }

@@ -77,6 +77,16 @@ fn check(dir: &Path, amqp: &str) -> (i32, String) {
     (code, format!("{out}{err}"))
 }
 
+/// Starts delayd with `amqp_section` for a random business named after
+/// `name`, its HTTP endpoint on a free port, which it returns.
+fn start_listening(dir: &std::path::Path, amqp_section: &str, name: &str) -> (Daemon, u16) {
+    let http = free_port(46000..49000, &[]);
+    let b = BusinessSpec::random(name);
+    let listen = format!("127.0.0.1:{http}");
+    let config = write_config_with(dir, &redis_url(), amqp_section, &listen, &[&b]);
+    (Daemon::start(&config), http)
+}
+
 /// The `amqp` line of `delayd check`'s report.
 fn amqp_line(out: &str) -> String {
     out.lines()
@@ -91,11 +101,9 @@ async fn drain_exactly_once(amqp_section: &str, n: usize) {
     let node = node();
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("tls_drain");
-    let queue = unique("q");
     let conn = amqp_at(&clear_url(node)).await;
     let ch = conn.create_channel().await.unwrap();
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&conn, &queue).await;
+    let inbox = bind_and_consume(&conn, &ch, &b, &unique("q")).await;
     let mut redis = redis().await;
     let now = redis_now_ms(&mut redis).await;
     let items: Vec<(f64, Vec<u8>)> = (0..n)
@@ -157,16 +165,7 @@ async fn wrong_ca_fails_check_with_one_clear_line_and_readyz_says_why() {
     assert!(!out.contains("secret-pw"), "password leaked: {out}");
 
     // The daemon keeps retrying and says why on /readyz.
-    let http = free_port(46000..49000, &[]);
-    let b = BusinessSpec::random("tls_readyz");
-    let config = write_config_with(
-        dir.path(),
-        &redis_url(),
-        &section,
-        &format!("127.0.0.1:{http}"),
-        &[&b],
-    );
-    let mut d = Daemon::start(&config);
+    let (mut d, http) = start_listening(dir.path(), &section, "tls_readyz");
     let said = eventually(Duration::from_secs(20), || async {
         matches!(http_get(http, "/readyz"), Some((503, body)) if body.contains("amqp: down") && body.contains("not signed by a CA"))
     })
@@ -286,18 +285,9 @@ async fn half_open_server_times_out_releases_each_socket_and_readyz_says_why() {
     }
 
     // The daemon: retries, never hangs, closes every socket it gave up on.
-    let http = free_port(46000..49000, &[]);
-    let b = BusinessSpec::random("half_open");
     let section =
         format!("url = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\nconnect_timeout = \"1s\"");
-    let config = write_config_with(
-        dir.path(),
-        &redis_url(),
-        &section,
-        &format!("127.0.0.1:{http}"),
-        &[&b],
-    );
-    let mut d = Daemon::start(&config);
+    let (mut d, http) = start_listening(dir.path(), &section, "half_open");
     let before = accepted.lock().unwrap().len();
     let retried = eventually(Duration::from_secs(20), || async {
         accepted.lock().unwrap().len() >= before + 3

@@ -3,7 +3,7 @@
 //! test, the daemon as a child process, and a collecting consumer.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -40,7 +40,12 @@ pub fn slow_ok() -> redis::AsyncConnectionConfig {
 
 /// A Redis connection to the shared server.
 pub async fn redis() -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(redis_url()).unwrap();
+    redis_at(&redis_url()).await
+}
+
+/// A Redis connection to the server at `url`.
+pub async fn redis_at(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap();
     tokio::time::timeout(
         Duration::from_secs(5),
         client.get_multiplexed_async_connection_with_config(&slow_ok()),
@@ -159,6 +164,15 @@ impl Inbox {
     }
     pub fn all(&self) -> Vec<Received> {
         self.0.lock().unwrap().clone()
+    }
+    /// The distinct bodies received so far.
+    pub fn bodies(&self) -> HashSet<Vec<u8>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.body.clone())
+            .collect()
     }
     /// Waits until at least `n` messages arrived; panics after `limit`.
     pub async fn wait_for(&self, n: usize, limit: Duration) {
@@ -357,6 +371,13 @@ impl Daemon {
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The last 40 lines of the daemon's log, for failure messages.
+    pub fn tail(&self) -> String {
+        let logs = self.logs();
+        let lines: Vec<&str> = logs.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
 }
 
 impl Drop for Daemon {
@@ -422,6 +443,25 @@ pub async fn wait_family_empty(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Deletes `keys` (one key or several).
+pub async fn del(conn: &mut impl redis::aio::ConnectionLike, keys: impl redis::ToRedisArgs) {
+    let _: i64 = redis::cmd("DEL").arg(keys).query_async(conn).await.unwrap();
+}
+
+/// Deletes every key of the family (for tests that leave members behind).
+pub async fn del_family(conn: &mut impl redis::aio::ConnectionLike, key: &str) {
+    del(conn, &family(key).all()[..]).await;
+}
+
+/// How many keys of the family exist.
+pub async fn family_keys_left(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> i64 {
+    redis::cmd("EXISTS")
+        .arg(&family(key).all()[..])
+        .query_async(conn)
+        .await
+        .unwrap()
 }
 
 /// Asserts no key of the family is left behind (a clean drain leaves nothing).
@@ -655,14 +695,7 @@ impl PrivateRedis {
 
     /// A connection to this server.
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        let client = redis::Client::open(self.url()).unwrap();
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            client.get_multiplexed_async_connection_with_config(&slow_ok()),
-        )
-        .await
-        .expect("private Redis did not answer within 5s")
-        .expect("cannot connect to private Redis")
+        redis_at(&self.url()).await
     }
 }
 
@@ -870,4 +903,87 @@ pub fn counts(inbox: &Inbox) -> HashMap<Vec<u8>, usize> {
         *m.entry(r.body).or_insert(0) += 1;
     }
     m
+}
+
+/// Waits until every body in `want` has arrived at least once; panics after
+/// `limit` with the count missing and the tail of the daemon's log.
+pub async fn wait_all(inbox: &Inbox, want: &HashSet<Vec<u8>>, limit: Duration, d: &Daemon) {
+    let start = Instant::now();
+    loop {
+        let got = inbox.bodies();
+        if want.is_subset(&got) {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!(
+                "{} of {} members not delivered within {limit:?}; daemon log:\n{}",
+                want.difference(&got).count(),
+                want.len(),
+                d.tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Declares `queue` bound to the business's exchange and consumes it.
+pub async fn bind_and_consume(
+    conn: &Connection,
+    ch: &Channel,
+    b: &BusinessSpec,
+    queue: &str,
+) -> Inbox {
+    declare(ch, &b.exchange, queue, &b.routing_key).await;
+    consume(conn, queue).await
+}
+
+/// The usual start of an end-to-end test: on the given broker, a consumed
+/// queue bound to each business's exchange; a config for the businesses in
+/// a temporary directory; a Redis connection. The daemon is the test's to
+/// start. Keep the whole value alive: the directory and the consumers go
+/// with it.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub amqp: Connection,
+    pub ch: Channel,
+    /// One queue and inbox per business, in order.
+    pub queues: Vec<String>,
+    pub inboxes: Vec<Inbox>,
+}
+
+impl Setup {
+    /// Against the shared Redis and RabbitMQ.
+    pub async fn new(businesses: &[&BusinessSpec]) -> Self {
+        Self::on(&redis_url(), &amqp_url(), businesses).await
+    }
+
+    /// Against the servers at `redis_url` and `amqp_url`.
+    pub async fn on(redis_url: &str, amqp_url: &str, businesses: &[&BusinessSpec]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let amqp = amqp_at(amqp_url).await;
+        let ch = amqp.create_channel().await.unwrap();
+        let (mut queues, mut inboxes) = (Vec::new(), Vec::new());
+        for b in businesses {
+            let queue = unique("q");
+            inboxes.push(bind_and_consume(&amqp, &ch, b, &queue).await);
+            queues.push(queue);
+        }
+        let config = write_config(dir.path(), redis_url, amqp_url, businesses);
+        Setup {
+            dir,
+            config,
+            redis: redis_at(redis_url).await,
+            amqp,
+            ch,
+            queues,
+            inboxes,
+        }
+    }
+
+    /// The first business's inbox.
+    pub fn inbox(&self) -> &Inbox {
+        &self.inboxes[0]
+    }
 }
