@@ -348,32 +348,32 @@ pub async fn exchange_exists(conn: &Connection, exchange: &str) -> Result<(), Am
         return Ok(());
     }
     let ch = conn.create_channel().await?;
-    ch.exchange_declare(
-        exchange.into(),
-        lapin::ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            passive: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await?;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    declare_direct(&ch, exchange, passive).await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(())
 }
 
 /// Declares a durable direct exchange (idempotent).
 pub async fn declare_exchange(ch: &Channel, exchange: &str) -> Result<(), lapin::Error> {
-    ch.exchange_declare(
-        exchange.into(),
-        lapin::ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    declare_direct(ch, exchange, durable).await
+}
+
+async fn declare_direct(
+    ch: &Channel,
+    exchange: &str,
+    options: ExchangeDeclareOptions,
+) -> Result<(), lapin::Error> {
+    let kind = lapin::ExchangeKind::Direct;
+    ch.exchange_declare(exchange.into(), kind, options, FieldTable::default())
+        .await
 }
 
 /// Declares a durable direct exchange and a durable queue (with

@@ -754,43 +754,65 @@ fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreEr
 mod tests {
     use super::*;
 
-    #[test]
-    fn claim_replies_take_due_times_as_integers_or_digits() {
-        use redis::Value::{BulkString, Int};
-        let reply = vec![
-            Int(1000),
+    use redis::Value::{self, BulkString, Int};
+
+    /// A claim reply: its fixed head (`now`, no next due, none recovered,
+    /// `record`, `tag`, `dropped` as dead for want of a body and as
+    /// delivered within the window), then `rest`.
+    fn reply(
+        now: i64,
+        record: &[u8],
+        tag: i64,
+        dropped: (i64, i64),
+        rest: Vec<Value>,
+    ) -> Vec<Value> {
+        let mut v = vec![
+            Int(now),
             Int(-1),
             Int(0),
-            BulkString(b"1000:7".to_vec()),
-            Int(7),
-            Int(0),
-            Int(0),
-            BulkString(b"a".to_vec()),
-            BulkString(b"1790000000000".to_vec()),
-            Int(1),
-            BulkString(Vec::new()),
-            Int(5),
-            Int(2),
+            BulkString(record.to_vec()),
+            Int(tag),
+            Int(dropped.0),
+            Int(dropped.1),
         ];
-        let c = parse_claim(reply, false).unwrap();
+        v.extend(rest);
+        v
+    }
+
+    #[test]
+    fn claim_replies_take_due_times_as_integers_or_digits() {
+        let good = reply(
+            1000,
+            b"1000:7",
+            7,
+            (0, 0),
+            vec![
+                BulkString(b"a".to_vec()),
+                BulkString(b"1790000000000".to_vec()),
+                Int(1),
+                BulkString(Vec::new()),
+                Int(5),
+                Int(2),
+            ],
+        );
+        let c = parse_claim(good, false).unwrap();
         assert_eq!(c.members.len(), 2);
         assert_eq!(c.record.as_deref(), Some("1000:7"));
         assert_eq!(c.tag, 7);
         assert_eq!(c.members[0].due_ms, 1_790_000_000_000);
         assert_eq!(c.members[1].member, b"");
         assert_eq!((c.members[1].due_ms, c.members[1].attempt), (5, 2));
-        let bad = vec![
-            Int(0),
-            Int(-1),
-            Int(0),
-            BulkString(Vec::new()),
-            Int(3),
-            Int(0),
-            Int(0),
-            BulkString(b"a".to_vec()),
-            BulkString(b"1.5e3".to_vec()),
-            Int(1),
-        ];
+        let bad = reply(
+            0,
+            b"",
+            3,
+            (0, 0),
+            vec![
+                BulkString(b"a".to_vec()),
+                BulkString(b"1.5e3".to_vec()),
+                Int(1),
+            ],
+        );
         assert!(parse_claim(bad, false).is_err());
     }
 
@@ -833,21 +855,19 @@ mod tests {
 
     #[test]
     fn id_mode_claim_replies_carry_each_body_and_the_dropped_counts() {
-        use redis::Value::{BulkString, Int};
-        let reply = vec![
-            Int(1000),
-            Int(-1),
-            Int(0),
-            BulkString(b"1000:7".to_vec()),
-            Int(7),
-            Int(2),
-            Int(3),
-            BulkString(b"id-1".to_vec()),
-            Int(900),
-            Int(1),
-            BulkString(b"body-1".to_vec()),
-        ];
-        let c = parse_claim(reply, true).unwrap();
+        let with_bodies = reply(
+            1000,
+            b"1000:7",
+            7,
+            (2, 3),
+            vec![
+                BulkString(b"id-1".to_vec()),
+                Int(900),
+                Int(1),
+                BulkString(b"body-1".to_vec()),
+            ],
+        );
+        let c = parse_claim(with_bodies, true).unwrap();
         assert_eq!((c.dead_no_body, c.deduplicated), (2, 3));
         assert_eq!(c.members[0].member, b"id-1");
         assert_eq!(c.members[0].body(), b"body-1");

@@ -11,6 +11,7 @@ use clap::Args;
 
 use super::{escape_bytes, human_ms, parse_at, redis_conn, ConfigArg, Failure};
 use crate::config::{self, Business, Config, MemberMode};
+use crate::redis_conn::RedisConn;
 use crate::tasks::{self, Cancelled, Range, TaskState};
 
 /// Exit code: the task is in flight.
@@ -131,6 +132,15 @@ fn load(path: &std::path::Path, business: &str) -> Result<(Config, Business), Fa
     Ok((cfg, b))
 }
 
+/// A connection to the business's Redis, and Redis's clock in epoch ms.
+async fn connect(cfg: &Config, b: &Business) -> Result<(RedisConn, i64), Failure> {
+    let mut conn = redis_conn(cfg).await?;
+    let now_ms = tasks::redis_now_ms(&mut conn)
+        .await
+        .map_err(redis_err(&b.name))?;
+    Ok((conn, now_ms))
+}
+
 fn redis_err(business: &str) -> impl Fn(crate::store::StoreError) -> Failure + '_ {
     move |e| Failure::runtime(format!("business \"{business}\": redis: {e}"))
 }
@@ -149,6 +159,11 @@ fn member_word(b: &Business) -> &'static str {
         MemberMode::Id { .. } => "id",
         MemberMode::Body => "body",
     }
+}
+
+/// How output names a task: `id "x" of business "billing"`.
+fn task_name(b: &Business, id: &str) -> String {
+    format!("{} \"{id}\" of business \"{}\"", member_word(b), b.name)
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -173,10 +188,7 @@ pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
         (MemberMode::Id { .. }, Some(id)) => (id.clone().into_bytes(), Some(read_body(a.body)?)),
         (MemberMode::Body, None) => (read_body(a.body)?, None),
     };
-    let mut conn = redis_conn(&cfg).await?;
-    let now_ms = tasks::redis_now_ms(&mut conn)
-        .await
-        .map_err(redis_err(&b.name))?;
+    let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let due_ms = a.when.due_ms(now_ms)?;
     let key = tasks::schedule(&mut conn, &b, &member, body.as_deref(), due_ms)
         .await
@@ -220,10 +232,7 @@ fn read_body(body: Option<String>) -> Result<Vec<u8>, Failure> {
 
 pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
     let (cfg, b) = load(&a.config.config, &a.business)?;
-    let mut conn = redis_conn(&cfg).await?;
-    let now_ms = tasks::redis_now_ms(&mut conn)
-        .await
-        .map_err(redis_err(&b.name))?;
+    let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let found = tasks::get(&mut conn, &b, a.id.as_bytes())
         .await
         .map_err(redis_err(&b.name))?;
@@ -236,12 +245,7 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         }
         print_json(&v);
     } else {
-        let what = format!(
-            "{} \"{}\" of business \"{}\"",
-            member_word(&b),
-            a.id,
-            b.name
-        );
+        let what = task_name(&b, &a.id);
         let line = match &found.state {
             TaskState::Pending { due_ms } => format!(
                 "{what}: pending on {}, due {} (epoch ms {due_ms})",
@@ -306,12 +310,7 @@ pub(super) async fn cancel(a: MemberArgs) -> Result<(), Failure> {
         v[member_word(&b)] = a.id.clone().into();
         print_json(&v);
     } else {
-        let what = format!(
-            "{} \"{}\" of business \"{}\"",
-            member_word(&b),
-            a.id,
-            b.name
-        );
+        let what = task_name(&b, &a.id);
         println!(
             "{what}: {}",
             match outcome {
@@ -333,10 +332,7 @@ pub(super) async fn cancel(a: MemberArgs) -> Result<(), Failure> {
 
 pub(super) async fn reschedule(a: RescheduleArgs) -> Result<(), Failure> {
     let (cfg, b) = load(&a.config.config, &a.business)?;
-    let mut conn = redis_conn(&cfg).await?;
-    let now_ms = tasks::redis_now_ms(&mut conn)
-        .await
-        .map_err(redis_err(&b.name))?;
+    let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let due_ms = a.when.due_ms(now_ms)?;
     let moved = tasks::reschedule(&mut conn, &b, a.id.as_bytes(), due_ms)
         .await
@@ -366,12 +362,7 @@ pub(super) async fn reschedule(a: RescheduleArgs) -> Result<(), Failure> {
         }
         print_json(&v);
     } else {
-        let what = format!(
-            "{} \"{}\" of business \"{}\"",
-            member_word(&b),
-            a.id,
-            b.name
-        );
+        let what = task_name(&b, &a.id);
         match (&moved, result) {
             (Some(key), _) => println!(
                 "{what}: rescheduled on {key}, due {} (epoch ms {due_ms})",
@@ -412,10 +403,7 @@ pub(super) async fn list(a: ListArgs) -> Result<(), Failure> {
         from_ms: a.from.as_deref().map(parse_at).transpose()?,
         to_ms: a.to.as_deref().map(parse_at).transpose()?,
     };
-    let mut conn = redis_conn(&cfg).await?;
-    let now_ms = tasks::redis_now_ms(&mut conn)
-        .await
-        .map_err(redis_err(&b.name))?;
+    let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let page = tasks::list(&mut conn, &b, range, a.limit, a.cursor.as_deref())
         .await
         .map_err(redis_err(&b.name))?;
