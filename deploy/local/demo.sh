@@ -28,7 +28,6 @@ LOG_TAG=demo
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$DELAYD_REPO_ROOT"
-SERVERS="$DELAYD_REPO_ROOT/deploy/local/servers.sh"
 CONFIG="${DELAYD_DEMO_CONFIG:-config/delayd.toml}"
 ORDER="${DELAYD_DEMO_ORDER_BUSINESS:-order_timeout}"
 REMINDER="${DELAYD_DEMO_REMINDER_BUSINESS:-reminder}"
@@ -62,13 +61,10 @@ cleanup() {
 	stop_noted_servers
 	exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+exit_trap cleanup
 
 banner "starting Redis and RabbitMQ (deploy/local/servers.sh start)"
-"$SERVERS" start
-eval "$("$SERVERS" env)"
+start_servers
 # The contract's environment overrides: whatever URLs the file holds, use ours.
 export DELAYD_REDIS__URL="$DELAYD_TEST_REDIS_URL"
 export DELAYD_AMQP__URL="$DELAYD_TEST_AMQP_URL"

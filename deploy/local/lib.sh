@@ -80,6 +80,20 @@ valid_port() {
 	fi
 }
 
+# dist_port AMQP_PORT OFFSET: a RabbitMQ node's Erlang distribution port:
+# DELAYD_RABBITMQ_DIST_PORT when set, else AMQP_PORT + OFFSET (or - OFFSET
+# where + would pass 65535). Dies unless the result is a TCP port.
+dist_port() {
+	local dist
+	if (($1 + $2 <= 65535)); then
+		dist="${DELAYD_RABBITMQ_DIST_PORT:-$(($1 + $2))}"
+	else
+		dist="${DELAYD_RABBITMQ_DIST_PORT:-$(($1 - $2))}"
+	fi
+	valid_port "$dist" DELAYD_RABBITMQ_DIST_PORT
+	printf '%s\n' "$dist"
+}
+
 # ensure_packages: installs redis-server and rabbitmq-server from Debian when
 # their binaries are missing (a fresh machine has neither).
 ensure_packages() {
@@ -458,6 +472,67 @@ rmq_test_node_pids() {
 	done
 }
 
+# --- private Redis servers --------------------------------------------------
+# redis-cluster.sh and redis-sentinel.sh keep each server's state under
+# DIR/PORT and its pid in DIR/PORT.pid.
+
+# ensure_redis: redis-server and redis-cli, installed when missing.
+ensure_redis() {
+	if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+		ensure_packages
+	fi
+}
+
+# redis_cli PORT ARGS...: redis-cli against 127.0.0.1:PORT, never longer than 5s.
+redis_cli() { timeout 5 redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
+
+# wait_until SECONDS DESCRIPTION COMMAND...: retries COMMAND (quietly) until
+# it succeeds; dies naming DESCRIPTION after SECONDS.
+wait_until() {
+	local limit="$1" what="$2" t0
+	shift 2
+	t0="$(now_ms)"
+	until "$@" >/dev/null 2>&1; do
+		if (($(now_ms) - t0 > limit * 1000)); then
+			die "$what not reached within ${limit}s"
+		fi
+		sleep 0.1
+	done
+}
+
+# kill_pidfiles DIR: SIGKILL every server with a pid file in DIR.
+kill_pidfiles() {
+	local f pid
+	for f in "$1"/*.pid; do
+		[[ -e "$f" ]] || continue
+		pid="$(read_pid "$f")"
+		if [[ -n "$pid" ]]; then
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+		rm -f "$f"
+	done
+}
+
+# kill_pidfile DIR PORT: SIGKILL the server on PORT, as a crash.
+kill_pidfile() {
+	local pid
+	pid="$(read_pid "$1/$2.pid")"
+	[[ -n "$pid" ]] || die "no node on port $2 in $1"
+	kill -KILL "$pid"
+	rm -f "$1/$2.pid"
+}
+
+# watch_pidfiles PID DIR: a detached watcher that kills DIR's servers once
+# process PID has exited (a test binary has no global teardown, so it passes
+# its own pid). It outlives the caller and ends with the servers.
+watch_pidfiles() {
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	setsid bash -c '
+		while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
+		for f in "$2"/*.pid; do [[ -e "$f" ]] && kill -KILL "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
+	' _ "$1" "$2" </dev/null >/dev/null 2>&1 &
+}
+
 # redis_test_node_pids: pids of running private test Redis servers (cluster
 # and sentinel nodes from redis-cluster.sh / redis-sentinel.sh, the TLS
 # tests' servers), recognised by the DELAYD_TEST_REDIS_NODE marker in their
@@ -477,6 +552,22 @@ note_servers_to_stop() {
 	to_stop=()
 	"$DELAYD_REPO_ROOT/deploy/local/servers.sh" status redis >/dev/null 2>&1 || to_stop+=(redis)
 	"$DELAYD_REPO_ROOT/deploy/local/servers.sh" status rabbitmq >/dev/null 2>&1 || to_stop+=(rabbitmq)
+}
+
+# start_servers: starts (or reuses) the shared servers and exports their
+# DELAYD_TEST_REDIS_URL and DELAYD_TEST_AMQP_URL.
+start_servers() {
+	"$DELAYD_REPO_ROOT/deploy/local/servers.sh" start
+	eval "$("$DELAYD_REPO_ROOT/deploy/local/servers.sh" env)"
+}
+
+# exit_trap FN: runs FN at exit, also after Ctrl-C or SIGTERM, which become
+# exits 130 and 143 so that FN runs and sees why.
+exit_trap() {
+	# shellcheck disable=SC2064 # FN is meant to be fixed now
+	trap "$1" EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
 }
 
 # Stops the servers listed in to_stop, unless DELAYD_KEEP_SERVERS=1.

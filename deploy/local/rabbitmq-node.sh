@@ -43,12 +43,7 @@ shift 3
 [[ "$cmd" == ctl || $# -eq 0 ]] || usage
 [[ -n "$dir" ]] || usage
 valid_port "$port" AMQP_PORT
-if ((port + 10000 <= 65535)); then
-	dist="${DELAYD_RABBITMQ_DIST_PORT:-$((port + 10000))}"
-else
-	dist="${DELAYD_RABBITMQ_DIST_PORT:-$((port - 10000))}"
-fi
-valid_port "$dist" DELAYD_RABBITMQ_DIST_PORT
+dist="$(dist_port "$port" 10000)"
 node="delayd-test-${port}@localhost"
 
 # Absolute, symlink-free path: it is compared with the VM's environment to

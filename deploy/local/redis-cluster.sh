@@ -30,8 +30,6 @@ usage() {
 	exit 2
 }
 
-cli() { timeout 5 redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
-
 # start_node DIR PORT [BUSPORT]: one cluster node in the background, pid in
 # DIR/PORT.pid; the bus port is remembered in DIR/PORT.bus for restarts.
 start_node() {
@@ -53,39 +51,17 @@ start_node() {
 	printf '%s\n' "$!" >"$dir/$port.pid"
 }
 
-wait_until() { # SECONDS DESCRIPTION COMMAND...
-	local limit="$1" what="$2" t0
-	shift 2
-	t0="$(now_ms)"
-	until "$@" >/dev/null 2>&1; do
-		if (($(now_ms) - t0 > limit * 1000)); then
-			die "$what not reached within ${limit}s"
-		fi
-		sleep 0.1
-	done
-}
-
 cluster_ready() { # PORT...
 	local p info
 	for p in "$@"; do
-		info="$(cli "$p" cluster info)" || return 1
+		info="$(redis_cli "$p" cluster info)" || return 1
 		[[ "$info" == *"cluster_state:ok"* && "$info" == *"cluster_slots_ok:16384"* && "$info" == *"cluster_known_nodes:6"* ]] || return 1
-		info="$(cli "$p" info replication)" || return 1
+		info="$(redis_cli "$p" info replication)" || return 1
 		if [[ "$info" == *"role:slave"* ]]; then
 			[[ "$info" == *"master_link_status:up"* ]] || return 1
 		else
 			[[ "$info" == *"connected_slaves:1"* ]] || return 1
 		fi
-	done
-}
-
-stop_all() { # DIR
-	local f pid
-	for f in "$1"/*.pid; do
-		[[ -e "$f" ]] || continue
-		pid="$(read_pid "$f")"
-		[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
-		rm -f "$f"
 	done
 }
 
@@ -108,7 +84,7 @@ start)
 		[[ -n "${buses[$i]:-}" ]] || buses[i]=$((ports[i] + 10000))
 		valid_port "${buses[$i]}" "cluster bus port"
 	done
-	command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || ensure_packages
+	ensure_redis
 	mkdir -p "$dir"
 	dir="$(cd "$dir" && pwd -P)"
 	printf '%s\n' "${ports[@]}" >"$dir/ports"
@@ -124,13 +100,7 @@ start)
 	timeout 30 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
 		die "redis-cli --cluster create failed: $(tail -5 "$dir/create.log")"
 	wait_until 30 "cluster ok on every node with replicas in sync" cluster_ready "${ports[@]}"
-	if [[ -n "$watch" ]]; then
-		# Detached, so it outlives this script; it ends with the nodes.
-		setsid bash -c '
-			while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
-			for f in "$2"/*.pid; do [[ -e "$f" ]] && kill -KILL "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
-		' _ "$watch" "$dir" </dev/null >/dev/null 2>&1 &
-	fi
+	[[ -z "$watch" ]] || watch_pidfiles "$watch" "$dir"
 	log "cluster on 127.0.0.1:$(
 		IFS=,
 		echo "${ports[*]}"
@@ -138,14 +108,11 @@ start)
 	;;
 stop)
 	(($# == 2)) || usage
-	stop_all "$2"
+	kill_pidfiles "$2"
 	;;
 kill-node)
 	(($# == 3)) || usage
-	pid="$(read_pid "$2/$3.pid")"
-	[[ -n "$pid" ]] || die "no node on port $3 in $2"
-	kill -KILL "$pid"
-	rm -f "$2/$3.pid"
+	kill_pidfile "$2" "$3"
 	;;
 start-node)
 	(($# == 3)) || usage

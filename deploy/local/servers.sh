@@ -28,12 +28,7 @@ AMQP_PORT="${DELAYD_AMQP_PORT:-5672}"
 valid_port "$REDIS_PORT" DELAYD_REDIS_PORT
 valid_port "$AMQP_PORT" DELAYD_AMQP_PORT
 # RabbitMQ's own convention is AMQP port + 20000 (25672 for 5672).
-if ((AMQP_PORT + 20000 <= 65535)); then
-	DIST_PORT="${DELAYD_RABBITMQ_DIST_PORT:-$((AMQP_PORT + 20000))}"
-else
-	DIST_PORT="${DELAYD_RABBITMQ_DIST_PORT:-$((AMQP_PORT - 20000))}"
-fi
-valid_port "$DIST_PORT" DELAYD_RABBITMQ_DIST_PORT
+DIST_PORT="$(dist_port "$AMQP_PORT" 20000)"
 RMQ_NODE="${DELAYD_RABBITMQ_NODENAME:-delayd-${AMQP_PORT}@localhost}"
 
 # Per-port directories, so servers on other ports never share files.

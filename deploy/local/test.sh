@@ -21,7 +21,6 @@ LOG_TAG="test"
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$DELAYD_REPO_ROOT"
-SERVERS="$DELAYD_REPO_ROOT/deploy/local/servers.sh"
 
 # --- prerequisites -------------------------------------------------------------
 ensure_packages
@@ -66,13 +65,10 @@ cleanup() {
 	stop_noted_servers
 	exit "$rc"
 }
-trap cleanup EXIT
-# Turn Ctrl-C / SIGTERM into a normal exit so the EXIT trap stops the servers.
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# Ctrl-C / SIGTERM become a normal exit, so cleanup stops the servers.
+exit_trap cleanup
 
-"$SERVERS" start
-eval "$("$SERVERS" env)"
+start_servers
 # Fault tests run their own broker through this script.
 export DELAYD_TEST_RABBITMQ_NODE_SCRIPT="$DELAYD_REPO_ROOT/deploy/local/rabbitmq-node.sh"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
