@@ -286,6 +286,17 @@ pub struct SweepOutcome {
     pub records: u64,
 }
 
+/// Appends one settle call's groups as ARGV `{tag, n, m1..mn}`, the layout
+/// `ack.lua` and `extend.lua` read.
+fn push_groups(inv: &mut redis::ScriptInvocation<'_>, call: &[(u16, &[&[u8]])]) {
+    for (tag, members) in call {
+        inv.arg(tag).arg(members.len());
+        for m in *members {
+            inv.arg(*m);
+        }
+    }
+}
+
 /// Splits groups into calls of at most [`CALL_MEMBERS`] members and about
 /// [`CALL_BYTES`] bytes; a group may be split, its tag travels with each part.
 fn calls<T>(groups: &[Held<T>], bytes: impl Fn(&T) -> usize) -> Vec<Vec<(u16, &[T])>> {
@@ -413,12 +424,7 @@ impl Store {
             for r in records {
                 inv.arg(r.as_str());
             }
-            for (tag, members) in call {
-                inv.arg(tag).arg(members.len());
-                for m in members {
-                    inv.arg(*m);
-                }
-            }
+            push_groups(&mut inv, &call);
             total += inv.invoke_async::<u64>(&mut conn).await?;
         }
         Ok(total)
@@ -491,12 +497,7 @@ impl Store {
         for call in calls(groups, |m| m.len()) {
             let mut inv = EXTEND.prepare_invoke();
             inv.key(&self.keys.inflight).arg(lease.as_millis() as u64);
-            for (tag, members) in call {
-                inv.arg(tag).arg(members.len());
-                for m in members {
-                    inv.arg(*m);
-                }
-            }
+            push_groups(&mut inv, &call);
             total += inv.invoke_async::<u64>(&mut conn).await?;
         }
         Ok(total)
