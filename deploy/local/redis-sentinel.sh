@@ -97,18 +97,6 @@ sentinel_node() { # PORT MASTERPORT
 	spawn "$port" "$DIR/$port/sentinel.conf" --sentinel
 }
 
-wait_until() { # SECONDS DESCRIPTION COMMAND...
-	local limit="$1" what="$2" t0
-	shift 2
-	t0="$(now_ms)"
-	until "$@" >/dev/null 2>&1; do
-		if (($(now_ms) - t0 > limit * 1000)); then
-			die "$what not reached within ${limit}s"
-		fi
-		sleep 0.05
-	done
-}
-
 answers() { [[ "$(dcli "$1" ping 2>/dev/null)" == "PONG" ]]; }
 
 # field NAME: the value after the line NAME in a field/value reply on stdin.
@@ -148,23 +136,13 @@ ready() {
 	done
 }
 
-stop_all() {
-	local f pid
-	for f in "$DIR"/*.pid; do
-		[[ -e "$f" ]] || continue
-		pid="$(read_pid "$f")"
-		[[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
-		rm -f "$f"
-	done
-}
-
 case "${1:-}" in
 start)
 	(($# >= 3)) || usage
 	base="$3" watch="${4:-}"
 	valid_port "$base" BASEPORT
 	valid_port $((base + 4)) "BASEPORT+4"
-	command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || ensure_packages
+	ensure_redis
 	mkdir -p "$2"
 	DIR="$(cd "$2" && pwd -P)"
 	printf '%s\n' "$base" >"$DIR/base"
@@ -181,26 +159,16 @@ start)
 		sentinel_node "$p" "$base"
 	done
 	wait_until 30 "replica in sync and sentinels agreed" ready
-	if [[ -n "$watch" ]]; then
-		setsid bash -c '
-			while kill -0 "$1" 2>/dev/null; do sleep 0.5; done
-			for f in "$2"/*.pid; do [[ -e "$f" ]] && kill -KILL "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
-		' _ "$watch" "$DIR" </dev/null >/dev/null 2>&1 &
-	fi
+	[[ -z "$watch" ]] || watch_pidfiles "$watch" "$DIR"
 	log "master 127.0.0.1:$base, replica :$((base + 1)), sentinels :$((base + 2))-$((base + 4)) ready in $(($(now_ms) - t0)) ms"
 	;;
 stop)
 	(($# == 2)) || usage
-	DIR="$2"
-	stop_all
+	kill_pidfiles "$2"
 	;;
 kill-node)
 	(($# == 3)) || usage
-	DIR="$2"
-	pid="$(read_pid "$DIR/$3.pid")"
-	[[ -n "$pid" ]] || die "no node on port $3 in $DIR"
-	kill -KILL "$pid"
-	rm -f "$DIR/$3.pid"
+	kill_pidfile "$2" "$3"
 	;;
 heal)
 	(($# == 2)) || usage
