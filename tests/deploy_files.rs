@@ -945,7 +945,12 @@ fn probe_paths_the_files_name_are_served_by_the_binary_with_their_meaning() {
         ),
     )
     .unwrap();
-    let daemon = common::Daemon::start(&config);
+    // Spawned under the lock: a child inherits the environment at spawn, and
+    // the loader tests set DELAYD_* overrides process-wide while they hold it.
+    let daemon = {
+        let _guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        common::Daemon::start(&config)
+    };
     let start = Instant::now();
     while get(port, "/healthz").is_err() {
         assert!(
