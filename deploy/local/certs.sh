@@ -21,10 +21,7 @@ LOG_TAG=certs
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-(($# == 1)) || {
-	sed -n '6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-	exit 2
-}
+(($# == 1)) || usage
 dir="$1"
 command -v openssl >/dev/null 2>&1 || apt_install openssl
 mkdir -p "$dir"

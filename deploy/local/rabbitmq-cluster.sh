@@ -18,12 +18,10 @@ set -euo pipefail
 LOG_TAG=rabbitmq-cluster
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=deploy/local/rabbitmq-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rabbitmq-lib.sh"
 NODE_SCRIPT="$(dirname "${BASH_SOURCE[0]}")/rabbitmq-node.sh"
 
-usage() {
-	sed -n '7,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-	exit 2
-}
 
 (($# >= 3)) || usage
 cmd="$1"

@@ -29,11 +29,9 @@ set -euo pipefail
 LOG_TAG=rabbitmq-node
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=deploy/local/rabbitmq-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rabbitmq-lib.sh"
 
-usage() {
-	sed -n '6,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-	exit 2
-}
 
 (($# >= 3)) || usage
 cmd="$1"

@@ -24,11 +24,9 @@ set -euo pipefail
 LOG_TAG=redis-cluster
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=deploy/local/redis-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
 
-usage() {
-	sed -n '6,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-	exit 2
-}
 
 # start_node DIR PORT [BUSPORT]: one cluster node in the background, pid in
 # DIR/PORT.pid; the bus port is remembered in DIR/PORT.bus for restarts.

@@ -25,11 +25,9 @@ set -euo pipefail
 LOG_TAG=redis-sentinel
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=deploy/local/redis-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
 
-usage() {
-	sed -n '5,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-	exit 2
-}
 
 # Passwords reach redis-cli through its environment, never its arguments.
 data_pass() { cat "$DIR/redis.pass" 2>/dev/null || true; }

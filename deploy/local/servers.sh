@@ -22,6 +22,8 @@ set -euo pipefail
 LOG_TAG=servers
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=deploy/local/rabbitmq-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rabbitmq-lib.sh"
 
 REDIS_PORT="${DELAYD_REDIS_PORT:-6379}"
 AMQP_PORT="${DELAYD_AMQP_PORT:-5672}"
@@ -193,11 +195,6 @@ rabbitmq_status() {
 }
 
 # --- main ----------------------------------------------------------------------
-
-usage() {
-	sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-	exit 2
-}
 
 cmd="${1:-}"
 which="${2:-all}"

@@ -20,6 +20,10 @@ set -euo pipefail
 LOG_TAG="test"
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=deploy/local/rabbitmq-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rabbitmq-lib.sh"
+# shellcheck source=deploy/local/redis-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
 cd "$DELAYD_REPO_ROOT"
 
 # --- prerequisites -------------------------------------------------------------
