@@ -295,7 +295,7 @@ fn url_host_port(url: &str) -> Option<(String, u16)> {
 
 const PUBLIC_BUILDER: &str = "rust:1-bookworm";
 const PUBLIC_RUNTIME: &str = "debian:bookworm-slim";
-/// The tag docker-compose.yml, the README and deploy/container/test.sh use.
+/// The tag docker-compose.yml, docs/operations.md and deploy/container/test.sh use.
 const LOCAL_TAG: &str = "delayd:local";
 
 fn image_problems(img: &Image) -> Vec<String> {
