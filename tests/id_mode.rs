@@ -573,23 +573,18 @@ struct Live {
 /// Declares the exchange and a bound queue (unless `bind` is false),
 /// consumes it, and writes the config.
 async fn live(b: &BusinessSpec, bind: bool) -> Live {
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let inbox = if bind {
-        bind_and_consume(&amqp, &ch, b, &unique("q")).await
+    let s = if bind {
+        Setup::new(&[b]).await
     } else {
-        declare_exchange(&ch, &b.exchange).await;
-        Inbox::default()
+        Setup::unbound(&[b]).await
     };
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[b]);
     Live {
-        cfg: config.to_str().unwrap().to_string(),
-        _dir: dir,
-        config,
-        redis: redis().await,
-        amqp,
-        inbox,
+        cfg: s.config.to_str().unwrap().to_string(),
+        inbox: s.inboxes.first().cloned().unwrap_or_default(),
+        _dir: s.dir,
+        config: s.config,
+        redis: s.redis,
+        amqp: s.amqp,
     }
 }
 

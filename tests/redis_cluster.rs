@@ -183,32 +183,35 @@ fn cli(port: u16, args: &[&str]) -> String {
 
 /// A business on the cluster with a consumer on its queue.
 struct Flow {
-    _dir: tempfile::TempDir,
+    _consumers: Consumers,
     b: BusinessSpec,
     keys: Vec<String>,
     config: PathBuf,
     inbox: Inbox,
-    _amqp: lapin::Connection,
 }
 
 async fn flow(name: &str, extra: &str) -> Flow {
-    let dir = tempfile::tempdir().unwrap();
     let mut b = BusinessSpec::random(name);
     b.extra = extra.to_string();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config_redis(dir.path(), &cluster().section(), &amqp_url(), "off", &[&b]);
+    flow_of(b).await
+}
+
+async fn flow_of(b: BusinessSpec) -> Flow {
+    let c = Consumers::on(&amqp_url(), &[&b]).await;
+    let config = write_config_redis(
+        c.dir.path(),
+        &cluster().section(),
+        &amqp_url(),
+        "off",
+        &[&b],
+    );
     let keys = delayd::config::load(&config).unwrap().businesses[0].keys();
     Flow {
-        _dir: dir,
+        inbox: c.inbox(),
+        _consumers: c,
         b,
         keys,
         config,
-        inbox,
-        _amqp: amqp,
     }
 }
 
@@ -548,24 +551,10 @@ async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
         .map(|n| format!("r{n}"))
         .find(|t| delayd::keys::slot(t) == slot)
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let mut b = BusinessSpec::random("reshard");
     b.key = format!("test:{{{tag}}}:{}", unique("k"));
     b.extra = "lease = \"3s\"\nbatch_size = 20".into();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config_redis(dir.path(), &c.section(), &amqp_url(), "off", &[&b]);
-    let f = Flow {
-        keys: vec![b.key.clone()],
-        b,
-        config,
-        inbox,
-        _amqp: amqp,
-        _dir: dir,
-    };
+    let f = flow_of(b).await;
     let mut conn = c.conn().await;
     f.schedule(&mut conn, 3000, Duration::from_secs(6)).await;
     let daemon = Daemon::start(&f.config);

@@ -228,29 +228,22 @@ async fn zadd_replicated(c: &mut MultiplexedConnection, key: &str, due: i64, bod
 
 /// A business in sentinel mode with a consumer on its queue.
 struct Flow {
-    _dir: tempfile::TempDir,
+    _consumers: Consumers,
     b: BusinessSpec,
     config: PathBuf,
     inbox: Inbox,
-    _amqp: lapin::Connection,
 }
 
 async fn flow(s: &Sentinels, name: &str, extra: &str) -> Flow {
-    let dir = tempfile::tempdir().unwrap();
     let mut b = BusinessSpec::random(name);
     b.extra = extra.to_string();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let queue = unique("q");
-    declare(&ch, &b.exchange, &queue, &b.routing_key).await;
-    let inbox = consume(&amqp, &queue).await;
-    let config = write_config_redis(dir.path(), &s.section("main"), &amqp_url(), "off", &[&b]);
+    let c = Consumers::on(&amqp_url(), &[&b]).await;
+    let config = write_config_redis(c.dir.path(), &s.section("main"), &amqp_url(), "off", &[&b]);
     Flow {
-        _dir: dir,
+        inbox: c.inbox(),
+        _consumers: c,
         b,
         config,
-        inbox,
-        _amqp: amqp,
     }
 }
 
@@ -609,23 +602,12 @@ async fn wrong_master_name_check_exits_1_with_one_line_naming_the_field_and_run_
     let amqp = amqp_at(&amqp_url()).await;
     declare_exchange(&amqp.create_channel().await.unwrap(), &b.exchange).await;
     let config = write_config_redis(dir.path(), &s.section("nosuch"), &amqp_url(), "off", &[&b]);
-    let start = Instant::now();
-    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
-    assert_eq!(code, 1, "exit code {code}:\n{out}\n{err}");
+    let f = assert_check_fails(&config);
     assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "check took {:?}",
-        start.elapsed()
-    );
-    let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
-    assert_eq!(failed.len(), 1, "exactly one FAILED line expected:\n{out}");
-    assert!(
-        failed[0].contains("no master named \"nosuch\"") && failed[0].contains("master_name"),
+        f.line.contains("no master named \"nosuch\"") && f.line.contains("master_name"),
         "the line should name the master and the field: {}",
-        failed[0]
+        f.line
     );
-    assert_eq!(err.lines().count(), 1, "stderr: {err}");
-    assert!(!out.contains("panicked") && !err.contains("panicked"));
 
     // The daemon, like for any unreachable Redis, says why once and retries.
     let mut daemon = Daemon::start(&config);
@@ -707,14 +689,13 @@ async fn sentinels_with_passwords_work_and_no_password_reaches_logs_or_output() 
         ),
     ] {
         std::fs::write(&f.config, original.replace(&sentinel_pw, &replacement)).unwrap();
-        let (code, out, err) = delayd(&["check", "--config", cfg]);
-        assert_eq!(code, 1, "{what}: exit code {code}:\n{out}\n{err}");
-        let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
-        assert_eq!(failed.len(), 1, "{what}: one FAILED line expected:\n{out}");
-        assert!(failed[0].contains(expect), "{what}: {}", failed[0]);
+        let f = assert_check_fails(std::path::Path::new(cfg));
+        assert!(f.line.contains(expect), "{what}: {}", f.line);
         assert!(
-            !leaks(&out) && !leaks(&err),
-            "{what}: a password in:\n{out}\n{err}"
+            !leaks(&f.out) && !leaks(&f.err),
+            "{what}: a password in:\n{}\n{}",
+            f.out,
+            f.err
         );
     }
 }

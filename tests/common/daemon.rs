@@ -1,0 +1,144 @@
+//! The daemon under test as a child process, the one-shot commands, and its
+//! HTTP endpoints.
+
+use super::*;
+
+/// The binary the daemon tests run: this build's, or `DELAYD_TEST_BIN` (to
+/// show that a test fails against an older build).
+pub fn daemon_bin() -> PathBuf {
+    std::env::var_os("DELAYD_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_delayd")))
+}
+
+/// The daemon as a child process, killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `delayd run --config path`, logging to a file beside the config.
+    pub fn start(config: &Path) -> Self {
+        let log = config.with_extension(format!("{}.log", rand::random::<u32>()));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(daemon_bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("cannot start delayd");
+        Self { child, log }
+    }
+
+    /// Sends a signal (e.g. `libc::SIGTERM`) to the daemon.
+    pub fn signal(&self, sig: i32) {
+        let _ = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    /// Waits for exit; panics after `limit`.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!(
+                    "delayd did not exit within {limit:?}; log:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, at once.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// What the daemon wrote to stderr so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last 40 lines of the daemon's log, for failure messages.
+    pub fn tail(&self) -> String {
+        let logs = self.logs();
+        let lines: Vec<&str> = logs.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary with arguments and returns (exit code, stdout, stderr).
+pub fn delayd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_delayd"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run delayd");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `GET path` on 127.0.0.1:port: (status code, body); `None` if nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
+}
+
+/// What `delayd check` printed when it failed the one way a test expects.
+pub struct CheckFailure {
+    /// The one line of stdout that contains `FAILED`.
+    pub line: String,
+    pub out: String,
+    pub err: String,
+}
+
+/// Runs `delayd check` on `config` and asserts it fails as a user should see
+/// it: exit 1 within 10 s, exactly one `FAILED` line, one line on stderr, no
+/// panic. Returns the output for the caller's own assertions on the line.
+pub fn assert_check_fails(config: &Path) -> CheckFailure {
+    let start = Instant::now();
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 1, "exit code {code}:\n{out}\n{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "check took {:?}",
+        start.elapsed()
+    );
+    let failed: Vec<&str> = out.lines().filter(|l| l.contains("FAILED")).collect();
+    assert_eq!(failed.len(), 1, "exactly one FAILED line expected:\n{out}");
+    assert_eq!(err.lines().count(), 1, "stderr: {err}");
+    assert!(!out.contains("panicked") && !err.contains("panicked"));
+    CheckFailure {
+        line: failed[0].to_string(),
+        out,
+        err,
+    }
+}

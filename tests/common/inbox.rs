@@ -1,0 +1,222 @@
+//! RabbitMQ side of the tests: exchanges and queues, and the consumers that
+//! record every message they receive.
+
+use super::*;
+
+/// An AMQP connection to the shared (or a given) server.
+pub async fn amqp_at(url: &str) -> Connection {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        Connection::connect(url, ConnectionProperties::default()),
+    )
+    .await
+    .expect("RabbitMQ did not answer within 10s")
+    .expect("cannot connect to RabbitMQ")
+}
+
+/// Declares a durable direct exchange and a queue bound to it with `routing_key`.
+pub async fn declare(ch: &Channel, exchange: &str, queue: &str, routing_key: &str) {
+    declare_with(ch, exchange, queue, routing_key, FieldTable::default()).await
+}
+
+/// Declares a durable direct exchange, with no queue bound to it.
+pub async fn declare_exchange(ch: &Channel, exchange: &str) {
+    delayd::amqp::declare_exchange(ch, exchange).await.unwrap();
+}
+
+/// Like [`declare`], with queue arguments (e.g. `x-max-length`).
+pub async fn declare_with(
+    ch: &Channel,
+    exchange: &str,
+    queue: &str,
+    routing_key: &str,
+    args: FieldTable,
+) {
+    delayd::amqp::declare_bound_queue(ch, exchange, queue, routing_key, args)
+        .await
+        .unwrap();
+}
+
+/// One received message.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub body: Vec<u8>,
+    pub at_ms: i64,
+    pub headers: HashMap<String, AMQPValue>,
+    pub message_id: Option<String>,
+    pub delivery_mode: Option<u8>,
+    pub content_type: Option<String>,
+}
+
+impl Received {
+    /// `x-delayd-due`, epoch ms.
+    pub fn due(&self) -> i64 {
+        match self.headers.get("x-delayd-due") {
+            Some(AMQPValue::LongLongInt(v)) => *v,
+            other => panic!("x-delayd-due missing or odd: {other:?}"),
+        }
+    }
+}
+
+/// Messages collected by a background consumer.
+#[derive(Clone, Default)]
+pub struct Inbox(pub Arc<Mutex<Vec<Received>>>);
+
+impl Inbox {
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    pub fn all(&self) -> Vec<Received> {
+        self.0.lock().unwrap().clone()
+    }
+    /// The distinct bodies received so far.
+    pub fn bodies(&self) -> HashSet<Vec<u8>> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.body.clone())
+            .collect()
+    }
+    /// Waits until at least `n` messages arrived; panics after `limit`.
+    pub async fn wait_for(&self, n: usize, limit: Duration) {
+        let start = Instant::now();
+        while self.len() < n {
+            if start.elapsed() > limit {
+                panic!(
+                    "only {} of {n} messages arrived within {limit:?}",
+                    self.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    /// Waits until no message has arrived for `quiet`.
+    pub async fn settle(&self, quiet: Duration) {
+        let mut last = self.len();
+        loop {
+            tokio::time::sleep(quiet).await;
+            let now = self.len();
+            if now == last {
+                return;
+            }
+            last = now;
+        }
+    }
+}
+
+/// Consumes `queue` in the background, recording every message's receipt time.
+pub async fn consume(conn: &Connection, queue: &str) -> Inbox {
+    let inbox = Inbox::default();
+    consume_into(conn, queue, &inbox, false).await;
+    inbox
+}
+
+/// Like [`consume`], but into an existing inbox and, with `ack`, acknowledging
+/// each message only after it is recorded: a message the consumer never saw is
+/// requeued by the broker instead of lost when the connection drops.
+pub async fn consume_into(conn: &Connection, queue: &str, inbox: &Inbox, ack: bool) {
+    let ch = conn.create_channel().await.unwrap();
+    if ack {
+        ch.basic_qos(500, BasicQosOptions::default()).await.unwrap();
+    }
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            unique("ctag").as_str().into(),
+            BasicConsumeOptions {
+                no_ack: !ack,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let out = inbox.clone();
+    tokio::spawn(async move {
+        let _keep = ch;
+        while let Some(Ok(d)) = consumer.next().await {
+            let headers = d
+                .properties
+                .headers()
+                .as_ref()
+                .map(|h| {
+                    h.inner()
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.0.lock().unwrap().push(Received {
+                body: d.data.clone(),
+                at_ms: wall_ms(),
+                headers,
+                message_id: d.properties.message_id().as_ref().map(|s| s.to_string()),
+                delivery_mode: *d.properties.delivery_mode(),
+                content_type: d.properties.content_type().as_ref().map(|s| s.to_string()),
+            });
+            if ack && d.ack(BasicAckOptions::default()).await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Messages waiting in `queue` (a passive declare: the queue must exist).
+pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
+    let ch = conn.create_channel().await.unwrap();
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = ch.close(200, "ok".into()).await;
+    q.message_count()
+}
+
+/// Extracts the members of every message, sorted, and the count of each.
+pub fn counts(inbox: &Inbox) -> HashMap<Vec<u8>, usize> {
+    let mut m = HashMap::new();
+    for r in inbox.all() {
+        *m.entry(r.body).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Waits until every body in `want` has arrived at least once; panics after
+/// `limit` with the count missing and the tail of the daemon's log.
+pub async fn wait_all(inbox: &Inbox, want: &HashSet<Vec<u8>>, limit: Duration, d: &Daemon) {
+    let start = Instant::now();
+    loop {
+        let got = inbox.bodies();
+        if want.is_subset(&got) {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!(
+                "{} of {} members not delivered within {limit:?}; daemon log:\n{}",
+                want.difference(&got).count(),
+                want.len(),
+                d.tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Declares `queue` bound to the business's exchange and consumes it.
+pub async fn bind_and_consume(
+    conn: &Connection,
+    ch: &Channel,
+    b: &BusinessSpec,
+    queue: &str,
+) -> Inbox {
+    declare(ch, &b.exchange, queue, &b.routing_key).await;
+    consume(conn, queue).await
+}

@@ -1,0 +1,134 @@
+//! Redis side of the tests: connections, bulk writes, and waits and checks
+//! on a key family.
+
+use super::*;
+
+/// Connection settings that tolerate a busy CI machine: the client's default
+/// half-second response timeout fails large pipelined ZADDs there.
+pub fn slow_ok() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)))
+}
+
+/// A Redis connection to the shared server.
+pub async fn redis() -> redis::aio::MultiplexedConnection {
+    redis_at(&redis_url()).await
+}
+
+/// A Redis connection to the server at `url`.
+pub async fn redis_at(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection_with_config(&slow_ok()),
+    )
+    .await
+    .expect("Redis did not answer within 5s")
+    .expect("cannot connect to Redis")
+}
+
+/// Redis's clock in epoch ms (the clock delayd's scripts use).
+pub async fn redis_now_ms(conn: &mut impl redis::aio::ConnectionLike) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+/// `ZADD key score member` for many members, pipelined.
+pub async fn zadd_many(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+    items: &[(f64, Vec<u8>)],
+) {
+    for chunk in items.chunks(1000) {
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(key);
+        for (score, m) in chunk {
+            cmd.arg(*score).arg(m.as_slice());
+        }
+        let _: i64 = cmd.query_async(conn).await.unwrap();
+    }
+}
+
+/// `ZCARD` of a key.
+pub async fn zcard(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Every helper key of `key`, as delayd names them.
+pub fn family(key: &str) -> delayd::store::KeyFamily {
+    delayd::store::KeyFamily::new(key)
+}
+
+/// Waits until `key` and its in-flight set are both empty; panics after `limit`.
+pub async fn wait_drained(conn: &mut impl redis::aio::ConnectionLike, key: &str, limit: Duration) {
+    let f = family(key);
+    let start = Instant::now();
+    loop {
+        let p = zcard(conn, &f.pending).await;
+        let i = zcard(conn, &f.inflight).await;
+        if p == 0 && i == 0 {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("{key} not drained within {limit:?}: {p} pending, {i} in flight");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until no key of the family is left, for tests that kill or cut off
+/// the daemon: what a crash leaves (a claim record, retry state) is recovered
+/// or swept within a lease plus a sweep interval. Panics after `limit`.
+pub async fn wait_family_empty(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    limit: Duration,
+) {
+    let start = Instant::now();
+    loop {
+        let mut left = Vec::new();
+        for k in family(key).all() {
+            let exists: i64 = redis::cmd("EXISTS").arg(k).query_async(conn).await.unwrap();
+            if exists == 1 {
+                left.push(k.to_string());
+            }
+        }
+        if left.is_empty() {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("{left:?} still exist {limit:?} after the drain");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deletes `keys` (one key or several).
+pub async fn del(conn: &mut impl redis::aio::ConnectionLike, keys: impl redis::ToRedisArgs) {
+    let _: i64 = redis::cmd("DEL").arg(keys).query_async(conn).await.unwrap();
+}
+
+/// Deletes every key of the family (for tests that leave members behind).
+pub async fn del_family(conn: &mut impl redis::aio::ConnectionLike, key: &str) {
+    del(conn, &family(key).all()[..]).await;
+}
+
+/// How many keys of the family exist.
+pub async fn family_keys_left(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> i64 {
+    redis::cmd("EXISTS")
+        .arg(&family(key).all()[..])
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Asserts no key of the family is left behind (a clean drain leaves nothing).
+pub async fn assert_family_empty(conn: &mut impl redis::aio::ConnectionLike, key: &str) {
+    for k in family(key).all() {
+        let exists: i64 = redis::cmd("EXISTS").arg(k).query_async(conn).await.unwrap();
+        assert_eq!(exists, 0, "{k} still exists after the drain");
+    }
+}

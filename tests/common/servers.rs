@@ -1,0 +1,329 @@
+//! Private servers for tests that stop, kill or reconfigure them: free ports,
+//! a private Redis, a private RabbitMQ node, the deploy/local scripts and
+//! their certificates.
+
+use super::*;
+
+/// Ports handed out in this process, so two tests never pick the same one
+/// before either server has bound it.
+static TAKEN_PORTS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A random port in `range` on which nothing listens, nor on `port + offset`
+/// for each of `also` (RabbitMQ's Erlang distribution port, for one).
+pub fn free_port(range: std::ops::Range<u16>, also: &[u16]) -> u16 {
+    let mut taken = TAKEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let p = rand::random_range(range.clone());
+        let all: Vec<u16> = std::iter::once(p)
+            .chain(also.iter().map(|o| p + o))
+            .collect();
+        if all.iter().any(|q| taken.contains(q)) {
+            continue;
+        }
+        if all.iter().all(|q| port_free(*q)) {
+            taken.extend(all);
+            return p;
+        }
+    }
+    panic!("no free port in {range:?}");
+}
+
+/// A private `redis-server` (AOF on, fsync on every write) on its own port
+/// and directory, for tests that stop and restart Redis. Killed when dropped.
+pub struct PrivateRedis {
+    pub port: u16,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    /// Picks a free port; the server is not started yet.
+    pub fn new(dir: &Path) -> Self {
+        let dir = dir.join(format!("redis-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            port: free_port(10000..20000, &[]),
+            dir,
+            child: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Starts the server on its port and directory (keeping any data there)
+    /// and waits until it answers PING; panics after 20 s.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "private Redis already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))
+            .unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--notify-keyspace-events",
+                "Kz",
+                "--daemonize",
+                "no",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("cannot start redis-server");
+        self.child = Some(child);
+        let start = Instant::now();
+        while !self.answers() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "redis-server on port {} exited with {status}: {}",
+                    self.port,
+                    std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "private Redis on port {} did not answer within 20s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True when the server answers PING with PONG (not LOADING).
+    pub fn answers(&self) -> bool {
+        use std::io::Read;
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 16];
+        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    }
+
+    /// SIGTERM (Redis flushes its AOF and exits) and waits; panics after 20 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("private Redis on port {} ignored SIGTERM", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A connection to this server.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis_at(&self.url()).await
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A private RabbitMQ node run by `deploy/local/rabbitmq-node.sh`
+/// (`DELAYD_TEST_RABBITMQ_NODE_SCRIPT`), its state in its own directory, so
+/// a test can stop and restart the broker. Killed when dropped.
+pub struct PrivateRabbit {
+    pub port: u16,
+    pub dir: PathBuf,
+    running: bool,
+}
+
+impl PrivateRabbit {
+    /// Picks a free AMQP port (and its distribution port, +10000); not started.
+    pub fn new(dir: &Path) -> Self {
+        let dir = dir.join(format!("rabbit-{}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            port: free_port(20000..30000, &[10000]),
+            dir,
+            running: false,
+        }
+    }
+
+    /// Writes `advanced.config` (Erlang terms) before the first start, e.g.
+    /// `[{rabbit, [{max_message_size, 1048576}]}].`
+    pub fn advanced_config(&self, terms: &str) {
+        std::fs::write(self.dir.join("advanced.config"), terms).unwrap();
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn script() -> PathBuf {
+        std::env::var_os("DELAYD_TEST_RABBITMQ_NODE_SCRIPT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/rabbitmq-node.sh")
+            })
+    }
+
+    async fn run(&self, cmd: &str, limit: Duration) {
+        let out = tokio::time::timeout(
+            limit,
+            tokio::process::Command::new(Self::script())
+                .arg(cmd)
+                .arg(&self.dir)
+                .arg(self.port.to_string())
+                .env("DELAYD_START_TIMEOUT", limit.as_secs().to_string())
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("rabbitmq-node.sh {cmd} took longer than {limit:?}"))
+        .expect("cannot run rabbitmq-node.sh");
+        assert!(
+            out.status.success(),
+            "rabbitmq-node.sh {cmd} {} {} failed: {}",
+            self.dir.display(),
+            self.port,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the node (or restarts it on the same directory) and waits
+    /// until it has fully booted.
+    pub async fn start(&mut self) {
+        self.running = true;
+        self.run("start", Duration::from_secs(90)).await;
+    }
+
+    /// Runs `rabbitmqctl ARGS` against the node; panics if it fails.
+    pub async fn ctl(&self, args: &[&str]) {
+        let out = tokio::process::Command::new(Self::script())
+            .arg("ctl")
+            .arg(&self.dir)
+            .arg(self.port.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("cannot run rabbitmq-node.sh");
+        assert!(
+            out.status.success(),
+            "rabbitmqctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Graceful stop; returns once the AMQP port is closed.
+    pub async fn stop(&mut self) {
+        self.run("stop", Duration::from_secs(90)).await;
+        self.running = false;
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        if self.running {
+            let _ = Command::new(Self::script())
+                .arg("kill")
+                .arg(&self.dir)
+                .arg(self.port.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Runs `deploy/local/NAME ARGS` with extra environment; its stdout, or a
+/// panic with its stderr. The scripts bound their own waits.
+pub fn run_script(name: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/local")
+        .join(name);
+    let out = Command::new(&path)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{name} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Test certificates from `deploy/local/certs.sh`, made once per test binary.
+pub fn certs() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("delayd-certs-{}", std::process::id()));
+        run_script("certs.sh", &[dir.to_str().unwrap()], &[]);
+        dir
+    })
+}
+
+/// An AMQP port in 46000..49000 whose distribution port (AMQP - 10000) is
+/// free too: the range private RabbitMQ nodes of the TLS and cluster tests use.
+pub fn rabbit_port() -> u16 {
+    free_port(36000..39000, &[10000]) + 10000
+}
+
+/// Ends `pids` (servers a test started once for its whole binary, which no
+/// destructor stops) when this test process exits, however it exits.
+pub fn reap_with_this_process(pids: &[u32]) {
+    let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+    let _ = Command::new("setsid")
+        .args([
+            "bash",
+            "-c",
+            "while kill -0 \"$1\" 2>/dev/null; do sleep 0.5; done; shift; kill -KILL \"$@\" 2>/dev/null",
+            "_",
+            &std::process::id().to_string(),
+        ])
+        .args(&list)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
+
+/// A script under `deploy/local/`.
+pub fn deploy_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/local")
+        .join(name)
+}
