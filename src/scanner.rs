@@ -499,11 +499,7 @@ async fn idle(
             .unwrap_or(max_idle)
             .min(max_idle);
         let deadline = tokio::time::Instant::from_std(claimed_at) + until_due;
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = lane.lead_wake.notified() => {}
-        }
+        lead_idle(lane, claim, claimed_at, deadline, stop).await;
     } else {
         // Only the leader polls, so an idle business costs one command per
         // idle bound however many scanners it has. The others wait for it to
@@ -519,6 +515,60 @@ async fn idle(
                 return;
             }
         }
+    }
+}
+
+/// The shortest time between two looks a wake-up hint can cause: a lane
+/// looks at most 200 times a second however fast producers write, and a
+/// member written already due still goes out within a few milliseconds.
+const WAKE_GAP: Duration = Duration::from_millis(5);
+
+/// The leader's sleep until `deadline`. A wake-up hint (a producer's write,
+/// or a scanner that left work behind) costs a look at the earliest pending
+/// member, not a claim, and at most one look per [`WAKE_GAP`]: a write due
+/// next week only confirms the deadline, a write due sooner moves it, and
+/// one due now ends the sleep.
+async fn lead_idle(
+    lane: &Lane,
+    claim: &crate::store::Claim,
+    claimed_at: Instant,
+    mut deadline: tokio::time::Instant,
+    stop: &CancellationToken,
+) {
+    let claimed_at = tokio::time::Instant::from_std(claimed_at);
+    let mut last_look: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep_until(deadline) => return,
+            _ = lane.lead_wake.notified() => {}
+        }
+        if let Some(at) = last_look {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline.min(at + WAKE_GAP)) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+        }
+        last_look = Some(tokio::time::Instant::now());
+        // Any doubt (an error, a reply that cannot be placed) is a claim.
+        let Ok(head) = lane.store.head_due_ms().await else {
+            return;
+        };
+        let Some(head) = head else {
+            continue;
+        };
+        let head_at = claimed_at
+            .checked_add(Duration::from_millis(
+                head.saturating_sub(claim.now_ms).max(0) as u64,
+            ))
+            .unwrap_or(deadline);
+        if head_at <= tokio::time::Instant::now() {
+            return;
+        }
+        deadline = deadline.min(head_at);
     }
 }
 

@@ -566,6 +566,24 @@ impl Store {
         }
     }
 
+    /// Due time of the earliest pending member, epoch ms (`i64::MIN` for
+    /// `-inf`), or `None` when nothing is pending. One `ZRANGE`, a fraction
+    /// of a claim's cost: it decides whether a wake-up hint needs a claim.
+    pub async fn head_due_ms(&self) -> Result<Option<i64>, StoreError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(&self.keys.pending)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await?;
+        // `as` saturates, so -inf and huge scores stay ordered.
+        Ok(reply
+            .first()
+            .map(|(_, score)| (score * self.unit.millis() as f64) as i64))
+    }
+
     /// A consistent snapshot of pending, due, in-flight and dead counts,
     /// and the forecast of what comes due soon.
     pub async fn stats(&self) -> Result<Stats, StoreError> {

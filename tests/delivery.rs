@@ -337,3 +337,77 @@ async fn sigkill_mid_drain_then_restart_delivers_every_member() {
     }
     assert_family_empty(&mut s.redis, &b.key).await;
 }
+
+/// Calls and microseconds of one command in `INFO commandstats`.
+async fn command_stats(conn: &mut redis::aio::MultiplexedConnection, cmd: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{cmd}:");
+    let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        line[prefix.len()..]
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once() {
+    // A private server, so the counts are delayd's and this test's alone.
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis_server = PrivateRedis::new(dir.path());
+    redis_server.start();
+    let b = BusinessSpec::random("farwrites");
+    let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
+    let _d = Daemon::start(&s.config);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    // 600 producer writes (ZADDs, each one keyspace event) due in a week,
+    // one every 5 ms, and one write due now in the middle of them.
+    let week = 7 * 86_400_000;
+    let mut writes = 0u64;
+    let mut sent_due_at = None;
+    for round in 0..600 {
+        let now = redis_now_ms(&mut s.redis).await;
+        let items: Vec<(f64, Vec<u8>)> = (0..5)
+            .map(|i| ((now + week) as f64, format!("far-{round}-{i}").into_bytes()))
+            .collect();
+        zadd_many(&mut s.redis, &b.key, &items).await;
+        writes += 1;
+        if round == 300 {
+            zadd_many(&mut s.redis, &b.key, &[(now as f64, b"due-now".to_vec())]).await;
+            sent_due_at = Some(wall_ms());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (claims, _) = command_stats(&mut s.redis, "evalsha").await;
+    let (zadds, _) = command_stats(&mut s.redis, "zadd").await;
+    assert!(zadds >= writes, "{zadds} ZADDs counted for {writes} writes");
+    // A claim per write would be ~600; the due write and the watchdog
+    // need a handful.
+    assert!(
+        claims <= 20,
+        "{claims} claim calls for {writes} far-future writes"
+    );
+    s.inboxes[0].wait_for(1, Duration::from_secs(5)).await;
+    let got = s.inboxes[0].all();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body, b"due-now");
+    let late = got[0].at_ms - sent_due_at.unwrap();
+    assert!(
+        late < 1000,
+        "the due write went out {late} ms after it was written"
+    );
+}
