@@ -462,7 +462,10 @@ async fn bench(
         &format!(
             "median; {}; the broker's cost of the format: {:.0}%",
             match format.as_ref().map(|b| b.properties) {
-                Some(Properties::Full) | None => "message_id, timestamp, x-delayd-* headers",
+                Some(Properties::Standard) | None => {
+                    "message_id, type, app_id, timestamp (the default, no headers)"
+                }
+                Some(Properties::Full) => "message_id, timestamp, x-delayd-* headers",
                 Some(Properties::NoHeaders) => "message_id, timestamp, no headers",
                 Some(Properties::Bare) => "no properties: the ceiling's own message",
             },

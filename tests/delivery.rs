@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
+use lapin::types::AMQPValue;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
@@ -52,6 +53,74 @@ async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
     }
     wait_drained(&mut s.redis, &b.key, Duration::from_secs(5)).await;
     assert_family_empty(&mut s.redis, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_only_on_retries() {
+    let mut b = BusinessSpec::random("std");
+    b.extra = "properties = \"standard\"\nretry_backoff = \"1s\"".into();
+    // Nothing is bound yet: the first publish comes back unroutable.
+    let mut s = Setup::unbound(&[&b]).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    let due = now - 1234;
+    zadd_many(&mut s.redis, &b.key, &[(due as f64, b"retried".to_vec())]).await;
+    let d = Daemon::start(&s.config);
+    // Returned once, it waits in K for its second attempt.
+    let rescheduled = eventually(Duration::from_secs(10), || {
+        let mut c = s.redis.clone();
+        let key = b.key.clone();
+        async move {
+            let score: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&key)
+                .arg("retried")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            score.is_some_and(|sc| sc > now as f64)
+        }
+    })
+    .await;
+    assert!(rescheduled, "never retried; log:\n{}", d.tail());
+    let queue = unique("q");
+    let inbox = bind_and_consume(&s.amqp, &s.ch, &b, &queue).await;
+    let now = redis_now_ms(&mut s.redis).await;
+    zadd_many(&mut s.redis, &b.key, &[(now as f64, b"first".to_vec())]).await;
+    inbox.wait_for(2, Duration::from_secs(20)).await;
+    for r in inbox.all() {
+        let p = &r.properties;
+        assert_eq!(
+            p.kind().as_ref().map(|s| s.as_str()),
+            Some("std"),
+            "type is the business"
+        );
+        assert_eq!(p.app_id().as_ref().map(|s| s.as_str()), Some("delayd"));
+        assert_eq!(r.delivery_mode, Some(2));
+        let attempt = r.headers.get("x-delayd-attempt");
+        if r.body == b"retried" {
+            assert_eq!(
+                *p.timestamp(),
+                Some((due / 1000) as u64),
+                "timestamp is the due time"
+            );
+            assert_eq!(
+                r.message_id.as_deref(),
+                Some(delayd::amqp::message_id(&b.key, b"retried", due).as_str())
+            );
+            assert!(
+                matches!(attempt, Some(AMQPValue::LongLongInt(2))),
+                "a retry says which attempt it is: {attempt:?}"
+            );
+            assert_eq!(r.headers.len(), 1, "only the attempt: {:?}", r.headers);
+        } else {
+            assert_eq!(*p.timestamp(), Some((now / 1000) as u64));
+            assert!(
+                r.headers.is_empty(),
+                "a first attempt carries no header table: {:?}",
+                r.headers
+            );
+            assert!(p.headers().is_none());
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,7 +79,12 @@ def consume(url, count, timeout):
     def on_message(channel, method, props, body):
         now_ms = time.time() * 1000.0
         headers = props.headers or {}
+        # properties = "full" carries the due time to the millisecond in a
+        # header; the default message carries the due second in `timestamp`
+        # and the business in `type`, and counts attempts only on retries.
         due = header_int(headers, "x-delayd-due")
+        business = headers.get("x-delayd-business", props.type)
+        attempt = headers.get("x-delayd-attempt", 1 if props.type else None)
         lateness = "-" if due is None else f"{now_ms - due:+.0f} ms"
         if due is not None:
             late.append(now_ms - due)
@@ -87,8 +92,8 @@ def consume(url, count, timeout):
         text = body.decode("utf-8", "replace")
         print(
             f"[{len(received):>3}] {method.routing_key:<14} body={text!r} "
-            f"business={show(headers.get('x-delayd-business'))} "
-            f"due={show(due)} attempt={show(headers.get('x-delayd-attempt'))} "
+            f"business={show(business)} "
+            f"due={show(due if due is not None else props.timestamp)} attempt={show(attempt)} "
             f"lateness={lateness} message_id={show(props.message_id)}",
             flush=True,
         )

@@ -91,6 +91,12 @@ fn write_config_full(
             "[businesses.{}]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{}\n",
             b.name, b.key, b.exchange, b.routing_key, b.extra
         ));
+        // The tests read the due time to the millisecond and the attempt
+        // from the `x-delayd-*` headers; the default message is tested on
+        // its own, by businesses that name their `properties`.
+        if !b.extra.contains("properties") {
+            s.push_str("properties = \"full\"\n");
+        }
     }
     let path = dir.join(format!("{}.toml", unique("delayd")));
     std::fs::File::create(&path)
