@@ -75,24 +75,60 @@ impl fmt::Display for SecretUrl {
     }
 }
 
-/// Masks the password in `scheme://user:password@host...`.
+/// Masks every password a URL can carry: the one in
+/// `scheme://user:password@host` (whatever characters it holds, reserved
+/// ones included) and the `pass=`/`password=` query parameters redis-rs
+/// reads (`redis+unix:///path?pass=...`).
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
+    let (head, rest) = url.split_at(scheme_end + 3);
+    // The userinfo ends at the last '@': a password may hold '/', '?', '#'
+    // or '@' unencoded, a host never holds '@'.
+    let rest = match rest.rfind('@') {
         Some(at) => {
-            let userinfo = &authority[..at];
+            let userinfo = &rest[..at];
             let masked = match userinfo.find(':') {
                 Some(colon) => format!("{}:***", &userinfo[..colon]),
                 None => userinfo.to_string(),
             };
-            format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
+            format!("{masked}{}", &rest[at..])
         }
-        None => url.to_string(),
+        None => rest.to_string(),
+    };
+    format!("{head}{}", redact_query(&rest))
+}
+
+/// `pass=...` and `password=...` query values replaced by `***`.
+fn redact_query(rest: &str) -> String {
+    let Some(q) = rest.find('?') else {
+        return rest.to_string();
+    };
+    let params: Vec<String> = rest[q + 1..]
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((k, _))
+                if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") =>
+            {
+                format!("{k}=***")
+            }
+            _ => p.to_string(),
+        })
+        .collect();
+    format!("{}?{}", &rest[..q], params.join("&"))
+}
+
+/// Why a URL did not parse, without quoting it: a parser's reason can hold
+/// a piece of a password that is not percent-encoded.
+pub fn url_reason(url: &str, reason: &str) -> String {
+    let has_password = url
+        .find("://")
+        .is_some_and(|i| url[i + 3..].contains('@') || url.contains("pass"));
+    if has_password {
+        "characters such as / ? # @ : % or spaces in a user name or password must be percent-encoded".to_string()
+    } else {
+        redact_url(reason)
     }
 }
 
@@ -464,6 +500,7 @@ struct RawConfig {
 struct RawRedis {
     mode: Option<String>,
     url: Option<SecretUrl>,
+    #[serde(default, deserialize_with = "url_list")]
     urls: Option<Vec<SecretUrl>>,
     master_name: Option<String>,
     sentinel_password: Option<Secret>,
@@ -476,6 +513,7 @@ struct RawRedis {
 #[serde(deny_unknown_fields)]
 struct RawAmqp {
     url: Option<SecretUrl>,
+    #[serde(default, deserialize_with = "url_list")]
     urls: Option<Vec<SecretUrl>>,
     tls_ca_file: Option<PathBuf>,
     tls_cert_file: Option<PathBuf>,
@@ -524,6 +562,51 @@ struct RawBusiness {
     dedup_window: Option<String>,
 }
 
+/// A node list: an array in the file, or one string from the environment
+/// (`DELAYD_AMQP__URLS`, `DELAYD_REDIS__URLS`) with the URLs separated by
+/// whitespace or by commas. A comma splits only where the next URL's scheme
+/// follows it, so a comma inside a password stays part of it.
+fn url_list<'de, D>(d: D) -> Result<Option<Vec<SecretUrl>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum List {
+        Many(Vec<SecretUrl>),
+        One(String),
+    }
+    Ok(Option::<List>::deserialize(d)?.map(|l| match l {
+        List::Many(v) => v,
+        List::One(s) => split_urls(&s).into_iter().map(SecretUrl::new).collect(),
+    }))
+}
+
+/// Splits a string of URLs at whitespace and at each comma that a scheme
+/// (`letters://`) follows.
+fn split_urls(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for word in s.split_whitespace() {
+        let mut start = 0;
+        for (i, _) in word.match_indices(',') {
+            let next = &word[i + 1..];
+            let scheme = next.split("://").next().unwrap_or("");
+            if next.contains("://")
+                && !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '+')
+            {
+                out.push(word[start..i].to_string());
+                start = i + 1;
+            }
+        }
+        out.push(word[start..].to_string());
+    }
+    out.retain(|u| !u.is_empty());
+    out
+}
+
 /// Default values of the optional business fields, shown in the README.
 pub mod defaults {
     /// Scanners per key.
@@ -567,12 +650,9 @@ fn load_with_env(path: &Path, env: config::Map<String, String>) -> Result<Config
             config::Environment::with_prefix("DELAYD")
                 .prefix_separator("_")
                 .separator("__")
-                .try_parsing(true)
-                // DELAYD_AMQP__URLS="amqp://a/..,amqp://b/.." and
-                // DELAYD_REDIS__URLS: node lists with their passwords, from a secret.
-                .list_separator(",")
-                .with_list_parse_key("amqp.urls")
-                .with_list_parse_key("redis.urls")
+                // Every value stays the string it was (`1.10` is not 1.1);
+                // numbers and booleans parse where a field wants one.
+                .try_parsing(false)
                 .source(Some(env)),
         )
         .build()
@@ -716,7 +796,7 @@ fn validate_redis(raw: Option<RawRedis>, problems: &mut Vec<String>) -> RedisCon
         } else if let Err(e) = redis::IntoConnectionInfo::into_connection_info(text) {
             problems.push(format!(
                 "[redis] field \"{field}\" is not a valid Redis URL ({}): {}",
-                redact_url(&e.to_string()),
+                url_reason(text, &e.to_string()),
                 u.redacted()
             ));
         } else if mode == RedisMode::Cluster && url_db(text).is_some_and(|db| db != 0) {
@@ -836,17 +916,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
             }
         }
     }
-    let mut seen = BTreeMap::new();
-    for b in &businesses {
-        for k in b.keys() {
-            if let Some(other) = seen.insert(k.clone(), b.name.clone()) {
-                problems.push(format!(
-                    "business \"{}\", field \"key\": key \"{k}\" is also used by business \"{other}\"; each business needs its own key",
-                    b.name
-                ));
-            }
-        }
-    }
+    problems.extend(overlapping_families(&businesses));
 
     if !problems.is_empty() {
         return Err(ConfigError::Invalid {
@@ -921,7 +991,7 @@ fn validate_amqp(raw: Option<RawAmqp>, problems: &mut Vec<String>) -> AmqpConfig
             }
             Err(e) => problems.push(format!(
                 "{place} is not a valid AMQP URL ({}): {}",
-                redact_url(&e),
+                url_reason(text, &e),
                 u.redacted()
             )),
         }
@@ -945,28 +1015,117 @@ fn validate_amqp(raw: Option<RawAmqp>, problems: &mut Vec<String>) -> AmqpConfig
         problems.push("[amqp] auth_mechanism=external in the URL logs in with a client certificate: set tls_cert_file and tls_key_file (and use amqps://)".into());
     }
     tls.check("amqp", problems);
-    let connect_timeout = match raw.connect_timeout {
-        None => Duration::from_secs(10),
-        Some(s) => match humantime::parse_duration(s.trim()) {
-            Ok(d) if !d.is_zero() => d,
-            Ok(_) => {
-                problems.push(format!(
-                    "[amqp] field \"connect_timeout\" must be longer than zero (got \"{s}\")"
-                ));
-                Duration::from_secs(10)
-            }
-            Err(e) => {
-                problems.push(format!(
-                    "[amqp] field \"connect_timeout\": cannot parse \"{s}\" as a duration ({e}); write e.g. \"10s\""
-                ));
-                Duration::from_secs(10)
-            }
-        },
-    };
+    let connect_timeout = raw
+        .connect_timeout
+        .and_then(|s| {
+            parse_duration(
+                "[amqp] field \"connect_timeout\"",
+                &s,
+                limits::CONNECT_TIMEOUT,
+                problems,
+            )
+        })
+        .unwrap_or(Duration::from_secs(10));
     AmqpConfig {
         urls,
         tls,
         connect_timeout,
+    }
+}
+
+/// The longest each duration setting may be, and why: past these a value is
+/// a typo, and some would overflow (a lease past 2^43 ms no longer fits the
+/// claim tag in a score; a stop or poll bound past `Instant`'s range panics).
+pub mod limits {
+    use std::time::Duration;
+
+    const DAY: u64 = 86_400;
+    /// `lease`.
+    pub const LEASE: Duration = Duration::from_secs(DAY);
+    /// `retry_backoff` and `retry_backoff_max`.
+    pub const RETRY_BACKOFF: Duration = Duration::from_secs(30 * DAY);
+    /// `shutdown_timeout`.
+    pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
+    /// `poll_interval` and `watchdog_interval`.
+    pub const IDLE: Duration = Duration::from_secs(3600);
+    /// `dedup_window`.
+    pub const DEDUP_WINDOW: Duration = Duration::from_secs(30 * DAY);
+    /// `[amqp] connect_timeout`.
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
+    /// AMQP short strings (exchange, routing key, content type, the
+    /// business's name in `type`) are at most this many bytes.
+    pub const SHORT_STRING: usize = 255;
+}
+
+/// A problem for every key two businesses would share: one's key (or a shard
+/// key) that is another's, or that is one of another's helper keys (its
+/// `{K}:dead`, `{K}:inflight`, ...), where one would publish or recover the
+/// other's members.
+fn overlapping_families(businesses: &[Business]) -> Vec<String> {
+    let mut owner: BTreeMap<String, &str> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for b in businesses {
+        let mut mine: Vec<String> = Vec::new();
+        for k in b.keys() {
+            let family = crate::keys::KeyFamily::new(&k);
+            mine.extend(family.all().into_iter().map(str::to_string));
+        }
+        mine.push(crate::keys::KeyFamily::new(&b.key).rate());
+        mine.sort();
+        mine.dedup();
+        for k in mine {
+            match owner.get(&k) {
+                Some(other) if *other != b.name => problems.push(format!(
+                    "business \"{}\", field \"key\": key \"{k}\" is also used by business \"{other}\": their key families overlap; give each business a key of its own, not another's or one of its helper keys ({{K}}:dead, {{K}}:inflight, ...)",
+                    b.name
+                )),
+                _ => {
+                    owner.insert(k, &b.name);
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Parses a duration setting at `place` (e.g. `business "b", field "lease"`):
+/// longer than zero and at most `max`, else a problem and `None`.
+fn parse_duration(
+    place: &str,
+    s: &str,
+    max: Duration,
+    problems: &mut Vec<String>,
+) -> Option<Duration> {
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) if d.is_zero() => {
+            problems.push(format!("{place} must be longer than zero (got \"{s}\")"));
+            None
+        }
+        Ok(d) if d > max => {
+            problems.push(format!(
+                "{place} must be at most {} (got \"{s}\")",
+                humantime::format_duration(max)
+            ));
+            None
+        }
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(format!(
+                "{place}: cannot parse \"{s}\" as a duration ({e}); write e.g. \"250ms\", \"30s\" or \"5m\""
+            ));
+            None
+        }
+    }
+}
+
+/// A problem if `value` is longer than an AMQP short string can carry.
+fn check_short_string(place: &str, value: &str, problems: &mut Vec<String>) {
+    if value.len() > limits::SHORT_STRING {
+        problems.push(format!(
+            "{place} must be at most {} bytes (got {}): AMQP carries it as a short string",
+            limits::SHORT_STRING,
+            value.len()
+        ));
     }
 }
 
@@ -998,6 +1157,25 @@ fn validate_business(
     // The default exchange is named "", so an empty exchange is legitimate.
     let exchange = need("exchange", rb.exchange, true);
     let routing_key = need("routing_key", rb.routing_key, true);
+    for (field, value) in [
+        ("exchange", exchange.as_str()),
+        ("routing_key", routing_key.as_str()),
+        ("content_type", rb.content_type.as_deref().unwrap_or("")),
+    ] {
+        check_short_string(
+            &format!("business \"{name}\", field \"{field}\""),
+            value,
+            problems,
+        );
+    }
+    check_short_string(
+        &format!(
+            "business name \"{}...\"",
+            name.chars().take(16).collect::<String>()
+        ),
+        name,
+        problems,
+    );
     if key.contains('}') && !crate::keys::has_hash_tag(&key) {
         problems.push(format!(
             "business \"{name}\", field \"key\": \"{key}\" has a '}}' but no hash tag such as {{tag}}, so its helper keys could not share its cluster slot"
@@ -1067,46 +1245,47 @@ fn validate_business(
         ));
     }
 
-    let mut duration = |field: &str, v: Option<String>, default: &str| -> Duration {
+    let mut duration = |field: &str, v: Option<String>, default: &str, max: Duration| -> Duration {
         let s = v.unwrap_or_else(|| default.to_string());
-        match humantime::parse_duration(s.trim()) {
-            Ok(d) if d.is_zero() => {
-                problems.push(format!(
-                    "business \"{name}\", field \"{field}\" must be longer than zero (got \"{s}\")"
-                ));
-                humantime::parse_duration(default).unwrap_or(Duration::from_secs(1))
-            }
-            Ok(d) => d,
-            Err(e) => {
-                problems.push(format!(
-                    "business \"{name}\", field \"{field}\": cannot parse \"{s}\" as a duration ({e}); write e.g. \"250ms\", \"30s\" or \"5m\""
-                ));
-                humantime::parse_duration(default).unwrap_or(Duration::from_secs(1))
-            }
-        }
+        let place = format!("business \"{name}\", field \"{field}\"");
+        parse_duration(&place, &s, max, problems)
+            .unwrap_or_else(|| humantime::parse_duration(default).unwrap_or(Duration::from_secs(1)))
     };
-    let lease = duration("lease", rb.lease, defaults::LEASE);
-    let retry_backoff = duration("retry_backoff", rb.retry_backoff, defaults::RETRY_BACKOFF);
+    let lease = duration("lease", rb.lease, defaults::LEASE, limits::LEASE);
+    let retry_backoff = duration(
+        "retry_backoff",
+        rb.retry_backoff,
+        defaults::RETRY_BACKOFF,
+        limits::RETRY_BACKOFF,
+    );
     let retry_backoff_max = duration(
         "retry_backoff_max",
         rb.retry_backoff_max,
         defaults::RETRY_BACKOFF_MAX,
+        limits::RETRY_BACKOFF,
     );
     let shutdown_timeout = duration(
         "shutdown_timeout",
         rb.shutdown_timeout,
         defaults::SHUTDOWN_TIMEOUT,
+        limits::SHUTDOWN_TIMEOUT,
     );
-    let poll_interval = duration("poll_interval", rb.poll_interval, defaults::POLL_INTERVAL);
+    let poll_interval = duration(
+        "poll_interval",
+        rb.poll_interval,
+        defaults::POLL_INTERVAL,
+        limits::IDLE,
+    );
     let watchdog_interval = duration(
         "watchdog_interval",
         rb.watchdog_interval,
         defaults::WATCHDOG_INTERVAL,
+        limits::IDLE,
     );
     let dedup_window = rb
         .dedup_window
         .clone()
-        .map(|w| duration("dedup_window", Some(w), "1h"));
+        .map(|w| duration("dedup_window", Some(w), "1h", limits::DEDUP_WINDOW));
     if lease < Duration::from_secs(1) {
         problems.push(format!(
             "business \"{name}\", field \"lease\" must be at least 1s (got {}): a shorter lease expires under ordinary confirm delays and causes duplicates",
@@ -1958,5 +2137,178 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
         .unwrap();
         assert_eq!(again.redis.urls[0].expose(), c.redis.urls[0].expose());
         assert_eq!(again.redis.master_name.as_deref(), Some("main"));
+    }
+    fn load_env(body: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(body.as_bytes()).unwrap();
+        let env = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        load_with_env(f.path(), env)
+    }
+
+    #[test]
+    fn environment_values_reach_delayd_byte_for_byte() {
+        let c = load_env(
+            &business(""),
+            &[
+                ("DELAYD_BUSINESSES__BILLING__ROUTING_KEY", "1.10"),
+                ("DELAYD_BUSINESSES__BILLING__KEY", "00123"),
+                ("DELAYD_BUSINESSES__BILLING__EXCHANGE", "true"),
+                ("DELAYD_AMQP__URL", "amqp://guest:0042@127.0.0.1:5672/%2f"),
+                ("DELAYD_BUSINESSES__BILLING__BATCH_SIZE", "50"),
+                ("DELAYD_BUSINESSES__BILLING__PERSISTENT", "false"),
+            ],
+        )
+        .unwrap();
+        let b = c.business("billing").unwrap();
+        assert_eq!(b.routing_key, "1.10");
+        assert_eq!(b.key, "00123");
+        assert_eq!(b.exchange, "true");
+        assert_eq!(
+            c.amqp.urls[0].expose(),
+            "amqp://guest:0042@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(b.batch_size, 50, "numbers still parse from the environment");
+        assert!(!b.persistent, "booleans still parse from the environment");
+    }
+
+    #[test]
+    fn a_node_list_from_the_environment_keeps_commas_in_passwords() {
+        let body = business("").replace("url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\n", "");
+        for list in [
+            "amqp://u:p,1@a:5672/%2f,amqp://u:p2@b:5672/%2f",
+            "amqp://u:p,1@a:5672/%2f amqp://u:p2@b:5672/%2f",
+            "amqp://u:p,1@a:5672/%2f\namqp://u:p2@b:5672/%2f\n",
+        ] {
+            let c = load_env(&body, &[("DELAYD_AMQP__URLS", list)]).unwrap();
+            let urls: Vec<&str> = c.amqp.urls.iter().map(|u| u.expose()).collect();
+            assert_eq!(
+                urls,
+                ["amqp://u:p,1@a:5672/%2f", "amqp://u:p2@b:5672/%2f"],
+                "{list:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_the_broker_cannot_take_are_refused_at_load() {
+        let long = "x".repeat(256);
+        for field in ["exchange", "routing_key", "content_type"] {
+            let body = business(&format!("{field} = \"{long}\""))
+                .replace(&format!("\n{field} = \"e\"\n"), "\n")
+                .replace(&format!("\n{field} = \"r\"\n"), "\n");
+            let e = err_of(&body);
+            assert!(
+                e.contains(&format!(
+                    "business \"billing\", field \"{field}\" must be at most 255 bytes (got 256)"
+                )),
+                "{field}: {e}"
+            );
+        }
+        let e =
+            err_of(&business("").replace("[businesses.billing]", &format!("[businesses.{long}]")));
+        assert!(e.contains("at most 255 bytes"), "{e}");
+        // 255 bytes is still fine.
+        let ok = "y".repeat(255);
+        load_str(&business("").replace("routing_key = \"r\"", &format!("routing_key = \"{ok}\"")))
+            .unwrap();
+    }
+
+    #[test]
+    fn durations_beyond_their_stated_maximum_are_refused() {
+        for (field, value) in [
+            ("lease", "300y"),
+            ("lease", "2days"),
+            ("shutdown_timeout", "100000000y"),
+            ("poll_interval", "100000000y"),
+            ("watchdog_interval", "2h"),
+            ("retry_backoff", "10000y"),
+            ("retry_backoff_max", "10000y"),
+        ] {
+            let e = err_of(&business(&format!("{field} = \"{value}\"")));
+            assert!(
+                e.contains(&format!(
+                    "business \"billing\", field \"{field}\" must be at most"
+                )),
+                "{field} = {value}: {e}"
+            );
+        }
+        let e = err_of(&business("member = \"id\"\ndedup_window = \"100000000y\""));
+        assert!(e.contains("field \"dedup_window\" must be at most"), "{e}");
+        let e = amqp_err("url = \"amqp://h/%2f\"\nconnect_timeout = \"100000000y\"");
+        assert!(
+            e.contains("[amqp] field \"connect_timeout\" must be at most"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn key_families_that_overlap_are_refused() {
+        for other in ["{k}:dead", "{k}:inflight", "{k}:meta", "{k}:body", "{k}"] {
+            let body = format!(
+                "{}\n[businesses.zeta]\nkey = \"{other}\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+                business("")
+            );
+            let e = err_of(&body);
+            assert!(
+                e.contains("\"billing\"") && e.contains("\"zeta\"") && e.contains("overlap"),
+                "{other}: {e}"
+            );
+        }
+        // A shard key of one business is another's key.
+        let body = format!(
+            "{}\n[businesses.zeta]\nkey = \"k:1\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+            business("shards = 2")
+        );
+        assert!(err_of(&body).contains("overlap"));
+    }
+
+    #[test]
+    fn no_form_of_url_shows_its_password() {
+        for (url, secret) in [
+            ("redis+unix:///run/redis.sock?db=0&pass=s3cr3t", "s3cr3t"),
+            ("redis://127.0.0.1:6379/0?password=s3cr3t", "s3cr3t"),
+            ("redis://:pa/ss@127.0.0.1:6379/0", "pa/ss"),
+            ("redis://user:p?w#d@127.0.0.1/0", "p?w#d"),
+            ("amqp://guest:p@ss@host:5672/%2f", "p@ss"),
+            ("amqp://guest:x,y@host:5672/%2f", "x,y"),
+        ] {
+            let shown = redact_url(url);
+            assert!(!shown.contains(secret), "{url} shown as {shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_bad_url_error_does_not_echo_its_password() {
+        for (section, url) in [
+            ("redis", "redis://:pa/ss@127.0.0.1:6379/0"),
+            ("redis", "redis://u:pa ss@127.0.0.1:6379/0"),
+            ("amqp", "amqp://guest:pa/ss@127.0.0.1:5672/%2f"),
+        ] {
+            let body = business("").replace(
+                if section == "redis" {
+                    "redis://127.0.0.1:6379/0"
+                } else {
+                    "amqp://guest:secret@127.0.0.1:5672/%2f"
+                },
+                url,
+            );
+            match load_str(&body) {
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(
+                        !e.contains("pa/ss") && !e.contains("pa ss") && !e.contains("ss@"),
+                        "{e}"
+                    );
+                }
+                Ok(c) => {
+                    let shown = format!("{:?} {:?}", c.redis, c.amqp);
+                    assert!(!shown.contains("pa/ss"), "{shown}");
+                }
+            }
+        }
     }
 }

@@ -96,6 +96,82 @@ pub fn slot_range(i: usize, shards: usize) -> (u16, u16) {
     (lo, hi)
 }
 
+/// `{K}`, or `K` when it already carries a hash tag: what every helper key
+/// of `K` starts with, so all of them share `K`'s cluster slot.
+fn helper_base(key: &str) -> String {
+    if has_hash_tag(key) {
+        key.to_string()
+    } else {
+        format!("{{{key}}}")
+    }
+}
+
+/// The names of every key that belongs to one producer key `K`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFamily {
+    /// `K`: pending members, score = due time.
+    pub pending: String,
+    /// Claimed, awaiting the broker: score = lease deadline (ms), whose
+    /// fraction (n/1024) is the tag of the claim that holds the member.
+    pub inflight: String,
+    /// Retried, released and recovered members: `attempts:due_ms:score`.
+    pub meta: String,
+    /// One record per claim: the due times of its first attempts, needed
+    /// only to recover them if the claiming process dies.
+    pub claims: String,
+    /// Given up: score = when it died (ms).
+    pub dead: String,
+    /// Why each dead member died.
+    pub reasons: String,
+    /// Id mode: task id -> body, for pending, in-flight and dead ids.
+    pub body: String,
+    /// Id mode with `dedup_window`: ids delivered lately, score = when
+    /// (epoch ms); trimmed to the window, so it holds only recent ids.
+    pub delivered: String,
+}
+
+impl KeyFamily {
+    /// Derives the helper keys so they hash to the same cluster slot as `key`:
+    /// `{K}:suffix`, or `K:suffix` when `K` already carries a hash tag.
+    pub fn new(key: &str) -> Self {
+        let base = helper_base(key);
+        Self {
+            pending: key.to_string(),
+            inflight: format!("{base}:inflight"),
+            meta: format!("{base}:meta"),
+            claims: format!("{base}:claims"),
+            dead: format!("{base}:dead"),
+            reasons: format!("{base}:dead-reason"),
+            body: format!("{base}:body"),
+            delivered: format!("{base}:delivered"),
+        }
+    }
+
+    /// The shared `max_rate` budget of a business whose base key is this
+    /// family's `K` (`max_rate_scope = "cluster"`).
+    pub fn rate(&self) -> String {
+        format!("{}:rate", self.base())
+    }
+
+    fn base(&self) -> String {
+        helper_base(&self.pending)
+    }
+
+    /// Every key of the family, for clean-up in tests and benchmarks.
+    pub fn all(&self) -> Vec<&str> {
+        vec![
+            &self.pending,
+            &self.inflight,
+            &self.meta,
+            &self.claims,
+            &self.dead,
+            &self.reasons,
+            &self.body,
+            &self.delivered,
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

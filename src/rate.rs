@@ -13,7 +13,6 @@ use std::time::Duration;
 use redis::Script;
 
 use crate::config::{Business, RateScope};
-use crate::keys::has_hash_tag;
 use crate::redis_conn::{script, RedisConn};
 use crate::store::StoreError;
 
@@ -25,11 +24,7 @@ type ProcessBucket = governor::DefaultDirectRateLimiter;
 /// The Redis key of a business's shared budget: `{K}:rate`, or `K:rate`
 /// when `K` carries a hash tag, beside the family of an unsharded `K`.
 pub fn rate_key(key: &str) -> String {
-    if has_hash_tag(key) {
-        format!("{key}:rate")
-    } else {
-        format!("{{{key}}}:rate")
-    }
+    crate::keys::KeyFamily::new(key).rate()
 }
 
 /// What a take from the budget gave.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::Script;
 
 use crate::config::{MemberMode, ScoreUnit};
-use crate::keys::has_hash_tag;
+pub use crate::keys::KeyFamily;
 use crate::redis_conn::{script, RedisConn};
 
 /// A Redis failure, as seen by a scanner or a command.
@@ -30,66 +30,6 @@ impl StoreError {
         // Inside a script the WRONGTYPE code arrives wrapped in the script
         // error, so the message is the only reliable sign.
         matches!(self, StoreError::Redis(e) if e.to_string().contains("WRONGTYPE"))
-    }
-}
-
-/// The names of every key that belongs to one producer key `K`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyFamily {
-    /// `K`: pending members, score = due time.
-    pub pending: String,
-    /// Claimed, awaiting the broker: score = lease deadline (ms), whose
-    /// fraction (n/1024) is the tag of the claim that holds the member.
-    pub inflight: String,
-    /// Retried, released and recovered members: `attempts:due_ms:score`.
-    pub meta: String,
-    /// One record per claim: the due times of its first attempts, needed
-    /// only to recover them if the claiming process dies.
-    pub claims: String,
-    /// Given up: score = when it died (ms).
-    pub dead: String,
-    /// Why each dead member died.
-    pub reasons: String,
-    /// Id mode: task id -> body, for pending, in-flight and dead ids.
-    pub body: String,
-    /// Id mode with `dedup_window`: ids delivered lately, score = when
-    /// (epoch ms); trimmed to the window, so it holds only recent ids.
-    pub delivered: String,
-}
-
-impl KeyFamily {
-    /// Derives the helper keys so they hash to the same cluster slot as `key`:
-    /// `{K}:suffix`, or `K:suffix` when `K` already carries a hash tag.
-    pub fn new(key: &str) -> Self {
-        let base = if has_hash_tag(key) {
-            key.to_string()
-        } else {
-            format!("{{{key}}}")
-        };
-        Self {
-            pending: key.to_string(),
-            inflight: format!("{base}:inflight"),
-            meta: format!("{base}:meta"),
-            claims: format!("{base}:claims"),
-            dead: format!("{base}:dead"),
-            reasons: format!("{base}:dead-reason"),
-            body: format!("{base}:body"),
-            delivered: format!("{base}:delivered"),
-        }
-    }
-
-    /// Every key of the family, for clean-up in tests and benchmarks.
-    pub fn all(&self) -> Vec<&str> {
-        vec![
-            &self.pending,
-            &self.inflight,
-            &self.meta,
-            &self.claims,
-            &self.dead,
-            &self.reasons,
-            &self.body,
-            &self.delivered,
-        ]
     }
 }
 

@@ -151,7 +151,7 @@ pub fn parse_uri(url: &SecretUrl) -> Result<AMQPUri, AmqpError> {
         .parse()
         .map_err(|reason: String| AmqpError::Url {
             url: url.redacted(),
-            reason: crate::config::redact_url(&reason),
+            reason: crate::config::url_reason(url.expose(), &reason),
         })?;
     if uri.query.heartbeat.is_none() {
         uri.query.heartbeat = Some(10);

@@ -20,11 +20,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `delayd run --config path`, logging to a file beside the config.
     pub fn start(config: &Path) -> Self {
+        Self::start_with_env(config, &[])
+    }
+
+    /// Like [`Daemon::start`], with extra environment variables.
+    pub fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Self {
         let log = config.with_extension(format!("{}.log", rand::random::<u32>()));
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new(daemon_bin())
             .args(["run", "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -86,8 +92,14 @@ impl Drop for Daemon {
 
 /// Runs the binary with arguments and returns (exit code, stdout, stderr).
 pub fn delayd(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_delayd"))
+    delayd_with_env(args, &[])
+}
+
+/// Like [`delayd`], with extra environment variables.
+pub fn delayd_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(daemon_bin())
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("cannot run delayd");
