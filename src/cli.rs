@@ -169,9 +169,9 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             let cfg = config::load(&c.config)?;
             crate::telemetry::init_logging(cfg.log_format, &cfg.log_level);
             crate::supervisor::run(cfg).await.map_err(|e| match e {
-                crate::supervisor::RunError::Amqp(_) | crate::supervisor::RunError::Redis(_) => {
-                    Failure::usage(e.to_string())
-                }
+                crate::supervisor::RunError::Amqp(_)
+                | crate::supervisor::RunError::Redis(_)
+                | crate::supervisor::RunError::UnreadKeys(_) => Failure::usage(e.to_string()),
                 other => Failure::runtime(other.to_string()),
             })
         }
@@ -377,6 +377,26 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
                 }
             }
         }
+        if let Some(conn) = &redis {
+            match crate::unread::find(conn, b).await {
+                Ok(found) if found.is_empty() => {}
+                Ok(found) if b.ignore_unread_keys => {
+                    println!(
+                        "business  {}: WARNING: {}",
+                        b.name,
+                        crate::unread::describe(b, &found)
+                    );
+                }
+                Ok(found) => {
+                    failed = true;
+                    notes.push(crate::unread::describe(b, &found));
+                }
+                Err(e) => {
+                    failed = true;
+                    notes.push(format!("cannot look for unread keys: {e}"));
+                }
+            }
+        }
         if let Some(conn) = &amqp {
             match crate::amqp::exchange_exists(conn, &b.exchange).await {
                 Ok(()) => {}
@@ -417,6 +437,12 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
             }
             for w in warnings {
                 println!("business  {}: WARNING: {w}", b.name);
+            }
+            if b.shards > 1 && b.shard_names == crate::keys::ShardNames::Index {
+                println!(
+                    "business  {}: note: on a cluster, shard_names = \"spread\" gives each shard its own slot range, so the shards spread over the masters (producers then write the names `delayd shards {}` prints)",
+                    b.name, b.name
+                );
             }
         }
     }

@@ -456,6 +456,9 @@ pub struct Business {
     pub shards: usize,
     /// How the shards' keys are named.
     pub shard_names: ShardNames,
+    /// Start even when members wait under key names this business does not
+    /// read (see [`crate::unread`]), with a warning instead of a refusal.
+    pub ignore_unread_keys: bool,
     /// Publish with `delivery_mode = 2`.
     pub persistent: bool,
     /// `content_type` property, when set.
@@ -550,6 +553,7 @@ struct RawBusiness {
     score_unit: Option<String>,
     shards: Option<i64>,
     shard_names: Option<String>,
+    ignore_unread_keys: Option<bool>,
     persistent: Option<bool>,
     content_type: Option<String>,
     properties: Option<String>,
@@ -1219,7 +1223,8 @@ fn validate_business(
         ));
     }
     let shard_names = match rb.shard_names.as_deref() {
-        None if mode == RedisMode::Cluster => ShardNames::Spread,
+        // One default in every mode: a producer's key names must not
+        // depend on where Redis runs.
         None | Some("index") => ShardNames::Index,
         Some("spread") => ShardNames::Spread,
         Some(other) => {
@@ -1349,6 +1354,7 @@ fn validate_business(
         score_unit,
         shards,
         shard_names,
+        ignore_unread_keys: rb.ignore_unread_keys.unwrap_or(false),
         persistent: rb.persistent.unwrap_or(true),
         content_type: rb.content_type.filter(|c| !c.is_empty()),
         properties,
@@ -1912,7 +1918,7 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
     }
 
     #[test]
-    fn cluster_takes_url_and_urls_as_seeds_and_spreads_shards() {
+    fn cluster_takes_url_and_urls_as_seeds_and_names_shards_as_everywhere() {
         let c = load_str(&redis_section(
             "mode = \"cluster\"\nurl = \"redis://a:7000\"\nurls = [\"redis://b:7000\"]",
         ))
@@ -1923,8 +1929,9 @@ url = "amqp://guest:secret@127.0.0.1:5672/%2f"
                 .replace("routing_key = \"r\"", "routing_key = \"r\"\nshards = 3"),
         )
         .unwrap();
-        assert_eq!(c.businesses[0].shard_names, ShardNames::Spread);
-        assert!(c.businesses[0].keys()[0].starts_with("k:{s0."));
+        // The names do not depend on the Redis mode; spread is a choice.
+        assert_eq!(c.businesses[0].shard_names, ShardNames::Index);
+        assert_eq!(c.businesses[0].keys()[0], "k:0");
     }
 
     #[test]

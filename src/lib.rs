@@ -18,6 +18,7 @@
 //! - [`tasks`]: one task addressed by its member (id or body): look up,
 //!   cancel, reschedule, list;
 //! - [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...);
+//! - [`unread`]: members under key names a business does not read;
 //! - [`bench`]: `delayd bench`, measured against the raw broker ceiling.
 
 pub mod amqp;
@@ -33,3 +34,4 @@ pub mod supervisor;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;
+pub mod unread;

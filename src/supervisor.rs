@@ -29,9 +29,32 @@ pub enum RunError {
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// Members wait under key names a business does not read.
+    #[error("{0}")]
+    UnreadKeys(String),
     /// The HTTP listener could not bind.
     #[error("[http] listen {0}: {1}; choose a free address or set listen = \"off\"")]
     Http(std::net::SocketAddr, std::io::Error),
+}
+
+/// Refuses to start while members wait under key names a business does not
+/// read, unless it says `ignore_unread_keys`; then it warns. A lookup that
+/// fails (Redis going away at this moment) is logged and does not hold up
+/// the start: the names are checked again at the next one.
+async fn refuse_unread_keys(config: &Config, conn: &RedisConn) -> Result<(), RunError> {
+    for b in &config.businesses {
+        match crate::unread::find(conn, b).await {
+            Ok(found) if found.is_empty() => {}
+            Ok(found) if b.ignore_unread_keys => {
+                tracing::warn!(business = %b.name, "{}", crate::unread::describe(b, &found));
+            }
+            Ok(found) => return Err(RunError::UnreadKeys(crate::unread::describe(b, &found))),
+            Err(e) => {
+                tracing::warn!(business = %b.name, error = %e, "could not look for members under key names this business does not read");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Connects to Redis in the configured mode, retrying with backoff until
@@ -123,6 +146,13 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         conn_stop.cancel();
         return Ok(());
     };
+
+    if let Err(e) = refuse_unread_keys(&config, &conn).await {
+        stop.cancel();
+        conn_stop.cancel();
+        signal_task.abort();
+        return Err(e);
+    }
 
     let mut lanes = Vec::new();
     for b in &config.businesses {

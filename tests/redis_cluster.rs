@@ -310,8 +310,12 @@ async fn family_empty(conn: &mut impl ConnectionLike, key: &str) -> bool {
 async fn sharded_drain_spreads_over_masters_and_delivers_exactly_once() {
     let _turn = SERIAL.lock().await;
     let c = cluster();
-    let f = flow("spread", "shards = 6\nscanners = 2").await;
-    // The default cluster naming puts two of six shards on each master.
+    let f = flow(
+        "spread",
+        "shards = 6\nshard_names = \"spread\"\nscanners = 2",
+    )
+    .await;
+    // The spread naming puts two of six shards on each master.
     let mut per_master: HashMap<u16, usize> = HashMap::new();
     for k in &f.keys {
         *per_master
@@ -338,10 +342,33 @@ async fn sharded_drain_spreads_over_masters_and_delivers_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_business_reads_the_documented_index_names_on_a_cluster_too() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    // No shard_names: the same names as on a standalone server.
+    let f = flow("indexnames", "shards = 6\nscanners = 1").await;
+    let want: Vec<String> = (0..6).map(|i| format!("{}:{i}", f.b.key)).collect();
+    assert_eq!(f.keys, want, "the documented K:0 .. K:5");
+    let mut conn = c.conn().await;
+    f.schedule(&mut conn, 200, Duration::ZERO).await;
+    let daemon = Daemon::start(&f.config);
+    f.wait_all(200, Duration::from_secs(60), &daemon).await;
+    f.inbox.settle(Duration::from_millis(500)).await;
+    let seen = counts(&f.inbox);
+    assert_eq!(seen.len(), 1200, "every member of the six documented keys");
+    assert!(seen.values().all(|n| *n == 1), "a member arrived twice");
+    f.assert_empty(&mut conn).await;
+    // And check says spread names would use every master.
+    let (code, out, _) = delayd(&["check", "--config", f.config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("shard_names = \"spread\""), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_prints_placement_and_shards_prints_the_names() {
     let _turn = SERIAL.lock().await;
     let c = cluster();
-    let f = flow("placement", "shards = 3").await;
+    let f = flow("placement", "shards = 3\nshard_names = \"spread\"").await;
     let cfg = f.config.to_str().unwrap();
     let (code, out, err) = delayd(&["shards", "--config", cfg, &f.b.name]);
     assert_eq!(code, 0, "{err}");
@@ -400,7 +427,11 @@ async fn check_prints_placement_and_shards_prints_the_names() {
 async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
     let _turn = SERIAL.lock().await;
     let c = cluster();
-    let f = flow("kill", "shards = 3\nlease = \"3s\"").await;
+    let f = flow(
+        "kill",
+        "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"",
+    )
+    .await;
     let mut conn = c.conn().await;
     f.schedule(&mut conn, 1000, Duration::from_secs(8)).await;
     let victim = c.master_of_slot(delayd::keys::slot(&f.keys[0])).await;
@@ -429,7 +460,11 @@ async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
 async fn manual_failover_mid_flow_loses_nothing() {
     let _turn = SERIAL.lock().await;
     let c = cluster();
-    let f = flow("failover", "shards = 3\nlease = \"3s\"").await;
+    let f = flow(
+        "failover",
+        "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"",
+    )
+    .await;
     let mut conn = c.conn().await;
     f.schedule(&mut conn, 1000, Duration::from_secs(6)).await;
     let master = c.master_of_slot(delayd::keys::slot(&f.keys[1])).await;
@@ -451,7 +486,7 @@ async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
     let c = cluster();
     let f = flow(
         "wake",
-        "shards = 3\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"",
+        "shards = 3\nshard_names = \"spread\"\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"",
     )
     .await;
     let mut conn = c.conn().await;
@@ -596,7 +631,7 @@ async fn two_processes_share_one_rate_across_shards_on_every_master() {
     let c = cluster();
     let f = flow(
         "rate",
-        "shards = 3\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"",
+        "shards = 3\nshard_names = \"spread\"\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"",
     )
     .await;
     let mut conn = c.conn().await;
@@ -664,7 +699,7 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
         std::fs::write(
             &config,
             format!(
-                "{}[amqp]\nurl = \"amqp://127.0.0.1:1/%2f\"\n[http]\nlisten = \"off\"\n[businesses.b]\nkey = \"{key}\"\nexchange = \"x\"\nrouting_key = \"r\"\nshards = {shards}\n",
+                "{}[amqp]\nurl = \"amqp://127.0.0.1:1/%2f\"\n[http]\nlisten = \"off\"\n[businesses.b]\nkey = \"{key}\"\nexchange = \"x\"\nrouting_key = \"r\"\nshards = {shards}\nshard_names = \"spread\"\n",
                 c.section()
             ),
         )
