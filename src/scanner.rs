@@ -609,14 +609,7 @@ async fn settle(
                         take(&mut held, &mut confirms, &mut batch, msg);
                     }
                 }
-                tracing::warn!(
-                    unconfirmed = held.len(),
-                    "shutdown_timeout reached with confirms still owed; handing those members back to pending"
-                );
-                for (_, h) in held.drain() {
-                    batch.add(h, Outcome::Release);
-                }
-                flush(&lane, &mut batch, Some(tokio::time::Instant::now())).await;
+                settle_at_deadline(&lane, &mut held, &mut confirms, &mut batch).await;
                 break;
             }
             msg = rx.recv(), if open => match msg {
@@ -647,6 +640,62 @@ async fn settle(
                 flush(&lane, &mut batch, deadline).await;
             }
         }
+    }
+}
+
+/// At the stop deadline: settles what the broker has confirmed, then hands
+/// back the rest, but only while Redis answers. A member the broker
+/// confirmed is acked (or, if that cannot be written, left in flight), never
+/// handed back; and a hand-back sent to a Redis that does not answer could
+/// run after the broker confirms those members too, so then they stay in
+/// flight and are recovered after their lease.
+async fn settle_at_deadline(
+    lane: &Lane,
+    held: &mut HashMap<u64, Holding>,
+    confirms: &mut Confirms,
+    batch: &mut Batch,
+) {
+    settle_ready(lane, held, confirms, batch);
+    flush(lane, batch, Some(tokio::time::Instant::now())).await;
+    // Confirms that came in while those writes waited.
+    settle_ready(lane, held, confirms, batch);
+    flush(lane, batch, Some(tokio::time::Instant::now())).await;
+    if held.is_empty() {
+        return;
+    }
+    let answers = tokio::time::timeout(Duration::from_secs(1), lane.store.head_due_ms())
+        .await
+        .is_ok_and(|r| r.is_ok());
+    if !answers {
+        tracing::warn!(
+            unconfirmed = held.len(),
+            "shutdown_timeout reached with confirms still owed and Redis not answering; those members stay in flight and are recovered after their lease"
+        );
+        return;
+    }
+    tracing::warn!(
+        unconfirmed = held.len(),
+        "shutdown_timeout reached with confirms still owed; handing those members back to pending"
+    );
+    for (_, h) in held.drain() {
+        batch.add(h, Outcome::Release);
+    }
+    flush(lane, batch, Some(tokio::time::Instant::now())).await;
+}
+
+/// Settles every confirm that has already resolved.
+fn settle_ready(
+    lane: &Lane,
+    held: &mut HashMap<u64, Holding>,
+    confirms: &mut Confirms,
+    batch: &mut Batch,
+) {
+    let mut ready = Vec::new();
+    while let Some(Some(r)) = confirms.next().now_or_never() {
+        ready.push(r);
+    }
+    if !ready.is_empty() {
+        settle_confirms(lane, held, batch, ready);
     }
 }
 

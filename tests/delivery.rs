@@ -480,3 +480,60 @@ async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once
         "the due write went out {late} ms after it was written"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis_server = PrivateRedis::new(dir.path());
+    redis_server.start();
+    let mut b = BusinessSpec::random("frozen");
+    b.extra = "shutdown_timeout = \"3s\"".into();
+    let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
+    let now = redis_now_ms(&mut s.redis).await as f64;
+    let n = 30_000usize;
+    let items: Vec<(f64, Vec<u8>)> = (0..n)
+        .map(|i| (now, format!("f{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut s.redis, &b.key, &items).await;
+    let mut d = Daemon::start(&s.config);
+    s.inboxes[0].wait_for(2000, Duration::from_secs(20)).await;
+    // Redis stops answering mid-drain and delayd is told to stop; Redis
+    // comes back 4.5 s later, after the 3 s shutdown_timeout, while delayd
+    // still writes what it owes.
+    redis_server.signal("STOP");
+    d.signal(15);
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    redis_server.signal("CONT");
+    let status = d.wait(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "log:\n{}", d.tail());
+    s.inboxes[0].settle(Duration::from_millis(1000)).await;
+    let delivered = s.inboxes[0].bodies();
+    let f = family(&b.key);
+    let pending: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&b.key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    let inflight: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&f.inflight)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut s.redis)
+        .await
+        .unwrap();
+    let both: Vec<&Vec<u8>> = pending.iter().filter(|m| delivered.contains(*m)).collect();
+    assert!(
+        both.is_empty(),
+        "{} members were delivered and put back as pending (each would go out twice); log:\n{}",
+        both.len(),
+        d.tail()
+    );
+    let accounted = delivered.len() + pending.len() + inflight.len();
+    assert!(
+        accounted >= n,
+        "{} members neither delivered nor in Redis",
+        n - accounted
+    );
+}

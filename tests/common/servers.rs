@@ -119,6 +119,15 @@ impl PrivateRedis {
         matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
     }
 
+    /// Sends `signal` (e.g. `STOP` to freeze the server, `CONT` to thaw it).
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("private Redis not running");
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status();
+    }
+
     /// SIGTERM (Redis flushes its AOF and exits) and waits; panics after 20 s.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
