@@ -354,12 +354,19 @@ async fn scan(
         // queues their frames in order and its I/O loop writes them in one
         // go, instead of one wake-up and round trip per message.
         let key = &lane.store.keys().pending;
-        let publishes = futures::future::join_all(
-            members
-                .iter()
-                .map(|(_, c)| amqp::publish(&ch, b, key, c, claim.now_ms)),
-        );
-        let results = match publish_or_give_up(publishes, broker, stop, drain_deadline).await {
+        let progress = AtomicU64::new(0);
+        let publishes = futures::future::join_all(members.iter().map(|(_, c)| {
+            let (progress, ch) = (&progress, &ch);
+            async move {
+                let r = amqp::publish(&ch, b, key, c, claim.now_ms).await;
+                progress.fetch_add(1, Ordering::Relaxed);
+                r
+            }
+        }));
+        let blocked = || broker.is_blocked();
+        let results = match publish_or_give_up(publishes, &progress, blocked, stop, drain_deadline)
+            .await
+        {
             Published::All(results) => results,
             Published::Stalled => {
                 // The frames never left: the connection is dead without
@@ -438,15 +445,20 @@ enum Published<T> {
 }
 
 /// Waits for a batch of publishes to be handed to the socket. A blocked
-/// broker is waited out, but never past the stop deadline.
+/// broker is waited out, but never past the stop deadline. The stall is
+/// measured from the last publish that went out (`progress` counts them),
+/// not from the batch's start: a slow link or credit flow that still moves
+/// frames must not have its batch handed back and published twice.
 async fn publish_or_give_up<F: std::future::Future>(
     publishes: F,
-    broker: &Broker,
+    progress: &AtomicU64,
+    blocked: impl Fn() -> bool,
     stop: &CancellationToken,
     drain_deadline: &tokio::sync::OnceCell<tokio::time::Instant>,
 ) -> Published<F::Output> {
     tokio::pin!(publishes);
     let mut stalled_since = tokio::time::Instant::now();
+    let mut seen = progress.load(Ordering::Relaxed);
     loop {
         let deadline = drain_deadline.get().copied();
         tokio::select! {
@@ -455,9 +467,11 @@ async fn publish_or_give_up<F: std::future::Future>(
             // A stop sets the deadline just before it cancels: look again.
             _ = stop.cancelled(), if deadline.is_none() && !stop.is_cancelled() => {}
             _ = tokio::time::sleep_until(stalled_since + PUBLISH_STALL) => {
-                if !broker.is_blocked() {
+                let now_seen = progress.load(Ordering::Relaxed);
+                if now_seen == seen && !blocked() {
                     return Published::Stalled;
                 }
+                seen = now_seen;
                 stalled_since = tokio::time::Instant::now();
             }
         }
@@ -1311,5 +1325,53 @@ pub async fn sweep(lane: Arc<Lane>, stop: CancellationToken) {
             }
             Err(e) => tracing::debug!(error = %e, "body sweep failed; trying again next interval"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of `n` publishes, one going out every `every`.
+    async fn trickle(n: u64, every: Duration, progress: &AtomicU64) -> u64 {
+        for _ in 0..n {
+            tokio::time::sleep(every).await;
+            progress.fetch_add(1, Ordering::Relaxed);
+        }
+        n
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_keeps_moving_is_never_declared_stalled() {
+        let progress = AtomicU64::new(0);
+        let stop = CancellationToken::new();
+        let deadline = tokio::sync::OnceCell::new();
+        // 90 s in all, far past PUBLISH_STALL, but a publish every 5 s.
+        let batch = trickle(18, Duration::from_secs(5), &progress);
+        let out = publish_or_give_up(batch, &progress, || false, &stop, &deadline).await;
+        assert!(
+            matches!(out, Published::All(18)),
+            "a moving batch was given up"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_stops_moving_is_declared_stalled_after_the_bound() {
+        let progress = AtomicU64::new(0);
+        let stop = CancellationToken::new();
+        let deadline = tokio::sync::OnceCell::new();
+        let start = tokio::time::Instant::now();
+        let batch = async {
+            trickle(3, Duration::from_secs(5), &progress).await;
+            std::future::pending::<u64>().await
+        };
+        let out = publish_or_give_up(batch, &progress, || false, &stop, &deadline).await;
+        assert!(matches!(out, Published::Stalled));
+        // The last publish went out at 15 s; nothing moved for 30 s after.
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_secs(45) && waited <= Duration::from_secs(61),
+            "{waited:?}"
+        );
     }
 }
