@@ -358,7 +358,7 @@ async fn scan(
         let publishes = futures::future::join_all(members.iter().map(|(_, c)| {
             let (progress, ch) = (&progress, &ch);
             async move {
-                let r = amqp::publish(&ch, b, key, c, claim.now_ms).await;
+                let r = amqp::publish(ch, b, key, c, claim.now_ms).await;
                 progress.fetch_add(1, Ordering::Relaxed);
                 r
             }
