@@ -290,7 +290,12 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
                     )
                     .await
                     {
-                        Ok(Ok(mut n)) => crate::store::keyspace_flags(&mut n).await,
+                        Ok(Ok(mut n)) => {
+                            if let Some(risk) = crate::store::eviction_risk(&mut n).await {
+                                println!("redis     {}: WARNING: {risk}", m.addr);
+                            }
+                            crate::store::keyspace_flags(&mut n).await
+                        }
                         _ => None,
                     },
                     Err(_) => None,

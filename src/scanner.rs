@@ -349,6 +349,15 @@ async fn scan(
             })
             .collect();
         let _ = tx.send(ToSettle::Claimed(info, members.clone()));
+        if stop.is_cancelled() {
+            // A claim that Redis answered after the stop (it was frozen, or
+            // slow): hand it back unpublished rather than publish it as the
+            // process leaves.
+            let _ = tx.send(ToSettle::Unpublished(
+                members.iter().map(|(s, _)| *s).collect(),
+            ));
+            continue;
+        }
 
         // Every publish of the batch is started before any is awaited: lapin
         // queues their frames in order and its I/O loop writes them in one
@@ -463,7 +472,10 @@ async fn publish_or_give_up<F: std::future::Future>(
         let deadline = drain_deadline.get().copied();
         tokio::select! {
             results = &mut publishes => return Published::All(results),
-            _ = sleep_until_opt(deadline) => return Published::Deadline,
+            // Only a blocked broker is given up on at the deadline: frames
+            // already handed to lapin go out, and their members must be
+            // settled by their confirms, not handed back.
+            _ = sleep_until_opt(deadline.filter(|_| blocked())) => return Published::Deadline,
             // A stop sets the deadline just before it cancels: look again.
             _ = stop.cancelled(), if deadline.is_none() && !stop.is_cancelled() => {}
             _ = tokio::time::sleep_until(stalled_since + PUBLISH_STALL) => {

@@ -45,6 +45,24 @@ pub async fn keyspace_flags<C: redis::aio::ConnectionLike>(conn: &mut C) -> Opti
         .and_then(|v| v.into_iter().nth(1))
 }
 
+/// Why a server's `maxmemory-policy` can lose delayd's work, if it can: an
+/// `allkeys-*` policy evicts any key under memory pressure, `K` and
+/// `{K}:inflight` included, without a word. `None` where it cannot, or where
+/// `CONFIG` is forbidden.
+pub async fn eviction_risk<C: redis::aio::ConnectionLike>(conn: &mut C) -> Option<String> {
+    let policy = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async::<Vec<String>>(conn)
+        .await
+        .ok()?
+        .into_iter()
+        .nth(1)?;
+    policy.starts_with("allkeys-").then(|| {
+        format!("maxmemory-policy is \"{policy}\": under memory pressure Redis may evict pending and in-flight work; use \"noeviction\" (or a volatile-* policy, since delayd's keys have no TTL)")
+    })
+}
+
 /// Whether `flags` publish the sorted-set keyspace events delayd wakes on.
 pub fn flags_notify_zsets(flags: &str) -> bool {
     flags.contains('K') && (flags.contains('z') || flags.contains('A'))

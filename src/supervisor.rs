@@ -456,7 +456,12 @@ async fn subscribe_node(
             match tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection())
                 .await
             {
-                Ok(Ok(mut c)) => crate::store::keyspace_flags(&mut c).await,
+                Ok(Ok(mut c)) => {
+                    if let Some(risk) = crate::store::eviction_risk(&mut c).await {
+                        tracing::warn!(node = %addr, "{risk}");
+                    }
+                    crate::store::keyspace_flags(&mut c).await
+                }
                 _ => {
                     if !sleep(backoff.next_delay()).await {
                         return;

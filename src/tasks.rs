@@ -12,10 +12,13 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::config::{Business, MemberMode, ScoreUnit};
+use crate::redis_conn::script;
 use crate::store::{KeyFamily, StoreError};
 
-static CANCEL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/cancel.lua")));
-static LIST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/list.lua")));
+// Registered like every other script, so that a `NOSCRIPT` from a restarted
+// or promoted node is answered with `EVAL` on that same node.
+static CANCEL: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/cancel.lua")));
+static LIST: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/list.lua")));
 
 /// Where a task is, as `delayd get` reports it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

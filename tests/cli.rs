@@ -394,3 +394,34 @@ async fn bench_prints_its_table_and_cleans_up_also_when_terminated() {
     assert!(err.contains("interrupted"), "{err}");
     assert_bench_left_nothing(&tag_of(&written), &written).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_the_start_log_warn_of_an_allkeys_eviction_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis_server = PrivateRedis::new(dir.path());
+    redis_server.start();
+    let mut conn = redis_at(&redis_server.url()).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let b = BusinessSpec::random("evict");
+    let c = Consumers::on(&amqp_url(), &[&b]).await;
+    let config = write_config(c.dir.path(), &redis_server.url(), &amqp_url(), &[&b]);
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "a warning, not a failure:\n{out}\n{err}");
+    assert!(
+        out.contains("WARNING: maxmemory-policy is \"allkeys-lru\""),
+        "{out}"
+    );
+    let d = Daemon::start(&config);
+    let warned = eventually(Duration::from_secs(10), || async {
+        d.logs().contains("maxmemory-policy is \\\"allkeys-lru\\\"")
+            || d.logs().contains("maxmemory-policy is \"allkeys-lru\"")
+    })
+    .await;
+    assert!(warned, "{}", d.logs());
+}

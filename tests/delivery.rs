@@ -537,3 +537,46 @@ async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
         n - accounted
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_within_their_bound_while_redis_is_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis_server = PrivateRedis::new(dir.path());
+    redis_server.start();
+    let mut b = BusinessSpec::random("scrape");
+    // Four keys, each read for the gauges.
+    b.extra = "shards = 4".into();
+    let c = Consumers::on(&amqp_url(), &[&b]).await;
+    let port = free_port(40000..45000, &[]);
+    let config = write_config_with(
+        c.dir.path(),
+        &redis_server.url(),
+        &format!("url = \"{}\"", amqp_url()),
+        &format!("127.0.0.1:{port}"),
+        &[&b],
+    );
+    let d = Daemon::start(&config);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+                .await
+                .unwrap()
+                .is_some_and(|(code, body)| code == 200 && body.contains("delayd_pending"))
+        })
+        .await,
+        "no metrics; log:\n{}",
+        d.tail()
+    );
+    redis_server.signal("STOP");
+    let start = std::time::Instant::now();
+    let got = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    redis_server.signal("CONT");
+    assert!(matches!(got, Some((200, _))), "{got:?}");
+    assert!(
+        took < Duration::from_secs(4),
+        "a scrape took {took:?} with Redis frozen"
+    );
+}
