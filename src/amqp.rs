@@ -172,7 +172,7 @@ async fn supervise(
         };
         match attempt {
             Ok(conn) => {
-                backoff.reset();
+                let connected_at = tokio::time::Instant::now();
                 failures_in_round = 0;
                 health.up();
                 tracing::info!(node = nodes.name(node), "connected to RabbitMQ");
@@ -221,6 +221,18 @@ async fn supervise(
                 conn_tx.send_replace(None);
                 METRICS.amqp_blocked.set(0);
                 blocked_tx.send_replace(false);
+                // A connection that lived a while was healthy: the next one
+                // is tried at once (after the failover pause). One the broker
+                // dropped soon after the handshake backs off like a refusal,
+                // or a broker that accepts and drops would be hammered.
+                if connected_at.elapsed() >= HEALTHY_CONNECTION {
+                    backoff.reset();
+                } else {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                }
                 if nodes.len() > 1 {
                     tracing::warn!(
                         lost = nodes.name(node),
@@ -252,6 +264,10 @@ async fn supervise(
         }
     }
 }
+
+/// How long a connection must have lived to count as healthy, so that the
+/// reconnect backoff starts over.
+const HEALTHY_CONNECTION: Duration = Duration::from_secs(30);
 
 /// A stable id for one scheduled delivery: the same key, member and due time
 /// always give the same id, so consumers can drop a redelivery after a crash.

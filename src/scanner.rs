@@ -182,7 +182,6 @@ async fn scan(
                         tracing::info!("channel open again; publishing resumes");
                     }
                     channel_error_logged = false;
-                    amqp_backoff.reset();
                     channel = Some(c);
                 }
                 Some(Err(e)) => {
@@ -421,14 +420,22 @@ async fn scan(
             }
         }
         if let Some(e) = first_error {
-            if let Some(reason) = topology_error(&e) {
-                lane.pause.pause(&b.name, &reason);
+            let topology = topology_error(&e);
+            if let Some(reason) = &topology {
+                lane.pause.pause(&b.name, reason);
             } else if !channel_error_logged {
                 tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
                 channel_error_logged = true;
             }
             let _ = tx.send(ToSettle::Unpublished(unpublished));
+            // Any other broker error is retried with backoff, not at once:
+            // one that repeats would otherwise spin.
+            if topology.is_none() && !sleep_or_stop(amqp_backoff.next_delay()).await {
+                break;
+            }
             channel = None;
+        } else {
+            amqp_backoff.reset();
         }
         METRICS
             .published
