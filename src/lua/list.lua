@@ -45,21 +45,21 @@ else
       items[#items + 1] = got[i + 1]
     end
   else
-    -- It was claimed, cancelled or moved since: start at its score and
-    -- skip the members at that score that sort before it.
-    local csn, offset, chunk = num(cs), 0, n + 64
-    while #items < 2 * (n + 1) do
-      local got = redis.call('ZRANGE', KEYS[1], cs, hi, 'BYSCORE', 'LIMIT', offset, chunk,
-        'WITHSCORES')
-      for i = 1, #got, 2 do
-        if #items >= 2 * (n + 1) then break end
-        if num(got[i + 1]) > csn or after(got[i], cm) then
-          items[#items + 1] = got[i]
-          items[#items + 1] = got[i + 1]
-        end
-      end
-      if #got < 2 * chunk then break end
-      offset = offset + chunk
+    -- It was claimed, cancelled or moved since: find the first member
+    -- after it in Redis's order by a binary search over the ranks of its
+    -- score's members, O(log N) calls of O(log N), however many share it.
+    local a = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. cs)
+    local b = a + redis.call('ZCOUNT', KEYS[1], cs, cs)
+    while a < b do
+      local mid = math.floor((a + b) / 2)
+      local m = redis.call('ZRANGE', KEYS[1], mid, mid)[1]
+      if after(m, cm) then b = mid else a = mid + 1 end
+    end
+    local got = redis.call('ZRANGE', KEYS[1], a, a + n, 'WITHSCORES')
+    for i = 1, #got, 2 do
+      if num(got[i + 1]) > hin then break end
+      items[#items + 1] = got[i]
+      items[#items + 1] = got[i + 1]
     end
   end
 end
