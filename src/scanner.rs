@@ -1312,20 +1312,34 @@ pub const BODY_PASS: Duration = Duration::from_secs(600);
 pub async fn sweep(lane: Arc<Lane>, stop: CancellationToken) {
     let every = sweep_interval(lane.business.lease);
     let (mut body_cursor, mut body_len) = ("0".to_string(), 0u64);
+    let (mut meta_cursor, mut meta_len) = ("0".to_string(), 0u64);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        match lane.store.sweep(lane.business.lease).await {
-            Ok(out) if out.meta + out.records > 0 => tracing::debug!(
-                business = %lane.business.name,
-                key = %lane.store.keys().pending,
-                stale_meta = out.meta,
-                orphan_records = out.records,
-                "swept state nothing needs any more"
-            ),
-            Ok(_) => {}
+        // Like the bodies, a pass over the retry state is spread over the
+        // sweeps of BODY_PASS, at least 2000 entries per sweep.
+        let share = (meta_len as u128 * every.as_millis() / BODY_PASS.as_millis()) as u64;
+        let lease = lane.business.lease;
+        match lane
+            .store
+            .sweep_slice(&meta_cursor, share.max(2000), lease)
+            .await
+        {
+            Ok((next, out, len)) => {
+                if out.meta + out.records > 0 {
+                    tracing::debug!(
+                        business = %lane.business.name,
+                        key = %lane.store.keys().pending,
+                        stale_meta = out.meta,
+                        orphan_records = out.records,
+                        "swept state nothing needs any more"
+                    );
+                }
+                meta_cursor = next;
+                meta_len = len;
+            }
             Err(e) => tracing::debug!(error = %e, "sweep failed; trying again next interval"),
         }
         let share = (body_len as u128 * every.as_millis() / BODY_PASS.as_millis()) as u64;

@@ -465,11 +465,36 @@ impl Store {
     /// what no member needs any more (cancelled or re-added members, records
     /// whose settle write was lost). A few hundred fields per call.
     pub async fn sweep(&self, lease: Duration) -> Result<SweepOutcome, StoreError> {
-        let mut conn = self.conn.clone();
         let mut out = SweepOutcome::default();
         let mut cursor = "0".to_string();
         loop {
-            let (next, meta, records): (String, u64, u64) = SWEEP
+            let (next, slice, _) = self.sweep_slice(&cursor, 200, lease).await?;
+            out.meta += slice.meta;
+            out.records += slice.records;
+            if next == "0" {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
+    /// One stretch of a sweep pass from `cursor`, looking at about `budget`
+    /// retry-state entries (200 per call), so that after a nack storm a pass
+    /// is spread over several sweeps instead of reading the whole hash each
+    /// time. Returns the cursor to continue from (`"0"`: the pass is done),
+    /// what was deleted, and how many entries are left.
+    pub async fn sweep_slice(
+        &self,
+        cursor: &str,
+        budget: u64,
+        lease: Duration,
+    ) -> Result<(String, SweepOutcome, u64), StoreError> {
+        let mut conn = self.conn.clone();
+        let mut out = SweepOutcome::default();
+        let mut cursor = cursor.to_string();
+        let mut looked = 0;
+        loop {
+            let (next, meta, records, len): (String, u64, u64, u64) = SWEEP
                 .key(&self.keys.pending)
                 .key(&self.keys.inflight)
                 .key(&self.keys.meta)
@@ -481,8 +506,9 @@ impl Store {
                 .await?;
             out.meta += meta;
             out.records += records;
-            if next == "0" {
-                return Ok(out);
+            looked += 200;
+            if next == "0" || looked >= budget {
+                return Ok((next, out, len));
             }
             cursor = next;
         }

@@ -917,3 +917,41 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sweep_reads_a_bounded_slice_of_a_large_retry_state_and_a_pass_removes_it_all() {
+    let key = unique("test:metasweep");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    // 100,000 stale entries, as a nack storm followed by cancels leaves.
+    for chunk in (0..100_000).collect::<Vec<u32>>().chunks(5000) {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(&f.meta);
+        for i in chunk {
+            cmd.arg(format!("gone-{i}"))
+                .arg("1:1767323045000:1767323046000");
+        }
+        let _: i64 = cmd.query_async(&mut conn).await.unwrap();
+    }
+    let (mut cursor, out, left) = s.sweep_slice("0", 2000, LEASE).await.unwrap();
+    assert_ne!(cursor, "0", "one sweep must not read the whole hash");
+    assert!(
+        out.meta <= 2600,
+        "one sweep deleted {} entries: it read more than its slice",
+        out.meta
+    );
+    assert!(left >= 97_000, "{left} left after one slice");
+    let mut calls = 1;
+    while cursor != "0" {
+        let (next, _, _) = s.sweep_slice(&cursor, 2000, LEASE).await.unwrap();
+        cursor = next;
+        calls += 1;
+        assert!(calls < 200, "the pass never ended");
+    }
+    assert_eq!(
+        hlen(&mut conn, &f.meta).await,
+        0,
+        "a whole pass removes every stale entry"
+    );
+}

@@ -7,7 +7,8 @@
 -- ARGV[2] fields to look at per call
 -- ARGV[3] lease ms: records younger than this are never touched
 -- Returns {next cursor ('0' when the pass is done), meta deleted, records
--- deleted}. Cheap when idle: two EXISTS and nothing else.
+-- deleted, meta entries left (HLEN)}. Cheap when idle: two EXISTS and an
+-- HLEN.
 local now = now_ms()
 local count = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
@@ -65,4 +66,4 @@ if ARGV[1] == '0' and redis.call('EXISTS', KEYS[4]) == 1 then
     end
   end
 end
-return {cursor, metas_deleted, records_deleted}
+return {cursor, metas_deleted, records_deleted, redis.call('HLEN', KEYS[3])}
