@@ -407,27 +407,6 @@ async fn sigkill_mid_drain_then_restart_delivers_every_member() {
     assert_family_empty(&mut s.redis, &b.key).await;
 }
 
-/// Calls and microseconds of one command in `INFO commandstats`.
-async fn command_stats(conn: &mut redis::aio::MultiplexedConnection, cmd: &str) -> (u64, u64) {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{cmd}:");
-    let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else {
-        return (0, 0);
-    };
-    let field = |name: &str| -> u64 {
-        line[prefix.len()..]
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("calls"), field("usec"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once() {
     // A private server, so the counts are delayd's and this test's alone.

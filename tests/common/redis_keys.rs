@@ -132,3 +132,25 @@ pub async fn assert_family_empty(conn: &mut impl redis::aio::ConnectionLike, key
         assert_eq!(exists, 0, "{k} still exists after the drain");
     }
 }
+
+/// Calls and microseconds of one command in `INFO commandstats` (commands a
+/// script runs count too).
+pub async fn command_stats(conn: &mut redis::aio::MultiplexedConnection, cmd: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{cmd}:");
+    let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        line[prefix.len()..]
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
+}
