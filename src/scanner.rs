@@ -308,6 +308,17 @@ async fn scan(
                 "ids came due with no body in the body hash; moved to the dead set unpublished (schedule body and id in one MULTI)"
             );
         }
+        if claim.dead_lease_expired > 0 {
+            METRICS
+                .dead_lettered
+                .with_label_values(&[&b.name, "lease expired"])
+                .inc_by(claim.dead_lease_expired);
+            tracing::error!(
+                dead = claim.dead_lease_expired,
+                max_attempts = b.max_attempts,
+                "members whose lease expired on their last allowed attempt moved to the dead set (a process keeps dying or stalling on them); see delayd dead list"
+            );
+        }
         if claim.deduplicated > 0 {
             METRICS
                 .deduplicated

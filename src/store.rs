@@ -98,6 +98,10 @@ static DEAD_PURGE: LazyLock<Script> = lua!("dead_purge");
 const CALL_MEMBERS: usize = 2000;
 /// Most body bytes in one settle call, far below Redis's query buffer limit.
 const CALL_BYTES: usize = 8 << 20;
+/// Most member and body bytes one claim takes (it takes one member however
+/// large): a reply must be read well within the response timeout, or its
+/// members sit in flight for a lease and are claimed again, for ever.
+pub const CLAIM_BYTES: usize = 8 << 20;
 
 /// One claimed member.
 #[derive(Debug, Clone)]
@@ -143,6 +147,9 @@ pub struct Claim {
     /// Id mode: members dropped because they were delivered within the
     /// `dedup_window`.
     pub deduplicated: u64,
+    /// Recovered members whose expired lease was their last allowed attempt,
+    /// moved to the dead set (reason `lease expired after N attempts`).
+    pub dead_lease_expired: u64,
     /// The members now leased to the caller.
     pub members: Vec<Claimed>,
 }
@@ -294,6 +301,7 @@ pub struct Store {
     keys: KeyFamily,
     unit: ScoreUnit,
     member: MemberMode,
+    max_attempts: u32,
 }
 
 impl Store {
@@ -304,7 +312,15 @@ impl Store {
             keys,
             unit,
             member: MemberMode::Body,
+            max_attempts: crate::config::defaults::MAX_ATTEMPTS,
         }
+    }
+
+    /// The same store for a business that dead-letters a member after
+    /// `max_attempts`: the claim applies it to members whose lease expired.
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
     }
 
     /// The same store for a business whose members are `member` (body
@@ -349,6 +365,8 @@ impl Store {
             .arg(rand::random_range(1..1024u16))
             .arg(self.mode_args().0)
             .arg(self.mode_args().1)
+            .arg(CLAIM_BYTES)
+            .arg(self.max_attempts)
             .invoke_async(&mut conn)
             .await?;
         parse_claim(reply, self.member.is_id())
@@ -716,6 +734,7 @@ fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreEr
         .ok_or_else(|| StoreError::Reply(format!("claim tag {tag}")))?;
     let dead_no_body = int_of(it.next())? as u64;
     let deduplicated = int_of(it.next())? as u64;
+    let dead_lease_expired = int_of(it.next())? as u64;
     let rest: Vec<redis::Value> = it.collect();
     let mut members = Vec::with_capacity(rest.len() / 3);
     let mut rest = rest.into_iter();
@@ -749,6 +768,7 @@ fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreEr
         tag,
         dead_no_body,
         deduplicated,
+        dead_lease_expired,
         members,
     })
 }
@@ -777,6 +797,7 @@ mod tests {
             Int(tag),
             Int(dropped.0),
             Int(dropped.1),
+            Int(0),
         ];
         v.extend(rest);
         v

@@ -162,7 +162,8 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             lanes.push(Arc::new(Lane {
                 business: business.clone(),
                 store: Store::new(conn.clone(), KeyFamily::new(&key), b.score_unit)
-                    .with_member(b.member),
+                    .with_member(b.member)
+                    .with_max_attempts(b.max_attempts),
                 lead_wake: Notify::new(),
                 all_wake: Notify::new(),
                 notifications: AtomicBool::new(false),

@@ -397,6 +397,111 @@ async fn recovery_reads_only_the_records_it_needs_and_keeps_due_times() {
     del_family(&mut conn, &key).await;
 }
 
+/// A claim reply must be read well within the client's response timeout,
+/// so a claim takes at most 8 MiB of members (`store::CLAIM_BYTES`), and
+/// always at least one member, however large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_bounded_in_bytes_and_takes_at_least_one_member() {
+    const BOUND: usize = 8 << 20;
+    let key = unique("test:claimbytes");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let now = redis_now_ms(&mut conn).await;
+    // A 9 MiB member first, then twenty of 1 MiB.
+    let mut items = vec![((now - 100) as f64, vec![b'a'; 9 << 20])];
+    for i in 0..20u8 {
+        let mut m = vec![b'x'; 1 << 20];
+        m[0] = i;
+        items.push(((now - 50) as f64, m));
+    }
+    zadd_many(&mut conn, &key, &items).await;
+    let first = s.claim(256, LEASE).await.unwrap();
+    assert_eq!(first.members.len(), 1, "the large member is claimed alone");
+    assert_eq!(first.members[0].member.len(), 9 << 20);
+    let mut taken = 1;
+    while taken < 21 {
+        let c = s.claim(256, LEASE).await.unwrap();
+        let bytes: usize = c.members.iter().map(|m| m.member.len()).sum();
+        assert!(!c.members.is_empty(), "a claim with members due took none");
+        assert!(bytes <= BOUND, "one claim took {bytes} bytes");
+        taken += c.members.len();
+    }
+    assert_eq!(taken, 21);
+    del_family(&mut conn, &key).await;
+
+    // In id mode the bodies count: three 5 MiB bodies go one per claim.
+    let key = unique("test:claimbytes-id");
+    let s = store(&key)
+        .await
+        .with_member(delayd::config::MemberMode::Id { dedup_window: None });
+    let f = family(&key);
+    for i in 0..3 {
+        let id = format!("id-{i}");
+        let _: () = redis::cmd("HSET")
+            .arg(&f.body)
+            .arg(&id)
+            .arg(vec![b'b'; 5 << 20])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        zadd_many(&mut conn, &key, &[((now - 10) as f64, id.into_bytes())]).await;
+    }
+    for _ in 0..3 {
+        let c = s.claim(256, LEASE).await.unwrap();
+        assert_eq!(c.members.len(), 1, "one 5 MiB body per 8 MiB claim");
+        assert_eq!(c.members[0].body.as_ref().map(Vec::len), Some(5 << 20));
+    }
+    del_family(&mut conn, &key).await;
+}
+
+/// A member whose lease expires on every attempt (a reply too large to
+/// read in time, a process that dies on it) must not cycle for ever: once
+/// its expired attempts reach `max_attempts` (5 by default) the recovering
+/// claim moves it to the dead set with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lease_keeps_expiring_ends_in_the_dead_set_with_its_reason() {
+    let key = unique("test:expiring");
+    let s = store(&key).await;
+    let mut conn = redis().await;
+    let f = family(&key);
+    let lease = Duration::from_millis(40);
+    let now = redis_now_ms(&mut conn).await;
+    zadd_many(&mut conn, &key, &[((now - 10) as f64, b"poison".to_vec())]).await;
+    let mut attempts = Vec::new();
+    for _ in 0..10 {
+        let c = s.claim(10, lease).await.unwrap();
+        if let Some(m) = c.members.first() {
+            attempts.push(m.attempt);
+        }
+        // The claimer never settles: its lease runs out.
+        tokio::time::sleep(lease + Duration::from_millis(30)).await;
+    }
+    assert_eq!(
+        attempts,
+        vec![1, 2, 3, 4, 5],
+        "claimed once per allowed attempt"
+    );
+    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&f.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead, vec![b"poison".to_vec()]);
+    let reason: Option<String> = redis::cmd("HGET")
+        .arg(&f.reasons)
+        .arg("poison")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(reason.as_deref(), Some("lease expired after 5 attempts"));
+    assert_eq!(zcard(&mut conn, &key).await, 0);
+    assert_eq!(zcard(&mut conn, &f.inflight).await, 0);
+    assert_eq!(hlen(&mut conn, &f.meta).await, 0);
+    del_family(&mut conn, &key).await;
+}
+
 /// A flow where routed and unroutable members alternate within every batch:
 /// a headers exchange routes only the members whose `x-delayd-due` is bound
 /// (`all-with-x`: plain `all` ignores headers that start with `x-`).

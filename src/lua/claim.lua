@@ -19,9 +19,14 @@
 -- ARGV[5] a random claim tag, 1..1023
 -- ARGV[6] '1' in id mode (members are ids, bodies in KEYS[5]), else '0'
 -- ARGV[7] dedup window ms (id mode; 0 for none)
+-- ARGV[8] most bytes of members (and, in id mode, bodies) to claim; at
+--         least one member is claimed however large (0 for no bound)
+-- ARGV[9] max attempts: a recovered member whose expired lease was its
+--         last allowed attempt goes to the dead set, reason 'lease expired
+--         after N attempts', instead of back to K (0 for no bound)
 -- Returns {now_ms, next_due_ms or -1, recovered, record id or '', tag,
 -- dead for want of a body, dropped as delivered within the window,
--- m1, due1, attempt1, m2, ...}, and in id mode each member's body after
+-- dead because their lease kept expiring, m1, due1, attempt1, m2, ...}, and in id mode each member's body after
 -- its attempt (m1, due1, attempt1, body1, ...); each due is an integer or
 -- its decimal digits. In id mode a member with no body is never leased:
 -- it goes to the dead set with the reason 'no body'; one delivered within
@@ -39,6 +44,8 @@ local unit = tonumber(ARGV[3])
 local tag = tonumber(ARGV[5])
 local id_mode = ARGV[6] == '1'
 local window = tonumber(ARGV[7]) or 0
+local max_bytes = tonumber(ARGV[8]) or 0
+local max_attempts = tonumber(ARGV[9]) or 0
 local fmt = '%.17g'
 -- Lua's unpack is bounded by the C stack; stay well below it.
 local CHUNK = 1000
@@ -48,6 +55,19 @@ local function batched(cmd, key, list, per)
     local j = math.min(#list, i + CHUNK * per - 1)
     redis.call(cmd, key, unpack(list, i, j))
   end
+end
+
+-- How many of the first n members fit in max_bytes (at least one): a reply
+-- too large to read before the client's timeout would leave its members in
+-- flight, recovered and claimed again, for ever.
+local function fitting(n, size_of)
+  if max_bytes <= 0 then return n end
+  local total = 0
+  for i = 1, n do
+    total = total + size_of(i)
+    if total > max_bytes and i > 1 then return i - 1 end
+  end
+  return n
 end
 
 local function score_of(due_ms)
@@ -62,7 +82,7 @@ local function parse_meta(v)
   return tonumber(a), d, s
 end
 
-local recovered = 0
+local recovered, dead_expired = 0, 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 if #expired > 0 then
   local members, tags, metas, need = {}, {}, {}, {}
@@ -116,9 +136,16 @@ if #expired > 0 then
     end
     due = tonumber(due) or now
     local score = score_of(due)
+    if max_attempts > 0 and attempts >= max_attempts and not redis.call('ZSCORE', KEYS[1], m) then
+      -- Its lease keeps expiring (a member too large to read in time, a
+      -- process that dies on it): it stops here, with why.
+      redis.call('ZADD', KEYS[7], now, m)
+      redis.call('HSET', KEYS[8], m, 'lease expired after ' .. attempts .. ' attempts')
+      redis.call('HDEL', KEYS[3], m)
+      dead_expired = dead_expired + 1
     -- NX: a producer that rescheduled the member meanwhile wins, and its
     -- copy starts afresh.
-    if redis.call('ZADD', KEYS[1], 'NX', score, m) == 1 then
+    elseif redis.call('ZADD', KEYS[1], 'NX', score, m) == 1 then
       redis.call('HSET', KEYS[3], m, attempts .. ':' .. string.format('%.0f', due) .. ':' .. score)
     else
       redis.call('HDEL', KEYS[3], m)
@@ -145,12 +172,15 @@ if #expired > 0 then
   end
 end
 
-local out = {now, -1, recovered, '', tag, 0, 0}
+local out = {now, -1, recovered, '', tag, 0, 0, dead_expired}
 local claimed = 0
 if limit > 0 then
   local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format(fmt, now / unit),
     'WITHSCORES', 'LIMIT', 0, limit)
   claimed = #items / 2
+  if not id_mode then
+    claimed = fitting(claimed, function(i) return #items[2 * i - 1] end)
+  end
   if claimed > 0 then
     -- A claim id must not name a live record: move to the next tag if it does.
     local id = string.format('%.0f', now) .. ':' .. tag
@@ -165,7 +195,7 @@ if limit > 0 then
     -- printed once, and due times pass through as the strings Redis gave.
     local deadline = inflight_score(now + lease, tag)
     local members, leased = {}, {}
-    for i = 1, #items, 2 do
+    for i = 1, 2 * claimed, 2 do
       members[#members + 1] = items[i]
     end
     -- Id mode: the bodies travel with the claim, read in the same call, so
@@ -176,6 +206,12 @@ if limit > 0 then
         local j = math.min(#members, i + CHUNK - 1)
         local v = redis.call('HMGET', KEYS[5], unpack(members, i, j))
         for k = 1, #v do bodies[i + k - 1] = v[k] end
+      end
+      claimed = fitting(claimed, function(i)
+        return #members[i] + (bodies[i] and #bodies[i] or 0)
+      end)
+      for i = claimed + 1, #members do
+        members[i], bodies[i] = nil, nil
       end
       if window > 0 and redis.call('EXISTS', KEYS[6]) == 1 then
         for i = 1, #members, CHUNK do
