@@ -370,19 +370,49 @@ pub async fn publish(
     claimed: &Claimed,
     now_ms: i64,
 ) -> Result<lapin::PublisherConfirm, lapin::Error> {
+    let mandatory = BasicPublishOptions {
+        mandatory: true,
+        immediate: false,
+    };
+    // An intake message goes out as its producer published it.
+    if let Some(m) = crate::intake::outgoing(business, claimed) {
+        return channel
+            .basic_publish(
+                ShortString::from(business.exchange.as_str()),
+                ShortString::from(m.routing_key),
+                mandatory,
+                m.body,
+                m.properties,
+            )
+            .await;
+    }
     let props = properties(business, key, claimed, now_ms);
     channel
         .basic_publish(
             ShortString::from(business.exchange.as_str()),
             ShortString::from(business.routing_key.as_str()),
-            BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
-            },
+            mandatory,
             claimed.body(),
             props,
         )
         .await
+}
+
+/// Whether the broker's return `ret` is the message published for
+/// `claimed`: the same body and, where the return carries one, the same
+/// `message_id` (for an intake message, also the same routing key).
+pub fn is_return_of(
+    business: &Business,
+    key: &str,
+    claimed: &Claimed,
+    ret: &lapin::message::BasicReturnMessage,
+) -> bool {
+    if let Some(is) = crate::intake::returned_is(business, claimed, ret) {
+        return is;
+    }
+    let id = ret.properties.message_id().as_ref().map(|s| s.as_str());
+    claimed.body() == ret.delivery.data.as_slice()
+        && id.is_none_or(|id| id == claimed_message_id(business, key, claimed))
 }
 
 /// Checks that `exchange` exists without creating it (a passive declare).

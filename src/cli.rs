@@ -435,6 +435,15 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
         } else {
             println!("business  {}: FAILED: {}", b.name, notes.join("; "));
         }
+        if let (Some(intake), Some(conn)) = (&b.intake, &amqp) {
+            match crate::intake::topology::check(conn, intake).await {
+                Ok(summary) => println!("intake    {}: ok, {summary}", b.name),
+                Err(e) => {
+                    failed = true;
+                    println!("intake    {}: FAILED: {e}", b.name);
+                }
+            }
+        }
         if cfg.redis.mode == RedisMode::Cluster && redis.is_some() && notes.is_empty() {
             let (lines, warnings) = placement(b, &masters);
             for l in lines {

@@ -478,6 +478,8 @@ pub struct Business {
     pub watchdog_interval: Duration,
     /// Whether members are bodies or task ids.
     pub member: MemberMode,
+    /// Messages published with `x-delay` to an intake exchange, when set.
+    pub intake: Option<crate::intake::Settings>,
 }
 
 impl Business {
@@ -564,6 +566,21 @@ struct RawBusiness {
     watchdog_interval: Option<String>,
     member: Option<String>,
     dedup_window: Option<String>,
+    intake: Option<RawIntake>,
+}
+
+/// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIntake {
+    exchange: Option<String>,
+    queue: Option<String>,
+    queue_type: Option<String>,
+    prefetch: Option<i64>,
+    batch_size: Option<i64>,
+    dead_letter_exchange: Option<String>,
+    max_message_size: Option<i64>,
+    x_delay: Option<String>,
 }
 
 /// A node list: an array in the file, or one string from the environment
@@ -641,7 +658,10 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// [`load`] with the given `DELAYD_*` variables instead of the process's.
-fn load_with_env(path: &Path, env: config::Map<String, String>) -> Result<Config, ConfigError> {
+pub(crate) fn load_with_env(
+    path: &Path,
+    env: config::Map<String, String>,
+) -> Result<Config, ConfigError> {
     if let Err(e) = std::fs::metadata(path).and_then(|_| std::fs::read(path)) {
         return Err(ConfigError::Unreadable {
             path: path.to_path_buf(),
@@ -921,6 +941,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
         }
     }
     problems.extend(overlapping_families(&businesses));
+    problems.extend(crate::intake::settings::shared_queues(&businesses));
 
     if !problems.is_empty() {
         return Err(ConfigError::Invalid {
@@ -1160,7 +1181,14 @@ fn validate_business(
     let key = need("key", rb.key, false);
     // The default exchange is named "", so an empty exchange is legitimate.
     let exchange = need("exchange", rb.exchange, true);
-    let routing_key = need("routing_key", rb.routing_key, true);
+    // An intake message keeps its own routing key; the business's is only
+    // for tasks scheduled another way.
+    let routing_key = need(
+        "routing_key",
+        rb.routing_key
+            .or_else(|| rb.intake.as_ref().map(|_| String::new())),
+        true,
+    );
     for (field, value) in [
         ("exchange", exchange.as_str()),
         ("routing_key", routing_key.as_str()),
@@ -1319,7 +1347,12 @@ fn validate_business(
             Properties::Standard
         }
     };
-    let member = match rb.member.as_deref() {
+    let intake = rb
+        .intake
+        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
+    // An intake addresses every message by its id: id mode is implied.
+    let member_setting = rb.member.as_deref().or(intake.as_ref().map(|_| "id"));
+    let member = match member_setting {
         None | Some("body") => {
             if rb.dedup_window.is_some() {
                 problems.push(format!(
@@ -1364,6 +1397,110 @@ fn validate_business(
         poll_interval,
         watchdog_interval,
         member,
+        intake: intake.flatten(),
+    })
+}
+
+/// The `intake` section's rules: both names set, usable on the broker and
+/// distinct from the target; id mode (implied, or `member = "id"`).
+fn validate_intake(
+    name: &str,
+    raw: RawIntake,
+    member: Option<&str>,
+    target: &str,
+    problems: &mut Vec<String>,
+) -> Option<crate::intake::Settings> {
+    use crate::intake::settings::{defaults, QueueType, Settings, XDelay};
+    let before = problems.len();
+    let place = |field: &str| format!("business \"{name}\", field \"intake.{field}\"");
+    let mut named = |field: &str, v: Option<String>| -> String {
+        match v {
+            Some(s) if s.is_empty() => {
+                problems.push(format!("{} must not be empty", place(field)));
+                s
+            }
+            Some(s) => {
+                check_short_string(&place(field), &s, problems);
+                if s.starts_with("amq.") {
+                    problems.push(format!(
+                        "{} \"{s}\" starts with \"amq.\", a prefix the broker reserves for itself",
+                        place(field)
+                    ));
+                }
+                s
+            }
+            None => {
+                problems.push(format!("{} is required", place(field)));
+                String::new()
+            }
+        }
+    };
+    let exchange = named("exchange", raw.exchange);
+    let queue = named("queue", raw.queue);
+    if !exchange.is_empty() && exchange == target {
+        problems.push(format!("{}: \"{exchange}\" is also the business's exchange, where delayd delivers: each delivery would come back to the intake; producers publish to the intake exchange, consumers bind to the other", place("exchange")));
+    }
+    if member == Some("body") {
+        problems.push(format!("business \"{name}\", field \"member\": an intake stores every message by its id, so it needs member = \"id\" (or no member setting, which implies it)"));
+    }
+    let queue_type = match raw.queue_type.as_deref() {
+        None | Some("classic") => QueueType::Classic,
+        Some("quorum") => QueueType::Quorum,
+        Some(other) => {
+            problems.push(format!(
+                "{} must be \"classic\" or \"quorum\" (got \"{other}\")",
+                place("queue_type")
+            ));
+            QueueType::Classic
+        }
+    };
+    let x_delay = match raw.x_delay.as_deref() {
+        None | Some("as-published") => XDelay::AsPublished,
+        Some("negated") => XDelay::Negated,
+        Some(other) => {
+            problems.push(format!(
+                "{} must be \"as-published\" or \"negated\" (got \"{other}\")",
+                place("x_delay")
+            ));
+            XDelay::AsPublished
+        }
+    };
+    let mut range = |field: &str, v: Option<i64>, default: i64, max: i64| -> i64 {
+        match v {
+            None => default,
+            Some(n) if n < 1 || n > max => {
+                problems.push(format!(
+                    "{} must be between 1 and {max} (got {n})",
+                    place(field)
+                ));
+                default
+            }
+            Some(n) => n,
+        }
+    };
+    let prefetch = range("prefetch", raw.prefetch, defaults::PREFETCH as i64, 65_535) as u16;
+    let batch_size = range(
+        "batch_size",
+        raw.batch_size,
+        defaults::BATCH_SIZE as i64,
+        10_000,
+    ) as usize;
+    let max_message_size = raw
+        .max_message_size
+        .map(|n| range("max_message_size", Some(n), 1, 512 << 20) as usize);
+    let dead_letter_exchange = raw.dead_letter_exchange;
+    if let Some(d) = &dead_letter_exchange {
+        check_short_string(&place("dead_letter_exchange"), d, problems);
+    }
+    (problems.len() == before).then(|| Settings {
+        exchange,
+        queue,
+        queue_type,
+        prefetch,
+        batch_size: batch_size.min(prefetch as usize),
+        dead_letter_exchange,
+        max_message_size,
+        x_delay,
     })
 }
 

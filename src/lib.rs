@@ -13,6 +13,8 @@
 //! - [`tls`]: the CA and client certificate files the configuration names;
 //! - [`rate`]: `max_rate`, per process or shared through Redis;
 //! - [`scanner`]: one claim → publish → settle loop;
+//! - [`intake`]: a drop-in for the delayed-message plugin: consume what
+//!   producers publish with `x-delay`, store it, deliver it when due;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
 //! - [`tasks`]: one task addressed by its member (id or body): look up,
@@ -25,6 +27,7 @@ pub mod amqp;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod intake;
 pub mod keys;
 pub mod rate;
 pub mod redis_conn;

@@ -844,14 +844,8 @@ fn settle_confirms(
             ret.reply_code,
             ret.reply_text.as_str()
         );
-        let id = ret.properties.message_id().as_ref().map(|s| s.as_str());
         let key = &lane.store.keys().pending;
-        let is_it = |h: &Holding| {
-            h.claimed.body() == ret.delivery.data.as_slice()
-                && id.is_none_or(|id| {
-                    id == amqp::claimed_message_id(&lane.business, key, &h.claimed)
-                })
-        };
+        let is_it = |h: &Holding| amqp::is_return_of(&lane.business, key, &h.claimed, &ret);
         // Every member the return can belong to is taken as returned: a
         // duplicate is acceptable, a member deleted as delivered is lost.
         let mut found = false;

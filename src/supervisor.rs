@@ -194,6 +194,14 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     for lane in &lanes {
         tokio::spawn(scanner::sweep(lane.clone(), stop.clone()));
     }
+    // Intakes start once their businesses' scanners can deliver.
+    let mut with_intake: Vec<Arc<crate::config::Business>> = Vec::new();
+    for l in &lanes {
+        if l.business.intake.is_some() && !with_intake.iter().any(|b| Arc::ptr_eq(b, &l.business)) {
+            with_intake.push(l.business.clone());
+        }
+    }
+    let intakes = crate::intake::start(&with_intake, &conn, &broker, &redis_health, &stop);
     let mut tasks = Vec::new();
     for lane in &lanes {
         let bi = config
@@ -216,7 +224,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         scanners = tasks.len(),
         "dispatching; SIGTERM or SIGINT stops cleanly"
     );
-    for t in tasks {
+    for t in tasks.into_iter().chain(intakes) {
         let _ = t.await;
     }
     conn_stop.cancel();

@@ -80,6 +80,8 @@ pub struct Metrics {
     /// 1 while a business's publishing is paused (exchange missing or
     /// forbidden).
     pub paused: IntGaugeVec,
+    /// What the intakes took in.
+    pub intake: crate::intake::Metrics,
 }
 
 /// The process-wide metrics.
@@ -212,6 +214,7 @@ impl Metrics {
                 "1 while the business's exchange is missing or forbidden; members stay pending",
                 b,
             ),
+            intake: crate::intake::Metrics::new(&r),
             registry: r,
         }
     }

@@ -240,8 +240,20 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         let mut v = serde_json::to_value(&found).unwrap_or_default();
         v["business"] = b.name.clone().into();
         v[member_word(&b)] = a.id.clone().into();
-        if let Some(body) = &found.body {
-            v["body"] = text(body).into();
+        match found
+            .body
+            .as_deref()
+            .and_then(|body| intake_message(&b, body))
+        {
+            Some(e) => {
+                v["body"] = text(e.body).into();
+                v["message"] = crate::intake::envelope::describe(&e);
+            }
+            None => {
+                if let Some(body) = &found.body {
+                    v["body"] = text(body).into();
+                }
+            }
         }
         print_json(&v);
     } else {
@@ -280,14 +292,33 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
             ),
         };
         println!("{line}");
-        if let Some(body) = &found.body {
-            println!("body: {}", escape_bytes(body));
+        match found
+            .body
+            .as_deref()
+            .and_then(|body| intake_message(&b, body))
+        {
+            Some(e) => {
+                println!("routing key: {}", escape_bytes(e.routing_key.as_bytes()));
+                println!("body: {}", escape_bytes(e.body));
+            }
+            None => {
+                if let Some(body) = &found.body {
+                    println!("body: {}", escape_bytes(body));
+                }
+            }
         }
     }
     if found.state == TaskState::NotFound {
         return Err(Failure::status(EXIT_NOT_PENDING));
     }
     Ok(())
+}
+
+/// The message an intake stored as `body`, when `b` has an intake and the
+/// body is one (a task scheduled another way is a plain body).
+fn intake_message<'a>(b: &Business, body: &'a [u8]) -> Option<crate::intake::Envelope<'a>> {
+    b.intake.as_ref()?;
+    crate::intake::envelope::decode(body)
 }
 
 /// "in 5s" for a time ahead, "5s ago" for one past.

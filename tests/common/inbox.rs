@@ -46,6 +46,8 @@ pub struct Received {
     pub message_id: Option<String>,
     pub delivery_mode: Option<u8>,
     pub content_type: Option<String>,
+    /// The routing key the message was published with.
+    pub routing_key: String,
     /// Every property as the broker delivered it.
     pub properties: lapin::BasicProperties,
 }
@@ -156,6 +158,7 @@ pub async fn consume_into(conn: &Connection, queue: &str, inbox: &Inbox, ack: bo
                 message_id: d.properties.message_id().as_ref().map(|s| s.to_string()),
                 delivery_mode: *d.properties.delivery_mode(),
                 content_type: d.properties.content_type().as_ref().map(|s| s.to_string()),
+                routing_key: d.routing_key.to_string(),
                 properties: d.properties.clone(),
             });
             if ack && d.ack(BasicAckOptions::default()).await.is_err() {

@@ -6,6 +6,10 @@
 //! median of the per-round ratios. delayd runs as a child process, exactly
 //! as users run it, against a temporary exchange, queue and key that are
 //! removed at the end, also when the bench is interrupted.
+//!
+//! `--intake` measures the intake instead (see [`intake`]).
+
+mod intake;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -55,6 +59,11 @@ pub struct BenchArgs {
     /// Extra lines for the bench business, e.g. "scanners = 4".
     #[arg(long, value_name = "TOML")]
     pub business: Vec<String>,
+    /// Measure the intake (messages published with `x-delay`) instead of
+    /// the drain: its rate against the broker's plain publish → consume
+    /// rate, its memory per message and its end-to-end lateness.
+    #[arg(long)]
+    pub intake: bool,
 }
 
 /// Why the bench could not run or finish.
@@ -130,8 +139,15 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     ])
     .map_err(|e| fail("signal handlers")(e.to_string()))?;
     let mut state = BenchState::default();
+    let run = async {
+        if args.intake {
+            intake::bench(&args, &cfg, &names, &mut redis, &amqp, &mut state).await
+        } else {
+            bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state).await
+        }
+    };
     let outcome = tokio::select! {
-        r = bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state) => r,
+        r = run => r,
         _ = signals.next() => Err(BenchError::Runtime("bench interrupted; cleaned up".into())),
     };
     signals.handle().close();
@@ -150,6 +166,14 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
                 ExchangeDeleteOptions::default(),
             )
             .await;
+        for (x, q) in &state.intake_names {
+            let _ = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = ch
+                .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
     }
     // One DEL per key family: on a cluster, each shard's keys share a slot
     // but the shards do not.
@@ -188,6 +212,45 @@ struct BenchState {
     config_path: Option<PathBuf>,
     /// The bench business's keys (its shards'), once its config is loaded.
     keys: Vec<String>,
+    /// The intake bench's exchanges and queues (exchange, queue).
+    intake_names: Vec<(String, String)>,
+}
+
+/// Writes `toml` to a temporary file readable by us only (it holds the
+/// URLs with their passwords) and starts `delayd run` on it, as users run
+/// it. Returns the child's pid and the bench business as loaded.
+fn start_daemon(
+    names: &Names,
+    state: &mut BenchState,
+    toml: &str,
+) -> Result<(u32, config::Business), BenchError> {
+    let path = std::env::temp_dir().join(format!("delayd-bench-{}.toml", names.queue));
+    std::fs::write(&path, toml).map_err(|e| fail("write temp config")(e.to_string()))?;
+    state.config_path = Some(path.clone());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
+    let bench_cfg =
+        config::load(&path).map_err(|e| BenchError::Usage(format!("bench: --business: {e}")))?;
+    let business = bench_cfg
+        .businesses
+        .into_iter()
+        .next()
+        .ok_or_else(|| BenchError::Usage("bench: no bench business".into()))?;
+    state.keys = business.keys();
+    let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
+    let child = Command::new(exe)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| fail("start delayd")(e.to_string()))?;
+    let pid = child.id();
+    state.daemon = Some(child);
+    Ok((pid, business))
 }
 
 /// A helper key of the bench in `key`'s cluster slot, like the key
@@ -272,20 +335,10 @@ async fn bench(
         names.exchange,
         names.routing_key
     );
-    let path = std::env::temp_dir().join(format!("delayd-bench-{}.toml", names.queue));
-    std::fs::write(&path, toml).map_err(|e| fail("write temp config")(e.to_string()))?;
-    state.config_path = Some(path.clone());
-    // The file holds the URLs with their passwords: readable by us only.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-    }
-    let bench_cfg =
-        config::load(&path).map_err(|e| BenchError::Usage(format!("bench: --business: {e}")))?;
+    let (pid, business) = start_daemon(names, state, &toml)?;
     // The same properties delayd will send, so the broker's cost of the
     // message format can be told apart from delayd's own.
-    let format = bench_cfg.businesses.into_iter().next();
+    let format = Some(business);
     // With `shards = M` delayd reads M keys: the backlog is spread over them
     // as producers would spread it.
     let keys = format
@@ -293,16 +346,6 @@ async fn bench(
         .map(|b| b.keys())
         .unwrap_or_else(|| vec![names.key.clone()]);
     state.keys = keys.clone();
-    let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
-    let child = Command::new(exe)
-        .args(["run", "--config"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| fail("start delayd")(e.to_string()))?;
-    let pid = child.id();
-    state.daemon = Some(child);
 
     let body_len = args.size;
     let fams: Vec<KeyFamily> = keys.iter().map(|k| KeyFamily::new(k)).collect();

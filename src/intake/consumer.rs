@@ -1,0 +1,423 @@
+//! The intake loop of one business: consume its intake queue, write each
+//! batch of deliveries to Redis (one script call per shard), and only then
+//! acknowledge them, with `multiple`.
+//!
+//! Acknowledging after the write is what makes the intake lose nothing: a
+//! delivery that is not yet in Redis is unacknowledged, and the broker
+//! hands it out again when delayd's channel or process goes away. The price
+//! is a duplicate where a crash falls between a write and its ack; the
+//! broker marks such a delivery redelivered, and delayd counts it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, Consumer};
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::Broker;
+use crate::config::Business;
+use crate::redis_conn::RedisConn;
+use crate::telemetry::{Backoff, Health, METRICS};
+
+use super::delay::{self, Due};
+use super::settings::{Settings, XDelay};
+use super::write::{self, Item, Writer};
+use super::{envelope, topology};
+
+/// Batches being written at once; with the prefetch, what keeps the broker
+/// delivering while Redis writes.
+const WRITES_IN_FLIGHT: usize = 4;
+
+/// Opening the channel, declaring and subscribing take a few round trips;
+/// on a connection that died as it was used, lapin may never answer.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One business's intake.
+pub struct Intake {
+    business: Arc<Business>,
+    settings: Settings,
+    writer: Writer,
+    redis: Arc<Health>,
+    /// When an unusable `x-delay` was last logged: at most one line per
+    /// [`INVALID_LOG_EVERY`], the counter says how many.
+    invalid_logged: std::sync::Mutex<Option<Instant>>,
+}
+
+const INVALID_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Deliveries taken together, with what could be stored.
+struct Batch {
+    items: Vec<Item>,
+    /// The delivery tag of each item.
+    tags: Vec<u64>,
+}
+
+/// How a batch's write ended.
+enum Written {
+    /// Stored, except these items (index, reason), which Redis refused.
+    Done(Batch, Vec<(usize, String)>),
+    /// Not (all) stored when the stop came: left unacknowledged, so the
+    /// broker hands the deliveries out again.
+    Abandoned,
+}
+
+/// Why a channel's consuming ended.
+enum Ended {
+    Stopped,
+    Lost(String),
+}
+
+impl Intake {
+    /// The intake of `business`, if it has one.
+    pub fn new(business: Arc<Business>, conn: RedisConn, redis: Arc<Health>) -> Option<Self> {
+        let settings = business.intake.clone()?;
+        Some(Self {
+            writer: Writer::new(conn, &business),
+            business,
+            settings,
+            redis,
+            invalid_logged: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Consumes until `stop`, reconnecting with backoff; returns once what
+    /// it took is written and acknowledged (or left to the broker).
+    pub async fn run(self, broker: Broker, stop: CancellationToken) {
+        let span = tracing::info_span!("intake", business = %self.business.name, queue = %self.settings.queue);
+        tracing::Instrument::instrument(self.supervise(broker, stop), span).await
+    }
+
+    async fn supervise(self, broker: Broker, stop: CancellationToken) {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        let mut failing = false;
+        loop {
+            let Some(conn) = broker.ready(&stop).await else {
+                return;
+            };
+            let opened = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = tokio::time::timeout(OPEN_TIMEOUT, self.open(&conn)) => {
+                    r.unwrap_or_else(|_| Err(format!("no answer within {OPEN_TIMEOUT:?}")))
+                }
+            };
+            let reason = match opened {
+                Ok((ch, consumer)) => {
+                    tracing::info!(
+                        exchange = %self.settings.exchange,
+                        prefetch = self.settings.prefetch,
+                        "consuming the intake queue"
+                    );
+                    failing = false;
+                    backoff.reset();
+                    let ended = self.consume(&ch, consumer, &stop).await;
+                    // Whatever was delivered and not acknowledged goes back
+                    // to the queue with the channel.
+                    let _ = ch.close(200, "delayd intake stopping".into()).await;
+                    match ended {
+                        Ended::Stopped => return,
+                        Ended::Lost(reason) => reason,
+                    }
+                }
+                Err(reason) => reason,
+            };
+            if !failing {
+                tracing::warn!(%reason, "cannot consume the intake queue; retrying with backoff (its messages wait in the queue)");
+                failing = true;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
+            }
+        }
+    }
+
+    async fn open(&self, conn: &Connection) -> Result<(Channel, Consumer), String> {
+        let s = &self.settings;
+        topology::ensure(conn, s).await.map_err(|e| {
+            format!(
+                "declaring exchange \"{}\" and queue \"{}\": {e}",
+                s.exchange, s.queue
+            )
+        })?;
+        let ch = conn.create_channel().await.map_err(|e| e.to_string())?;
+        ch.basic_qos(s.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let tag = format!("delayd-intake-{:08x}", rand::random::<u32>());
+        let consumer = ch
+            .basic_consume(
+                s.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| format!("consuming queue \"{}\": {e}", s.queue))?;
+        Ok((ch, consumer))
+    }
+
+    async fn consume(
+        &self,
+        ch: &Channel,
+        mut consumer: Consumer,
+        stop: &CancellationToken,
+    ) -> Ended {
+        let mut writes = FuturesOrdered::new();
+        let mut reading = true;
+        let mut lost = None;
+        // Once a batch is left unwritten, a later `multiple` ack would cover
+        // its deliveries too: from then on every ack names one delivery.
+        let mut gap = false;
+        loop {
+            if !reading && writes.is_empty() {
+                return match lost {
+                    Some(reason) => Ended::Lost(reason),
+                    None => Ended::Stopped,
+                };
+            }
+            tokio::select! {
+                biased;
+                Some(written) = writes.next(), if !writes.is_empty() => {
+                    if let Err(e) = self.settle(ch, written, &mut gap).await {
+                        lost.get_or_insert(e);
+                        reading = false;
+                    }
+                }
+                _ = stop.cancelled(), if reading => {
+                    reading = false;
+                    let _ = ch.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await;
+                }
+                next = consumer.next(), if reading && writes.len() < WRITES_IN_FLIGHT => {
+                    let first = match next {
+                        Some(Ok(d)) => d,
+                        Some(Err(e)) => {
+                            lost = Some(format!("the channel failed: {e}"));
+                            reading = false;
+                            continue;
+                        }
+                        None => {
+                            lost = Some("the broker cancelled the consumer (queue deleted?)".into());
+                            reading = false;
+                            continue;
+                        }
+                    };
+                    let mut deliveries = vec![first];
+                    while deliveries.len() < self.settings.batch_size {
+                        match consumer.next().now_or_never() {
+                            Some(Some(Ok(d))) => deliveries.push(d),
+                            _ => break,
+                        }
+                    }
+                    match self.prepare(ch, deliveries).await {
+                        Ok(batch) if batch.items.is_empty() => {}
+                        Ok(batch) => writes.push_back(self.write(batch, stop.clone())),
+                        Err(e) => {
+                            lost = Some(e);
+                            reading = false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads each delivery's due time and id and encodes its envelope;
+    /// rejects at once what cannot be stored.
+    async fn prepare(&self, ch: &Channel, deliveries: Vec<Delivery>) -> Result<Batch, String> {
+        let name = self.business.name.as_str();
+        let m = &METRICS.intake;
+        m.received
+            .with_label_values(&[name])
+            .inc_by(deliveries.len() as u64);
+        let mut batch = Batch {
+            items: Vec::with_capacity(deliveries.len()),
+            tags: Vec::with_capacity(deliveries.len()),
+        };
+        for d in deliveries {
+            if d.redelivered {
+                m.redelivered.with_label_values(&[name]).inc();
+            }
+            let due = delay::due_of(d.properties.headers().as_ref());
+            if let Due::Invalid(what) = &due {
+                m.invalid_delay.with_label_values(&[name]).inc();
+                self.log_invalid(what);
+            }
+            let id = match d.properties.message_id() {
+                Some(id) if !id.as_str().is_empty() => id.as_str().as_bytes().to_vec(),
+                _ => {
+                    let id = write::assign_id();
+                    tracing::debug!(id = %String::from_utf8_lossy(&id), routing_key = %d.routing_key, "no message_id: assigned an id");
+                    id
+                }
+            };
+            let props = self.delivered_properties(&d.properties, &due);
+            let refused = match envelope::encode(d.routing_key.as_str(), &props, &d.data) {
+                Err(e) => Some(("unencodable", e.to_string())),
+                Ok(env) => match self.settings.max_message_size {
+                    Some(max) if env.len() > max => Some((
+                        "too large",
+                        format!(
+                            "{} bytes stored, more than max_message_size = {max}",
+                            env.len()
+                        ),
+                    )),
+                    _ => {
+                        batch.items.push(Item {
+                            id,
+                            due,
+                            envelope: env,
+                        });
+                        batch.tags.push(d.delivery_tag);
+                        None
+                    }
+                },
+            };
+            if let Some((reason, detail)) = refused {
+                self.reject(ch, d.delivery_tag, reason, &detail).await?;
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The properties delivered later: the producer's, with `x-delay`
+    /// negated where the settings ask for the plugin's habit.
+    fn delivered_properties(&self, props: &BasicProperties, due: &Due) -> BasicProperties {
+        let (XDelay::Negated, Due::After(ms)) = (self.settings.x_delay, due) else {
+            return props.clone();
+        };
+        let mut headers: FieldTable = props.headers().clone().unwrap_or_default();
+        headers.insert(delay::X_DELAY.into(), AMQPValue::LongLongInt(-ms));
+        props.clone().with_headers(headers)
+    }
+
+    fn log_invalid(&self, what: &str) {
+        let mut last = self
+            .invalid_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= INVALID_LOG_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                value = %what,
+                "x-delay is not a number of milliseconds; published at once, as the delayed-message plugin did (delayd_intake_invalid_delay_total counts them; one line per 10 s)"
+            );
+        }
+    }
+
+    async fn reject(
+        &self,
+        ch: &Channel,
+        tag: u64,
+        reason: &str,
+        detail: &str,
+    ) -> Result<(), String> {
+        METRICS
+            .intake
+            .rejected
+            .with_label_values(&[&self.business.name, reason])
+            .inc();
+        tracing::error!(
+            reason,
+            detail,
+            dead_letter_exchange = self.settings.dead_letter_exchange.as_deref().unwrap_or("(the queue's own, if any)"),
+            "intake message cannot be stored; rejected (requeue = false) to the intake queue's dead-lettering"
+        );
+        ch.basic_reject(tag, BasicRejectOptions { requeue: false })
+            .await
+            .map_err(|e| format!("rejecting a delivery: {e}"))
+    }
+
+    /// Writes a batch, retrying while Redis is away, until it is stored or
+    /// the stop comes. A refusal for want of memory is final for the items
+    /// it names: they are rejected, not retried.
+    async fn write(&self, batch: Batch, stop: CancellationToken) -> Written {
+        let mut refused = Vec::new();
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut wrong_type_logged = false;
+        for (shard, items) in self.writer.calls(&batch.items) {
+            loop {
+                let e = match self.writer.write(shard, &items, &batch.items).await {
+                    Ok(_) => {
+                        self.redis.up();
+                        break;
+                    }
+                    Err(e) => e,
+                };
+                if write::is_out_of_memory(&e) {
+                    self.redis.up();
+                    refused.extend(
+                        items
+                            .iter()
+                            .map(|&i| (i, format!("Redis is out of memory ({e})"))),
+                    );
+                    break;
+                }
+                if e.is_wrong_type() {
+                    if !wrong_type_logged {
+                        tracing::error!(error = %e, "the business's key is not a sorted set (or its body hash not a hash); intake messages wait in the queue until it is fixed");
+                        wrong_type_logged = true;
+                    }
+                } else {
+                    self.redis.down(&e);
+                }
+                // Only between attempts: a call Redis may be running is
+                // never given up half-way.
+                tokio::select! {
+                    _ = stop.cancelled() => return Written::Abandoned,
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
+        Written::Done(batch, refused)
+    }
+
+    /// Acknowledges what a write stored, with one `multiple` ack when
+    /// nothing before it was left unwritten, after rejecting what Redis refused.
+    async fn settle(&self, ch: &Channel, written: Written, gap: &mut bool) -> Result<(), String> {
+        let Written::Done(batch, refused) = written else {
+            *gap = true;
+            return Ok(());
+        };
+        let mut stored = vec![true; batch.tags.len()];
+        for (i, why) in &refused {
+            stored[*i] = false;
+            self.reject(ch, batch.tags[*i], "redis refused", why)
+                .await?;
+        }
+        let acked: Vec<u64> = batch
+            .tags
+            .iter()
+            .zip(&stored)
+            .filter(|(_, s)| **s)
+            .map(|(t, _)| *t)
+            .collect();
+        let Some(&last) = acked.last() else {
+            return Ok(());
+        };
+        let ack = |tag, multiple| ch.basic_ack(tag, BasicAckOptions { multiple });
+        if *gap {
+            for &tag in &acked {
+                ack(tag, false)
+                    .await
+                    .map_err(|e| format!("acknowledging: {e}"))?;
+            }
+        } else {
+            ack(last, true)
+                .await
+                .map_err(|e| format!("acknowledging: {e}"))?;
+        }
+        METRICS
+            .intake
+            .stored
+            .with_label_values(&[&self.business.name])
+            .inc_by(acked.len() as u64);
+        Ok(())
+    }
+}

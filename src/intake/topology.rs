@@ -1,0 +1,205 @@
+//! The intake's side of the broker: the exchange producers publish to and
+//! the queue delayd consumes, declared only when missing, so that whatever
+//! an operator declared (a topic exchange, a queue with a policy or a
+//! dead-letter exchange of its own) stays as it is.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, Connection, ExchangeKind};
+
+use super::settings::{QueueType, Settings};
+
+/// The binding key delayd binds the intake queue with: every routing key
+/// matches it on a fanout or topic exchange.
+pub const BINDING_KEY: &str = "#";
+
+/// Where an intake name stands on the broker.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Found {
+    /// It exists (and, for the queue, this many messages wait in it).
+    Exists(Option<u32>),
+    /// It does not exist yet: `delayd run` declares it.
+    Missing,
+}
+
+/// Makes sure the intake exchange and queue exist and the queue is bound:
+/// each is declared, as the settings say, only where a passive declare
+/// finds nothing. Each passive declare gets a channel of its own, since a
+/// missing name closes the channel it was asked on.
+pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), lapin::Error> {
+    if exchange(conn, &s.exchange).await? == Found::Missing {
+        let ch = conn.create_channel().await?;
+        ch.exchange_declare(
+            s.exchange.as_str().into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        let _ = ch.close(200, "ok".into()).await;
+    }
+    let ch = conn.create_channel().await?;
+    if queue(conn, &s.queue).await? == Found::Missing {
+        ch.queue_declare(
+            s.queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            queue_arguments(s),
+        )
+        .await?;
+    }
+    bind(&ch, s).await?;
+    let _ = ch.close(200, "ok".into()).await;
+    Ok(())
+}
+
+async fn bind(ch: &Channel, s: &Settings) -> Result<(), lapin::Error> {
+    ch.queue_bind(
+        s.queue.as_str().into(),
+        s.exchange.as_str().into(),
+        BINDING_KEY.into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+}
+
+/// The arguments of a queue delayd declares.
+pub fn queue_arguments(s: &Settings) -> FieldTable {
+    let mut args = FieldTable::default();
+    if s.queue_type == QueueType::Quorum {
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(LongString::from("quorum")),
+        );
+    }
+    if let Some(dlx) = &s.dead_letter_exchange {
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(LongString::from(dlx.as_str())),
+        );
+    }
+    args
+}
+
+/// Whether `name` exists as an exchange (a passive declare on a channel of
+/// its own). A refusal other than "not found" is an error.
+pub async fn exchange(conn: &Connection, name: &str) -> Result<Found, lapin::Error> {
+    let ch = conn.create_channel().await?;
+    let r = ch
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    found(ch, r.map(|()| None)).await
+}
+
+/// Whether `name` exists as a queue, and how many messages wait in it.
+pub async fn queue(conn: &Connection, name: &str) -> Result<Found, lapin::Error> {
+    let ch = conn.create_channel().await?;
+    let r = ch
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    found(ch, r.map(|q| Some(q.message_count()))).await
+}
+
+async fn found(ch: Channel, r: Result<Option<u32>, lapin::Error>) -> Result<Found, lapin::Error> {
+    match r {
+        Ok(count) => {
+            let _ = ch.close(200, "ok".into()).await;
+            Ok(Found::Exists(count))
+        }
+        Err(e) if e.to_string().contains("NOT_FOUND") => Ok(Found::Missing),
+        Err(e) => Err(e),
+    }
+}
+
+/// The type an existing exchange has when it is not `fanout`, read from the
+/// broker's refusal of a fanout declare ("... received 'fanout' but current
+/// is 'x-delayed-message'"); `None` when it is a durable fanout exchange.
+/// Only for an exchange known to exist: a missing one would be created.
+pub async fn exchange_type_if_not_fanout(
+    conn: &Connection,
+    name: &str,
+) -> Result<Option<String>, lapin::Error> {
+    let ch = conn.create_channel().await?;
+    let r = ch
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    match r {
+        Ok(()) => {
+            let _ = ch.close(200, "ok".into()).await;
+            Ok(None)
+        }
+        Err(e) => {
+            let text = e.to_string();
+            if !text.contains("PRECONDITION_FAILED") {
+                return Err(e);
+            }
+            let current = text
+                .contains("arg 'type'")
+                .then(|| text.split("but current is '").nth(1))
+                .flatten()
+                .and_then(|rest| rest.split('\'').next());
+            Ok(Some(match current {
+                Some(t) => t.to_string(),
+                None => format!("not a durable fanout ({text})"),
+            }))
+        }
+    }
+}
+
+/// What `delayd check` says of an intake's topology: `Ok` with a summary,
+/// or `Err` with what stops the intake from working and what to do.
+pub async fn check(conn: &Connection, s: &Settings) -> Result<String, String> {
+    let broker = |e: lapin::Error| format!("cannot inspect the intake on the broker: {e}");
+    let exchange_note = match exchange(conn, &s.exchange).await.map_err(broker)? {
+        Found::Missing => format!("exchange \"{}\" missing (delayd run declares it, durable fanout)", s.exchange),
+        Found::Exists(_) => match exchange_type_if_not_fanout(conn, &s.exchange).await.map_err(broker)? {
+            None => format!("exchange \"{}\" (fanout)", s.exchange),
+            Some(t) if t == "topic" => format!("exchange \"{}\" (topic)", s.exchange),
+            Some(t) if t == "x-delayed-message" => return Err(format!(
+                "intake exchange \"{}\" is the delayed-message plugin's own exchange: delayd consumes a plain exchange; delete it (or pick another name) as docs/migrating-from-the-delayed-message-plugin.md shows",
+                s.exchange
+            )),
+            Some(t) => return Err(format!(
+                "intake exchange \"{}\" is {t}: delayd binds its queue with \"{BINDING_KEY}\", which only a fanout or topic exchange matches for every routing key; use a fanout exchange",
+                s.exchange
+            )),
+        },
+    };
+    let queue_note = match queue(conn, &s.queue).await.map_err(broker)? {
+        Found::Missing => format!(
+            "queue \"{}\" missing (delayd run declares and binds it)",
+            s.queue
+        ),
+        Found::Exists(n) => format!("queue \"{}\" ({} waiting)", s.queue, n.unwrap_or(0)),
+    };
+    Ok(format!("{exchange_note} -> {queue_note}"))
+}

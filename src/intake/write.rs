@@ -1,0 +1,182 @@
+//! Writing intake messages to Redis: one `intake.lua` call per shard per
+//! batch (more only for very large messages), on the daemon's shared
+//! connection.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use crate::config::{Business, ScoreUnit};
+use crate::redis_conn::{script, RedisConn};
+use crate::store::{KeyFamily, StoreError};
+
+use super::delay::Due;
+
+static INTAKE: LazyLock<Script> = LazyLock::new(|| {
+    script(concat!(
+        include_str!("../lua/prelude.lua"),
+        include_str!("../lua/intake.lua")
+    ))
+});
+
+/// Most message bytes in one script call, far below Redis's query buffer
+/// limit; a larger message goes in a call of its own.
+const CALL_BYTES: usize = 8 << 20;
+
+/// One message, ready to store.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Its id: the producer's `message_id`, or one delayd assigned.
+    pub id: Vec<u8>,
+    /// When it is due.
+    pub due: Due,
+    /// What `{K}:body` holds for it.
+    pub envelope: Vec<u8>,
+}
+
+/// Stores intake messages of one business, each on the shard its id hashes to.
+#[derive(Clone)]
+pub struct Writer {
+    conn: RedisConn,
+    keys: Vec<String>,
+    unit: ScoreUnit,
+}
+
+impl Writer {
+    /// A writer for `business`'s keys over a shared connection.
+    pub fn new(conn: RedisConn, business: &Business) -> Self {
+        Self {
+            conn,
+            keys: business.keys(),
+            unit: business.score_unit,
+        }
+    }
+
+    /// Splits `batch` into calls: by shard, then by [`CALL_BYTES`]. Each
+    /// call is a list of indexes into `batch`, in order, so the later of
+    /// two messages with one id still wins.
+    pub fn calls(&self, batch: &[Item]) -> Vec<(usize, Vec<usize>)> {
+        split(&self.keys, batch)
+    }
+
+    /// Runs one call made by [`Writer::calls`]: Redis's clock when stored.
+    pub async fn write(
+        &self,
+        shard: usize,
+        items: &[usize],
+        batch: &[Item],
+    ) -> Result<i64, StoreError> {
+        let keys = KeyFamily::new(&self.keys[shard]);
+        let mut inv = INTAKE.prepare_invoke();
+        inv.key(&keys.pending)
+            .key(&keys.body)
+            .arg(self.unit.millis());
+        for &i in items {
+            let item = &batch[i];
+            let when = match item.due {
+                Due::After(ms) => format!("+{ms}"),
+                Due::At(ms) => format!("@{ms}"),
+                Due::Now | Due::Invalid(_) => "0".to_string(),
+            };
+            inv.arg(item.id.as_slice())
+                .arg(when)
+                .arg(item.envelope.as_slice());
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async::<i64>(&mut conn).await?)
+    }
+}
+
+fn split(keys: &[String], batch: &[Item]) -> Vec<(usize, Vec<usize>)> {
+    let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); keys.len()];
+    for (i, item) in batch.iter().enumerate() {
+        let key = crate::tasks::shard_of(keys, &item.id);
+        let shard = keys.iter().position(|k| k == key).unwrap_or(0);
+        by_shard[shard].push(i);
+    }
+    let mut out = Vec::new();
+    for (shard, items) in by_shard.into_iter().enumerate() {
+        let mut call = Vec::new();
+        let mut bytes = 0;
+        for i in items {
+            let size = batch[i].envelope.len() + batch[i].id.len() + 32;
+            if !call.is_empty() && bytes + size > CALL_BYTES {
+                out.push((shard, std::mem::take(&mut call)));
+                bytes = 0;
+            }
+            bytes += size;
+            call.push(i);
+        }
+        if !call.is_empty() {
+            out.push((shard, call));
+        }
+    }
+    out
+}
+
+/// True when Redis refused the write for want of memory (`maxmemory`
+/// reached under `noeviction`): retrying will not help soon.
+pub fn is_out_of_memory(e: &StoreError) -> bool {
+    matches!(e, StoreError::Redis(r) if r.code() == Some("OOM") || r.to_string().contains("OOM "))
+}
+
+/// An id for a message without a `message_id`: 48 bits of the time it
+/// arrived (ms) and 48 random bits, in 24 hex digits, so ids sort by
+/// arrival and two never meet.
+pub fn assign_id() -> Vec<u8> {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let random: u64 = rand::random::<u64>() & 0xFFFF_FFFF_FFFF;
+    format!("{:012x}{random:012x}", ms & 0xFFFF_FFFF_FFFF).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(id: &str, size: usize) -> Item {
+        Item {
+            id: id.as_bytes().to_vec(),
+            due: Due::Now,
+            envelope: vec![0; size],
+        }
+    }
+
+    #[test]
+    fn a_batch_is_one_call_per_shard_in_order_unless_it_is_huge() {
+        let one = vec!["k".to_string()];
+        let batch: Vec<Item> = (0..500).map(|i| item(&format!("id-{i}"), 100)).collect();
+        let calls = split(&one, &batch);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].1, (0..500).collect::<Vec<_>>());
+        let four: Vec<String> = (0..4).map(|i| format!("k:{i}")).collect();
+        let calls = split(&four, &batch);
+        assert_eq!(calls.len(), 4);
+        for (shard, items) in &calls {
+            assert!(items.windows(2).all(|w| w[0] < w[1]), "kept in order");
+            for &i in items {
+                assert_eq!(crate::tasks::shard_of(&four, &batch[i].id), four[*shard]);
+            }
+        }
+        // 3 MB messages: two per call, and one of 20 MB alone.
+        let big = vec![
+            item("a", 3 << 20),
+            item("b", 3 << 20),
+            item("c", 3 << 20),
+            item("d", 20 << 20),
+        ];
+        let sizes: Vec<usize> = split(&one, &big).iter().map(|c| c.1.len()).collect();
+        assert_eq!(sizes, vec![2, 1, 1]);
+    }
+
+    #[test]
+    fn assigned_ids_are_24_hex_digits_and_distinct() {
+        let a = assign_id();
+        let b = assign_id();
+        assert_eq!(a.len(), 24);
+        assert!(a.iter().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,993 @@
+//! The intake against real servers: producers publish with `x-delay` to an
+//! intake exchange, as they did to the delayed-message plugin, and
+//! consumers of the target exchange receive the message when it is due.
+//!
+//! The first tests port the plugin's own suite (`test/plugin_SUITE.erl` of
+//! rabbitmq-delayed-message-exchange): routing through topic, direct and
+//! fanout targets with that suite's binding and routing keys, delay order,
+//! string delays, exchange-to-exchange bindings, counting, and a restart
+//! before the delays expire (of delayd here, of the node there).
+
+mod common;
+
+use common::*;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use std::time::{Duration, Instant};
+
+use lapin::options::*;
+
+/// One intake business on the shared servers: its target exchange (of the
+/// type the plugin's `x-delayed-type` named) with a consumed queue bound by
+/// `binding_keys`, the intake exchange producers publish to, and a config.
+struct Intake {
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    name: String,
+    key: String,
+    target: String,
+    exchange: String,
+    queue: String,
+    consumer_queue: String,
+    amqp: Connection,
+    /// A confirm-mode channel for producers.
+    ch: Channel,
+    inbox: Inbox,
+    redis: redis::aio::MultiplexedConnection,
+}
+
+impl Intake {
+    /// A target of type `kind` bound by `binding_keys`; `business` and
+    /// `intake` are extra lines for the two config sections.
+    async fn new(kind: ExchangeKind, binding_keys: &[&str], business: &str, intake: &str) -> Self {
+        let amqp = amqp_at(&amqp_url()).await;
+        let admin = amqp.create_channel().await.unwrap();
+        let target = unique("target");
+        let consumer_queue = unique("consumer");
+        declare_target(&admin, &target, kind, &consumer_queue, binding_keys).await;
+        let inbox = consume(&amqp, &consumer_queue).await;
+        let name = "delayed".to_string();
+        let exchange = unique("intake-ex");
+        let queue = unique("intake-q");
+        let spec = BusinessSpec {
+            name: name.clone(),
+            key: unique("test:intake"),
+            exchange: target.clone(),
+            routing_key: String::new(),
+            // `properties` is named so the config writer adds none after the
+            // intake table; intake messages carry their producer's anyway.
+            extra: format!(
+                "properties = \"standard\"\nretry_backoff = \"100ms\"\n{business}\n[businesses.{name}.intake]\nexchange = \"{exchange}\"\nqueue = \"{queue}\"\n{intake}\n"
+            ),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&spec]);
+        let ch = amqp.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        Intake {
+            dir,
+            config,
+            name,
+            key: spec.key,
+            target,
+            exchange,
+            queue,
+            consumer_queue,
+            amqp,
+            ch,
+            inbox,
+            redis: redis().await,
+        }
+    }
+
+    /// Starts delayd and waits until it consumes the intake queue.
+    async fn start(&self) -> Daemon {
+        let d = Daemon::start(&self.config);
+        wait_consumed_queue(&self.amqp, &self.queue, &d).await;
+        d
+    }
+
+    /// Publishes `body` to the intake exchange with `routing_key` and
+    /// `props`, and waits for the broker's confirm.
+    async fn publish(&self, routing_key: &str, body: &[u8], props: BasicProperties) {
+        publish_to(&self.ch, &self.exchange, routing_key, body, props).await;
+    }
+
+    /// Publishes `body` with an integer `x-delay` of `ms`.
+    async fn publish_delayed(&self, routing_key: &str, body: &[u8], ms: i32) {
+        self.publish(routing_key, body, delayed(AMQPValue::LongInt(ms)))
+            .await;
+    }
+
+    fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let mut all = vec![args[0], "--config", self.config.to_str().unwrap()];
+        all.extend_from_slice(&args[1..]);
+        delayd(&all)
+    }
+
+    async fn cleanup(self) {
+        let ch = self.amqp.create_channel().await.unwrap();
+        for q in [&self.queue, &self.consumer_queue] {
+            let _ = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        for x in [&self.exchange, &self.target] {
+            let _ = ch
+                .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
+        let mut r = self.redis.clone();
+        del_family(&mut r, &self.key).await;
+        drop(self.dir);
+    }
+}
+
+/// Declares `target` of `kind` and a durable queue bound to it by each key.
+async fn declare_target(
+    ch: &Channel,
+    target: &str,
+    kind: ExchangeKind,
+    queue: &str,
+    binding_keys: &[&str],
+) {
+    ch.exchange_declare(
+        target.into(),
+        kind,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    for bk in binding_keys {
+        ch.queue_bind(
+            queue.into(),
+            target.into(),
+            (*bk).into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Properties with one `x-delay` header and `delivery_mode = 2`, as the
+/// plugin's suite publishes.
+fn delayed(v: AMQPValue) -> BasicProperties {
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), v);
+    BasicProperties::default()
+        .with_headers(h)
+        .with_delivery_mode(2)
+}
+
+async fn publish_to(ch: &Channel, exchange: &str, rk: &str, body: &[u8], props: BasicProperties) {
+    let confirm = ch
+        .basic_publish(
+            exchange.into(),
+            rk.into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
+        .await
+        .unwrap();
+    let ok = tokio::time::timeout(Duration::from_secs(10), confirm)
+        .await
+        .expect("no confirm within 10s")
+        .unwrap();
+    assert!(ok.is_ack(), "the broker nacked a publish to {exchange}");
+}
+
+/// Waits until `queue` exists with a consumer (delayd's); panics after 20 s.
+async fn wait_consumed_queue(amqp: &Connection, queue: &str, d: &Daemon) {
+    let ok = eventually(Duration::from_secs(20), || async {
+        let ch = amqp.create_channel().await.unwrap();
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match q {
+            Ok(q) => {
+                let _ = ch.close(200, "ok".into()).await;
+                q.consumer_count() > 0
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(
+        ok,
+        "delayd did not consume {queue} within 20s:\n{}",
+        d.tail()
+    );
+}
+
+/// A body that says which delay it was published with: the plugin suite's
+/// `term_to_binary(V)`.
+fn body_of(i: usize, delay: i32) -> Vec<u8> {
+    format!("{i}:{delay}").into_bytes()
+}
+
+fn delay_in(body: &[u8]) -> i32 {
+    let s = std::str::from_utf8(body).unwrap();
+    s.split(':').nth(1).unwrap().parse().unwrap()
+}
+
+/// Publishes the suite's delays, waits for every message, and asserts they
+/// arrived in delay order, none before its delay.
+async fn assert_delivered_in_delay_order(t: &Intake, d: &Daemon, delays: &[i32], as_string: bool) {
+    let start = wall_ms();
+    for (i, ms) in delays.iter().enumerate() {
+        let v = if as_string {
+            AMQPValue::LongString(LongString::from(ms.to_string()))
+        } else {
+            AMQPValue::LongInt(*ms)
+        };
+        t.publish("", &body_of(i, *ms), delayed(v)).await;
+    }
+    let longest = *delays.iter().max().unwrap() as u64;
+    wait_n(
+        &t.inbox,
+        delays.len(),
+        Duration::from_millis(longest + 10_000),
+        d,
+    )
+    .await;
+    let got: Vec<Received> = t.inbox.all();
+    let order: Vec<i32> = got.iter().map(|r| delay_in(&r.body)).collect();
+    let mut sorted = delays.to_vec();
+    sorted.sort();
+    assert_eq!(order, sorted, "delivered out of delay order");
+    for r in &got {
+        let ms = delay_in(&r.body) as i64;
+        assert!(
+            r.at_ms >= start + ms,
+            "a message delayed {ms} ms arrived {} ms after the first publish",
+            r.at_ms - start
+        );
+    }
+}
+
+async fn wait_n(inbox: &Inbox, n: usize, limit: Duration, d: &Daemon) {
+    let start = Instant::now();
+    while inbox.len() < n {
+        assert!(
+            start.elapsed() < limit,
+            "only {} of {n} messages arrived within {limit:?}; log:\n{}",
+            inbox.len(),
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `routing_topic`, `routing_direct` and `routing_fanout` of the plugin's
+/// suite, with its binding and routing keys and delay 0: each routing key is
+/// routed by the target's own type. Where the plugin dropped a message no
+/// binding matched, delayd keeps it as unroutable: retried, then dead.
+#[tokio::test]
+async fn routing_through_topic_direct_and_fanout_targets_as_the_plugin_suite() {
+    let cases: [(ExchangeKind, &[&str], &[&str], usize); 3] = [
+        (
+            ExchangeKind::Topic,
+            &["a.b.c", "a.*.c", "a.#"],
+            &["a.b.c", "a.z.c", "a.j.k", "b.b.c"],
+            3,
+        ),
+        (
+            ExchangeKind::Direct,
+            &["mykey"],
+            &["mykey", "noroute", "mykey"],
+            2,
+        ),
+        (
+            ExchangeKind::Fanout,
+            &["mykey", "", "otherkey"],
+            &["mykey", "noroute", "mykey"],
+            3,
+        ),
+    ];
+    for (kind, bks, rks, count) in cases {
+        let t = Intake::new(kind.clone(), bks, "max_attempts = 1", "").await;
+        let d = t.start().await;
+        for (i, rk) in rks.iter().enumerate() {
+            t.publish_delayed(rk, &body_of(i, 0), 0).await;
+        }
+        wait_n(&t.inbox, count, Duration::from_secs(10), &d).await;
+        let unroutable = rks.len() - count;
+        let mut r = t.redis.clone();
+        let dead = family(&t.key).dead;
+        let ok = eventually(Duration::from_secs(10), || {
+            let (mut r, dead) = (r.clone(), dead.clone());
+            async move { zcard(&mut r, &dead).await as usize == unroutable }
+        })
+        .await;
+        assert!(
+            ok,
+            "{kind:?}: {unroutable} unroutable expected in the dead set"
+        );
+        t.inbox.settle(Duration::from_millis(500)).await;
+        assert_eq!(t.inbox.len(), count, "{kind:?}");
+        for m in t.inbox.all() {
+            let i: usize = std::str::from_utf8(&m.body)
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(
+                m.routing_key, rks[i],
+                "{kind:?}: delivered with its own routing key"
+            );
+        }
+        let _ = zcard(&mut r, &dead).await;
+        drop(d);
+        t.cleanup().await;
+    }
+}
+
+/// `delay_order` and `e2e_delay`: delays 500, 100, 300, 200, 100, 400 ms
+/// arrive sorted by delay, none early; here through an exchange-to-exchange
+/// binding (target → a second direct exchange with the queue), as `e2e_*`.
+#[tokio::test]
+async fn delays_arrive_in_order_through_an_exchange_to_exchange_binding() {
+    let t = Intake::new(ExchangeKind::Direct, &[], "", "").await;
+    let ch = t.amqp.create_channel().await.unwrap();
+    let second = unique("e2e");
+    let queue = unique("e2e-q");
+    declare_target(&ch, &second, ExchangeKind::Direct, &queue, &[""]).await;
+    ch.exchange_bind(
+        second.as_str().into(),
+        t.target.as_str().into(),
+        "".into(),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let e2e = Intake {
+        inbox: consume(&t.amqp, &queue).await,
+        ..t
+    };
+    let d = e2e.start().await;
+    assert_delivered_in_delay_order(&e2e, &d, &[500, 100, 300, 200, 100, 400], false).await;
+    // `e2e_nodelay`: no delay at all.
+    e2e.publish_delayed("", b"nodelay:0", 0).await;
+    wait_n(&e2e.inbox, 7, Duration::from_secs(5), &d).await;
+    drop(d);
+    let _ = ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(second.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+    e2e.cleanup().await;
+}
+
+/// `string_delay_header`: the delays as strings of digits.
+#[tokio::test]
+async fn string_delays_are_read_as_the_plugin_reads_them() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let d = t.start().await;
+    assert_delivered_in_delay_order(&t, &d, &[500, 100, 300, 200, 100, 400], true).await;
+    drop(d);
+    t.cleanup().await;
+}
+
+/// `delayed_messages_count`: six delayed messages are six members of `K`,
+/// one ZCARD, and `delayd inspect` shows them pending.
+#[tokio::test]
+async fn delayed_messages_are_counted_with_one_zcard() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let d = t.start().await;
+    let delays = [5000, 2000, 3000, 2000, 3000, 4000];
+    for (i, ms) in delays.iter().enumerate() {
+        t.publish_delayed("", &body_of(i, *ms), *ms).await;
+    }
+    let mut r = t.redis.clone();
+    let key = t.key.clone();
+    let ok = eventually(Duration::from_secs(5), || {
+        let (mut r, key) = (r.clone(), key.clone());
+        async move { zcard(&mut r, &key).await == 6 }
+    })
+    .await;
+    assert!(ok, "not stored:\n{}", d.tail());
+    let (code, out, err) = t.cli(&["inspect", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["pending"], 6, "{out}");
+    assert_delivered_in_delay_order_after(&t, &d, &delays).await;
+    let _ = zcard(&mut r, &key).await;
+    drop(d);
+    t.cleanup().await;
+}
+
+/// Waits for messages already published with `delays`, in delay order.
+async fn assert_delivered_in_delay_order_after(t: &Intake, d: &Daemon, delays: &[i32]) {
+    let longest = *delays.iter().max().unwrap() as u64;
+    wait_n(
+        &t.inbox,
+        delays.len(),
+        Duration::from_millis(longest + 10_000),
+        d,
+    )
+    .await;
+    let order: Vec<i32> = t.inbox.all().iter().map(|r| delay_in(&r.body)).collect();
+    let mut sorted = delays.to_vec();
+    sorted.sort();
+    assert_eq!(order, sorted);
+}
+
+/// `node_restart_before_delay_expires`, for delayd: messages stored, delayd
+/// stopped before any is due and started again: every one arrives, in order.
+#[tokio::test]
+async fn a_restart_of_delayd_before_the_delays_expire_loses_nothing() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let mut d = t.start().await;
+    let delays = [2500, 5000, 1500, 1000, 6000, 500, 2000];
+    for (i, ms) in delays.iter().enumerate() {
+        t.publish_delayed("", &body_of(i, *ms), *ms).await;
+    }
+    let r = t.redis.clone();
+    let key = t.key.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let (mut r, key) = (r.clone(), key.clone());
+            async move { zcard(&mut r, &key).await == 7 }
+        })
+        .await
+    );
+    d.signal(15);
+    assert!(d.wait(Duration::from_secs(15)).success());
+    let d = t.start().await;
+    assert_delivered_in_delay_order_after(&t, &d, &delays).await;
+    t.inbox.settle(Duration::from_millis(500)).await;
+    assert_eq!(t.inbox.len(), 7, "no duplicate after a clean stop");
+    drop(d);
+    t.cleanup().await;
+}
+
+/// Every property the producer set, and every header of every field type,
+/// arrive as published, with the routing key and a binary body.
+#[tokio::test]
+async fn properties_and_headers_arrive_as_published() {
+    let t = Intake::new(ExchangeKind::Topic, &["order.#"], "", "").await;
+    let d = t.start().await;
+    let mut nested = FieldTable::default();
+    nested.insert("n".into(), AMQPValue::ShortShortInt(-3));
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), AMQPValue::LongInt(300));
+    h.insert("b".into(), AMQPValue::Boolean(true));
+    h.insert("u8".into(), AMQPValue::ShortShortUInt(200));
+    h.insert("i8".into(), AMQPValue::ShortShortInt(-100));
+    h.insert("i16".into(), AMQPValue::ShortInt(-300));
+    h.insert("u16".into(), AMQPValue::ShortUInt(60000));
+    h.insert("i32".into(), AMQPValue::LongInt(-70000));
+    h.insert("u32".into(), AMQPValue::LongUInt(4_000_000_000));
+    h.insert("i64".into(), AMQPValue::LongLongInt(-(1 << 40)));
+    h.insert("f".into(), AMQPValue::Float(1.5));
+    h.insert("d".into(), AMQPValue::Double(2.25));
+    h.insert(
+        "dec".into(),
+        AMQPValue::DecimalValue(lapin::types::DecimalValue {
+            scale: 2,
+            value: 12345,
+        }),
+    );
+    h.insert(
+        "s".into(),
+        AMQPValue::LongString(LongString::from(b"\x00\xffbin".to_vec())),
+    );
+    h.insert(
+        "arr".into(),
+        AMQPValue::FieldArray(vec![AMQPValue::LongInt(1), AMQPValue::Void].into()),
+    );
+    h.insert("ts".into(), AMQPValue::Timestamp(1_700_000_000));
+    h.insert("t".into(), AMQPValue::FieldTable(nested));
+    h.insert("x".into(), AMQPValue::ByteArray(vec![1u8, 2, 3].into()));
+    h.insert("v".into(), AMQPValue::Void);
+    let props = BasicProperties::default()
+        .with_content_type(ShortString::from("application/json"))
+        .with_content_encoding(ShortString::from("gzip"))
+        .with_headers(h)
+        .with_delivery_mode(2)
+        .with_priority(7)
+        .with_correlation_id(ShortString::from("corr-1"))
+        .with_reply_to(ShortString::from("replies"))
+        .with_expiration(ShortString::from("600000"))
+        .with_message_id(ShortString::from(unique("order")))
+        .with_timestamp(1_700_000_123)
+        .with_type(ShortString::from("order.expired"))
+        .with_user_id(ShortString::from("guest"))
+        .with_app_id(ShortString::from("shop"));
+    let body = b"\x00binary\xff body".to_vec();
+    let start = wall_ms();
+    t.publish("order.created.eu", &body, props.clone()).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let got = t.inbox.all().remove(0);
+    assert!(got.at_ms >= start + 300, "arrived early");
+    assert_eq!(got.body, body);
+    assert_eq!(got.routing_key, "order.created.eu");
+    assert_eq!(got.properties, props, "properties differ");
+    drop(d);
+    t.cleanup().await;
+}
+
+/// A non-numeric `x-delay` is published at once, with a warning and a count.
+#[tokio::test]
+async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
+    let port = free_port(30000..40000, &[]);
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let config = std::fs::read_to_string(&t.config).unwrap().replace(
+        "listen = \"off\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(&t.config, config).unwrap();
+    let d = t.start().await;
+    let start = wall_ms();
+    t.publish(
+        "",
+        b"soon",
+        delayed(AMQPValue::LongString(LongString::from("soon"))),
+    )
+    .await;
+    t.publish("", b"true", delayed(AMQPValue::Boolean(true)))
+        .await;
+    wait_n(&t.inbox, 2, Duration::from_secs(5), &d).await;
+    assert!(
+        t.inbox.all().iter().all(|r| r.at_ms - start < 2000),
+        "published at once"
+    );
+    let ok = eventually(Duration::from_secs(5), || async {
+        d.logs().contains("x-delay is not a number")
+    })
+    .await;
+    assert!(ok, "no warning:\n{}", d.tail());
+    let (_, metrics) = http_get(port, "/metrics").unwrap();
+    assert!(
+        metrics.contains("delayd_intake_invalid_delay_total{business=\"delayed\"} 2"),
+        "{metrics}"
+    );
+    drop(d);
+    t.cleanup().await;
+}
+
+/// A target with nothing bound: the message is returned, retried with
+/// backoff and then dead, visible in `delayd get` by its message_id.
+#[tokio::test]
+async fn an_unroutable_target_is_retried_then_dead() {
+    let t = Intake::new(ExchangeKind::Direct, &[], "max_attempts = 2", "").await;
+    let d = t.start().await;
+    let id = unique("lost");
+    t.publish(
+        "nowhere",
+        b"unroutable",
+        delayed(AMQPValue::LongInt(0)).with_message_id(ShortString::from(id.as_str())),
+    )
+    .await;
+    let mut r = t.redis.clone();
+    let dead = family(&t.key).dead;
+    let ok = eventually(Duration::from_secs(10), || {
+        let (mut r, dead) = (r.clone(), dead.clone());
+        async move { zcard(&mut r, &dead).await == 1 }
+    })
+    .await;
+    assert!(ok, "not dead:\n{}", d.tail());
+    let (code, out, _) = t.cli(&["get", &t.name, &id]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("dead") && out.contains("returned"), "{out}");
+    assert!(d
+        .logs()
+        .contains("publish not delivered; rescheduled with backoff"));
+    let _ = zcard(&mut r, &dead).await;
+    drop(d);
+    t.cleanup().await;
+}
+
+/// A delay of 60 days is stored like any other: `get` shows it by its
+/// message_id, due in 60 days, and `cancel` removes it for good. Ten years
+/// is no different.
+#[tokio::test]
+async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let d = t.start().await;
+    let id = unique("order-60d");
+    let sixty_days: i64 = 60 * 86_400_000;
+    let start = wall_ms();
+    t.publish(
+        "",
+        b"in 60 days",
+        delayed(AMQPValue::LongLongInt(sixty_days)).with_message_id(ShortString::from(id.as_str())),
+    )
+    .await;
+    t.publish(
+        "",
+        b"in 10 years",
+        delayed(AMQPValue::LongLongInt(10 * 365 * 86_400_000)),
+    )
+    .await;
+    let mut r = t.redis.clone();
+    let key = t.key.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let (mut r, key) = (r.clone(), key.clone());
+            async move { zcard(&mut r, &key).await == 2 }
+        })
+        .await
+    );
+    let (code, out, err) = t.cli(&["get", &t.name, &id, "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let due = v["due_ms"].as_i64().expect(&out);
+    assert_eq!(v["body"], "in 60 days", "{out}");
+    assert_eq!(
+        v["message"]["properties"]["message_id"],
+        id.as_str(),
+        "{out}"
+    );
+    assert_eq!(v["message"]["routing_key"], "", "{out}");
+    assert!(
+        (due - start - sixty_days).abs() < 5000,
+        "due {} ms from now, not 60 days",
+        due - start
+    );
+    let (code, out, _) = t.cli(&["list", &t.name]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&id), "{out}");
+    let (code, out, err) = t.cli(&["cancel", &t.name, &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, _) = t.cli(&["get", &t.name, &id]);
+    assert_eq!(code, 4, "gone after cancel");
+    assert_eq!(zcard(&mut r, &t.key).await, 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(t.inbox.len(), 0);
+    drop(d);
+    t.cleanup().await;
+}
+
+/// A second publish with the same message_id replaces the schedule: one
+/// delivery, of the second body, at the second time.
+#[tokio::test]
+async fn a_republish_with_the_same_message_id_replaces_the_schedule() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let d = t.start().await;
+    let id = unique("same");
+    let with_id =
+        |ms| delayed(AMQPValue::LongInt(ms)).with_message_id(ShortString::from(id.as_str()));
+    t.publish("", b"first", with_id(60_000)).await;
+    t.publish("", b"second", with_id(300)).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(5), &d).await;
+    t.inbox.settle(Duration::from_millis(700)).await;
+    let got = t.inbox.all();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body, b"second");
+    let mut r = t.redis.clone();
+    assert_eq!(zcard(&mut r, &t.key).await, 0, "the first schedule is gone");
+    drop(d);
+    t.cleanup().await;
+}
+
+/// A message whose envelope exceeds max_message_size is rejected to the
+/// dead-letter exchange delayd set on the intake queue, logged and counted;
+/// the messages around it are stored.
+#[tokio::test]
+async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let dlx = unique("dlx");
+    let dlq = unique("dlq");
+    declare_target(&ch, &dlx, ExchangeKind::Fanout, &dlq, &[""]).await;
+    let rejected = consume(&amqp, &dlq).await;
+    let t = Intake::new(
+        ExchangeKind::Direct,
+        &[""],
+        "",
+        &format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\""),
+    )
+    .await;
+    let d = t.start().await;
+    t.publish_delayed("", b"small-1", 0).await;
+    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
+    t.publish_delayed("", b"small-2", 0).await;
+    wait_n(&t.inbox, 2, Duration::from_secs(5), &d).await;
+    wait_n(&rejected, 1, Duration::from_secs(5), &d).await;
+    assert_eq!(rejected.all()[0].body.len(), 2000);
+    assert!(
+        d.logs().contains("more than max_message_size = 1000"),
+        "{}",
+        d.tail()
+    );
+    drop(d);
+    let _ = ch
+        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+    t.cleanup().await;
+}
+
+/// `kill -9` of delayd while producers publish: every message is delivered,
+/// and a message delivered twice is one the broker redelivered (counted by
+/// the restarted daemon).
+#[tokio::test]
+async fn kill_9_mid_intake_loses_nothing() {
+    let port = free_port(30000..40000, &[]);
+    // A short lease, so what the killed process had claimed comes back soon.
+    let t = Intake::new(ExchangeKind::Direct, &[""], "lease = \"2s\"", "").await;
+    let config = std::fs::read_to_string(&t.config).unwrap().replace(
+        "listen = \"off\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(&t.config, config).unwrap();
+    let mut d = t.start().await;
+    let n = 20_000usize;
+    let producer = {
+        let ch = t.amqp.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let exchange = t.exchange.clone();
+        tokio::spawn(async move {
+            let mut confirms = Vec::new();
+            for i in 0..n {
+                let c = ch
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        "".into(),
+                        BasicPublishOptions::default(),
+                        format!("m{i}").as_bytes(),
+                        delayed(AMQPValue::LongInt((i % 7) as i32 * 100)),
+                    )
+                    .await
+                    .unwrap();
+                confirms.push(c);
+            }
+            for c in confirms {
+                assert!(c.await.unwrap().is_ack());
+            }
+        })
+    };
+    // Kill it mid-flow: once some are delivered, while more arrive.
+    wait_n(&t.inbox, 2000, Duration::from_secs(30), &d).await;
+    d.kill();
+    producer.await.unwrap();
+    let d = t.start().await;
+    let want: std::collections::HashSet<Vec<u8>> =
+        (0..n).map(|i| format!("m{i}").into_bytes()).collect();
+    wait_all(&t.inbox, &want, Duration::from_secs(60), &d).await;
+    t.inbox.settle(Duration::from_millis(500)).await;
+    let duplicates = t.inbox.len() - n;
+    let (_, metrics) = http_get(port, "/metrics").unwrap();
+    let counter = |name: &str| -> usize {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{business=\"delayed\"}}")))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    // Two ways to a duplicate after a crash, both counted: an intake
+    // delivery written but not acked (redelivered by the broker), and a
+    // member published but not acked in Redis (recovered after its lease).
+    let redelivered = counter("delayd_intake_redelivered_total");
+    let recovered = counter("delayd_recovered_total");
+    assert!(
+        duplicates <= redelivered + recovered,
+        "{duplicates} duplicates, but only {redelivered} redelivered intake messages and {recovered} recovered leases"
+    );
+    eprintln!("kill -9 mid-intake: {duplicates} duplicates of {n}; {redelivered} redelivered, {recovered} recovered");
+    drop(d);
+    t.cleanup().await;
+}
+
+/// `delayd check` reports the intake's exchange and queue (missing ones are
+/// declared by `run`, existing ones are counted), and refuses an intake
+/// exchange that would not pass every routing key to the queue.
+#[tokio::test]
+async fn check_reports_the_intake_topology_and_refuses_a_direct_intake_exchange() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let (code, out, err) = t.cli(&["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("intake"))
+        .unwrap_or_else(|| panic!("no intake line:\n{out}"));
+    assert!(line.contains("missing (delayd run declares it"), "{line}");
+    let d = t.start().await;
+    t.publish("", b"waits", delayed(AMQPValue::LongInt(60_000)))
+        .await;
+    drop(d);
+    let (code, out, _) = t.cli(&["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "ok, exchange \"{}\" (fanout) -> queue \"{}\"",
+            t.exchange, t.queue
+        )),
+        "{out}"
+    );
+    // A direct exchange under the intake name: "#" would route nothing.
+    let ch = t.amqp.create_channel().await.unwrap();
+    ch.exchange_delete(t.exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+    ch.exchange_declare(
+        t.exchange.as_str().into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let f = assert_check_fails(&t.config);
+    assert!(
+        f.line.contains("intake exchange") && f.line.contains("is direct"),
+        "{}",
+        f.line
+    );
+    t.cleanup().await;
+}
+
+/// The migration guide's steps on a real broker (the plugin itself is not
+/// installed here, so its exchange is a stand-in topic exchange bound like
+/// the plugin's): target declared and bound with the old binding key,
+/// delayd on a second intake name, producers moved there, the old exchange
+/// deleted, then the old name taken back by the intake. Every message
+/// published along the way arrives once, with its routing key.
+#[tokio::test]
+async fn the_migration_guide_steps_lose_nothing() {
+    let amqp = amqp_at(&amqp_url()).await;
+    let admin = amqp.create_channel().await.unwrap();
+    let old = unique("orders.delayed");
+    let target = unique("orders");
+    let consumer_queue = unique("order-timeouts");
+    // Before: the consumers' queue bound to the delayed exchange.
+    declare_target(
+        &admin,
+        &old,
+        ExchangeKind::Topic,
+        &consumer_queue,
+        &["order.*.timeout"],
+    )
+    .await;
+    let inbox = consume(&amqp, &consumer_queue).await;
+    // Step 1: the target, with the same binding key.
+    declare_target(
+        &admin,
+        &target,
+        ExchangeKind::Topic,
+        &consumer_queue,
+        &["order.*.timeout"],
+    )
+    .await;
+    // Step 2: delayd with the intake under a new name.
+    let v2 = format!("{old}.v2");
+    let queue = unique("delayd.intake.orders");
+    let key = unique("test:migrate");
+    let spec = |intake: &str| {
+        BusinessSpec {
+        name: "orders".into(),
+        key: key.clone(),
+        exchange: target.clone(),
+        routing_key: String::new(),
+        extra: format!(
+            "properties = \"standard\"\n[businesses.orders.intake]\nexchange = \"{intake}\"\nqueue = \"{queue}\"\n"
+        ),
+    }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&spec(&v2)]);
+    let d = Daemon::start(&config);
+    wait_consumed_queue(&amqp, &queue, &d).await;
+    let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    // Step 3: producers publish to the new name, unchanged otherwise.
+    let ch = amqp.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    publish_to(
+        &ch,
+        &v2,
+        "order.42.timeout",
+        b"via v2",
+        delayed(AMQPValue::LongInt(300)),
+    )
+    .await;
+    // Meanwhile the old exchange still delivers what it held.
+    publish_to(
+        &ch,
+        &old,
+        "order.41.timeout",
+        b"held by the plugin",
+        BasicProperties::default(),
+    )
+    .await;
+    wait_n(&inbox, 2, Duration::from_secs(10), &d).await;
+    // Steps 4-5: the old exchange is empty and deleted.
+    admin
+        .exchange_delete(old.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+    // Step 6: the intake takes the old name back.
+    drop(d);
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&spec(&old)]);
+    let d = Daemon::start(&config);
+    wait_consumed_queue(&amqp, &queue, &d).await;
+    publish_to(
+        &ch,
+        &old,
+        "order.43.timeout",
+        b"old name again",
+        delayed(AMQPValue::LongInt(300)),
+    )
+    .await;
+    publish_to(
+        &ch,
+        &v2,
+        "order.44.timeout",
+        b"v2 still",
+        delayed(AMQPValue::LongInt(300)),
+    )
+    .await;
+    wait_n(&inbox, 4, Duration::from_secs(10), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    let mut got: Vec<(String, Vec<u8>)> = inbox
+        .all()
+        .into_iter()
+        .map(|r| (r.routing_key, r.body))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "order.41.timeout".to_string(),
+                b"held by the plugin".to_vec()
+            ),
+            ("order.42.timeout".to_string(), b"via v2".to_vec()),
+            ("order.43.timeout".to_string(), b"old name again".to_vec()),
+            ("order.44.timeout".to_string(), b"v2 still".to_vec()),
+        ]
+    );
+    drop(d);
+    for q in [&queue, &consumer_queue] {
+        let _ = admin
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for x in [&old, &v2, &target] {
+        let _ = admin
+            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    del_family(&mut redis().await, &key).await;
+}
