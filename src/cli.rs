@@ -12,6 +12,7 @@ use crate::redis_conn::{Master, Redis, RedisConn};
 use crate::store::{KeyFamily, Stats, Store};
 
 mod by_id;
+mod recurring;
 
 /// Command-line interface of `delayd`.
 #[derive(Debug, Parser)]
@@ -64,6 +65,8 @@ enum Command {
         /// The business whose keys to print.
         business: String,
     },
+    /// Print each recurring schedule's next occurrences.
+    Recurring(recurring::RecurringArgs),
     /// Look at and act on dead members.
     Dead {
         #[command(subcommand)]
@@ -187,6 +190,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             business,
         } => shards(&config::load(&c.config)?, &business),
         Command::Dead { action } => dead(action).await,
+        Command::Recurring(a) => recurring::recurring(a),
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),
             message: e.to_string(),

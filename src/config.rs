@@ -480,6 +480,8 @@ pub struct Business {
     pub member: MemberMode,
     /// Messages published with `x-delay` to an intake exchange, when set.
     pub intake: Option<crate::intake::Settings>,
+    /// Recurring schedules whose occurrences delayd writes ahead.
+    pub recurring: Vec<crate::recurring::Schedule>,
 }
 
 impl Business {
@@ -487,6 +489,13 @@ impl Business {
     /// as [`Business::shard_names`] says.
     pub fn keys(&self) -> Vec<String> {
         crate::keys::shard_keys(&self.key, self.shards, self.shard_names)
+    }
+
+    /// Whether members' bodies may be stored envelopes (routing key,
+    /// properties, body) rather than plain bodies: an intake's messages and
+    /// occurrences of schedules with their own routing key are.
+    pub fn stores_envelopes(&self) -> bool {
+        self.intake.is_some() || self.recurring.iter().any(|s| s.routing_key.is_some())
     }
 }
 
@@ -567,6 +576,7 @@ struct RawBusiness {
     member: Option<String>,
     dedup_window: Option<String>,
     intake: Option<RawIntake>,
+    recurring: Option<std::collections::BTreeMap<String, crate::recurring::settings::RawSchedule>>,
 }
 
 /// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).
@@ -934,7 +944,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
         ),
         Some(map) => {
             for (name, rb) in map {
-                if let Some(b) = validate_business(&name, rb, redis.mode, &mut problems) {
+                if let Some(b) = validate_business(&name, rb, redis.mode, path, &mut problems) {
                     businesses.push(b);
                 }
             }
@@ -1115,7 +1125,7 @@ fn overlapping_families(businesses: &[Business]) -> Vec<String> {
 
 /// Parses a duration setting at `place` (e.g. `business "b", field "lease"`):
 /// longer than zero and at most `max`, else a problem and `None`.
-fn parse_duration(
+pub(crate) fn parse_duration(
     place: &str,
     s: &str,
     max: Duration,
@@ -1144,7 +1154,7 @@ fn parse_duration(
 }
 
 /// A problem if `value` is longer than an AMQP short string can carry.
-fn check_short_string(place: &str, value: &str, problems: &mut Vec<String>) {
+pub(crate) fn check_short_string(place: &str, value: &str, problems: &mut Vec<String>) {
     if value.len() > limits::SHORT_STRING {
         problems.push(format!(
             "{place} must be at most {} bytes (got {}): AMQP carries it as a short string",
@@ -1158,6 +1168,7 @@ fn validate_business(
     name: &str,
     rb: RawBusiness,
     mode: RedisMode,
+    path: &Path,
     problems: &mut Vec<String>,
 ) -> Option<Business> {
     let before = problems.len();
@@ -1350,8 +1361,20 @@ fn validate_business(
     let intake = rb
         .intake
         .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
-    // An intake addresses every message by its id: id mode is implied.
-    let member_setting = rb.member.as_deref().or(intake.as_ref().map(|_| "id"));
+    let recurring = rb.recurring.map_or_else(Vec::new, |raw| {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        crate::recurring::settings::validate(name, raw, dir, problems)
+    });
+    if !recurring.is_empty() && rb.member.as_deref() == Some("body") {
+        problems.push(format!("business \"{name}\", field \"member\": recurring schedules store each occurrence by its id, so they need member = \"id\" (or no member setting, which implies it)"));
+    }
+    // An intake or a schedule addresses every message by its id: id mode
+    // is implied.
+    let member_setting = rb
+        .member
+        .as_deref()
+        .or(intake.as_ref().map(|_| "id"))
+        .or((!recurring.is_empty()).then_some("id"));
     let member = match member_setting {
         None | Some("body") => {
             if rb.dedup_window.is_some() {
@@ -1398,6 +1421,7 @@ fn validate_business(
         watchdog_interval,
         member,
         intake: intake.flatten(),
+        recurring,
     })
 }
 

@@ -128,6 +128,11 @@ pub struct KeyFamily {
     /// Id mode with `dedup_window`: ids delivered lately, score = when
     /// (epoch ms); trimmed to the window, so it holds only recent ids.
     pub delivered: String,
+    /// Recurring schedules: schedule -> "<fingerprint> <handled up to, ms>".
+    pub schedules: String,
+    /// Occurrences written for a time still ahead, score = due (ms): what a
+    /// changed or removed schedule takes back.
+    pub occurrences: String,
 }
 
 impl KeyFamily {
@@ -144,6 +149,8 @@ impl KeyFamily {
             reasons: format!("{base}:dead-reason"),
             body: format!("{base}:body"),
             delivered: format!("{base}:delivered"),
+            schedules: format!("{base}:schedules"),
+            occurrences: format!("{base}:occurrences"),
         }
     }
 
@@ -168,6 +175,8 @@ impl KeyFamily {
             &self.reasons,
             &self.body,
             &self.delivered,
+            &self.schedules,
+            &self.occurrences,
         ]
     }
 }

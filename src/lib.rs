@@ -15,6 +15,8 @@
 //! - [`scanner`]: one claim → publish → settle loop;
 //! - [`intake`]: a drop-in for the delayed-message plugin: consume what
 //!   producers publish with `x-delay`, store it, deliver it when due;
+//! - [`recurring`]: cron schedules whose occurrences are written ahead,
+//!   each delivered once;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
 //! - [`tasks`]: one task addressed by its member (id or body): look up,
@@ -30,6 +32,7 @@ pub mod config;
 pub mod intake;
 pub mod keys;
 pub mod rate;
+pub mod recurring;
 pub mod redis_conn;
 pub mod scanner;
 pub mod store;

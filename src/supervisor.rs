@@ -202,6 +202,13 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         }
     }
     let intakes = crate::intake::start(&with_intake, &conn, &broker, &redis_health, &stop);
+    let mut businesses: Vec<Arc<crate::config::Business>> = Vec::new();
+    for l in &lanes {
+        if !businesses.iter().any(|b| Arc::ptr_eq(b, &l.business)) {
+            businesses.push(l.business.clone());
+        }
+    }
+    let writers = crate::recurring::writer::start(&businesses, &conn, &stop);
     let mut tasks = Vec::new();
     for lane in &lanes {
         let bi = config
@@ -224,7 +231,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         scanners = tasks.len(),
         "dispatching; SIGTERM or SIGINT stops cleanly"
     );
-    for t in tasks.into_iter().chain(intakes) {
+    for t in tasks.into_iter().chain(intakes).chain(writers) {
         let _ = t.await;
     }
     conn_stop.cancel();

@@ -82,6 +82,8 @@ pub struct Metrics {
     pub paused: IntGaugeVec,
     /// What the intakes took in.
     pub intake: crate::intake::Metrics,
+    /// Occurrences of recurring schedules skipped by their catch-up policy.
+    pub recurring_missed: IntCounterVec,
 }
 
 /// The process-wide metrics.
@@ -215,6 +217,12 @@ impl Metrics {
                 b,
             ),
             intake: crate::intake::Metrics::new(&r),
+            recurring_missed: counter(
+                &r,
+                "delayd_recurring_missed_total",
+                "Occurrences of a recurring schedule missed while no instance ran and skipped by its catch_up policy",
+                &["business", "schedule"],
+            ),
             registry: r,
         }
     }

@@ -317,7 +317,9 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
 /// The message an intake stored as `body`, when `b` has an intake and the
 /// body is one (a task scheduled another way is a plain body).
 fn intake_message<'a>(b: &Business, body: &'a [u8]) -> Option<crate::intake::Envelope<'a>> {
-    b.intake.as_ref()?;
+    if !b.stores_envelopes() {
+        return None;
+    }
     crate::intake::envelope::decode(body)
 }
 

@@ -58,7 +58,9 @@ pub fn start(
 /// stored envelope, or `None` for a plain body (a task scheduled another
 /// way, published as any id-mode task).
 pub fn outgoing<'a>(business: &Business, claimed: &'a Claimed) -> Option<Envelope<'a>> {
-    business.intake.as_ref()?;
+    if !business.stores_envelopes() {
+        return None;
+    }
     envelope::decode(claimed.body())
 }
 
