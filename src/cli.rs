@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Business, Config, RedisMode};
 use crate::redis_conn::{Master, Redis, RedisConn};
-use crate::store::{KeyFamily, Stats, Store};
+use crate::store::{KeyFamily, Store, Totals};
 
 mod by_id;
 mod recurring;
@@ -474,40 +474,6 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
     }
 }
 
-/// Per-business totals over its shards.
-#[derive(Debug, Default, serde::Serialize)]
-struct Inspection {
-    business: String,
-    pending: u64,
-    due_now: u64,
-    oldest_overdue_ms: Option<i64>,
-    next_due_in_ms: Option<i64>,
-    in_flight: u64,
-    dead: u64,
-}
-
-fn combine(name: &str, all: &[Stats]) -> Inspection {
-    let mut out = Inspection {
-        business: name.to_string(),
-        ..Default::default()
-    };
-    for s in all {
-        out.pending += s.pending;
-        out.due_now += s.due_now;
-        out.in_flight += s.in_flight;
-        out.dead += s.dead;
-        if let Some(o) = s.oldest_due_ms {
-            let age = (s.now_ms as f64 - o).max(0.0) as i64;
-            out.oldest_overdue_ms = Some(out.oldest_overdue_ms.map_or(age, |a| a.max(age)));
-        }
-        if let Some(n) = s.next_due_ms {
-            let inn = (n - s.now_ms as f64).max(0.0).min(i64::MAX as f64) as i64;
-            out.next_due_in_ms = Some(out.next_due_in_ms.map_or(inn, |a| a.min(inn)));
-        }
-    }
-    out
-}
-
 fn human_ms(ms: Option<i64>) -> String {
     match ms {
         None => "-".into(),
@@ -528,7 +494,7 @@ async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
                     .map_err(|e| Failure::runtime(format!("business \"{}\": {e}", b.name)))?,
             );
         }
-        rows.push(combine(&b.name, &all));
+        rows.push(Totals::of(&b.name, &all));
     }
     if json {
         println!(
@@ -558,20 +524,15 @@ async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
 
 /// Parses `--at`: epoch milliseconds or an RFC 3339 time.
 fn parse_at(s: &str) -> Result<i64, Failure> {
-    if let Ok(ms) = s.trim().parse::<i64>() {
-        return Ok(ms);
+    crate::tasks::when::parse_at(s).map_err(|e| Failure::usage(format!("--at \"{s}\": {e}")))
+}
+
+/// Bytes as JSON text: the string itself when it is UTF-8, escaped when not.
+pub fn text(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) => s.to_string(),
+        Err(_) => escape_bytes(b),
     }
-    humantime::parse_rfc3339_weak(s.trim())
-        .map(|t| {
-            t.duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0)
-        })
-        .map_err(|e| {
-            Failure::usage(format!(
-                "--at \"{s}\": {e}; give RFC 3339 (2026-01-02T03:04:05Z) or epoch milliseconds"
-            ))
-        })
 }
 
 /// Shows bytes as text where printable, `\xNN` where not.
@@ -583,60 +544,51 @@ pub fn escape_bytes(b: &[u8]) -> String {
 }
 
 async fn dead(action: DeadAction) -> Result<(), Failure> {
-    let (args, kind) = match action {
-        DeadAction::List(a) => (a, "list"),
-        DeadAction::Requeue(a) => (a, "requeue"),
-        DeadAction::Purge(a) => (a, "purge"),
+    use crate::tasks::dead::{self as dead_set, Action, Filter};
+    let (args, action) = match action {
+        DeadAction::List(a) => (a, None),
+        DeadAction::Requeue(a) => (a, Some(Action::Requeue)),
+        DeadAction::Purge(a) => (a, Some(Action::Purge)),
     };
     let cfg = config::load(&args.config.config)?;
     let b = cfg.business(&args.business).map_err(Failure::usage)?;
     let conn = redis_conn(&cfg).await?;
-    let mut total = 0u64;
+    let stores = stores(&conn, b);
     // --limit bounds the whole business, however many shards it has.
-    let mut left = args
-        .limit
-        .unwrap_or(if kind == "list" { 100 } else { usize::MAX });
-    for store in stores(&conn, b) {
-        if left == 0 {
-            break;
+    let Some(action) = action else {
+        let (now, members) = dead_set::list(&stores, args.limit.unwrap_or(100)).await?;
+        for m in &members {
+            let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
+            println!(
+                "{}\tdied {} ago\t{}",
+                escape_bytes(&m.member),
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                m.reason
+            );
         }
-        if kind == "list" {
-            let (now, members) = store.dead_list(left).await?;
-            for m in members {
-                let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
-                println!(
-                    "{}\tdied {} ago\t{}",
-                    escape_bytes(&m.member),
-                    humantime::format_duration(Duration::from_secs(age.as_secs())),
-                    m.reason
-                );
-                total += 1;
-                left -= 1;
-            }
-            continue;
-        }
-        // Chunks keep each script call short, so Redis never stalls.
-        while left > 0 {
-            let chunk = left.min(1000);
-            let n = if kind == "requeue" {
-                store.dead_requeue(chunk).await?
-            } else {
-                store.dead_purge(chunk).await?
-            };
-            total += n;
-            left -= n as usize;
-            if (n as usize) < chunk {
-                break;
-            }
-        }
-    }
-    match kind {
-        "list" => eprintln!("{total} dead members shown for business \"{}\"", b.name),
-        "requeue" => println!(
-            "requeued {total} dead members of business \"{}\", due now",
+        eprintln!(
+            "{} dead members shown for business \"{}\"",
+            members.len(),
             b.name
+        );
+        return Ok(());
+    };
+    let done = dead_set::apply(
+        &stores,
+        &Filter::All,
+        action,
+        args.limit.unwrap_or(usize::MAX),
+    )
+    .await?;
+    match action {
+        Action::Requeue => println!(
+            "requeued {} dead members of business \"{}\", due now",
+            done.count, b.name
         ),
-        _ => println!("purged {total} dead members of business \"{}\"", b.name),
+        Action::Purge => println!(
+            "purged {} dead members of business \"{}\"",
+            done.count, b.name
+        ),
     }
     Ok(())
 }
@@ -651,9 +603,10 @@ mod tests {
     }
 
     #[test]
-    fn at_accepts_epoch_ms_and_rfc3339() {
-        assert_eq!(parse_at("1700000000000").ok(), Some(1_700_000_000_000));
-        assert_eq!(parse_at("1970-01-01T00:00:01Z").ok(), Some(1000));
-        assert!(parse_at("tomorrow").is_err());
+    fn at_names_the_flag() {
+        assert!(parse_at("tomorrow")
+            .unwrap_err()
+            .message
+            .starts_with("--at \"tomorrow\": "));
     }
 }

@@ -248,6 +248,11 @@ impl RedisMode {
 pub struct Secret(String);
 
 impl Secret {
+    /// A secret holding `s`.
+    pub(crate) fn new(s: &str) -> Self {
+        Self(s.to_string())
+    }
+
     /// The secret itself, for handing to a client library and nothing else.
     pub fn expose(&self) -> &str {
         &self.0
@@ -362,8 +367,11 @@ pub struct Config {
     pub redis: RedisConfig,
     /// RabbitMQ: its nodes and how to reach them.
     pub amqp: AmqpConfig,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` turns the server off.
+    /// Where `/metrics`, `/healthz`, `/readyz`, the console and the API are
+    /// served; `None` turns the server off.
     pub http_listen: Option<SocketAddr>,
+    /// The bearer token API writes need; `None`: the API is read-only.
+    pub http_admin_token: Option<Secret>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
@@ -504,7 +512,7 @@ impl Business {
 struct RawConfig {
     redis: Option<RawRedis>,
     amqp: Option<RawAmqp>,
-    http: Option<RawHttp>,
+    http: Option<crate::http::settings::RawHttp>,
     log: Option<RawLog>,
     businesses: Option<BTreeMap<String, RawBusiness>>,
 }
@@ -533,12 +541,6 @@ struct RawAmqp {
     tls_cert_file: Option<PathBuf>,
     tls_key_file: Option<PathBuf>,
     connect_timeout: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHttp {
-    listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -903,19 +905,7 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
     let mut problems = Vec::new();
     let redis = validate_redis(raw.redis, &mut problems);
     let amqp = validate_amqp(raw.amqp, &mut problems);
-    let http_listen = match raw.http.and_then(|h| h.listen) {
-        None => Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
-        Some(s) if s.is_empty() || s == "off" => None,
-        Some(s) => match s.parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                problems.push(format!(
-                    "[http] field \"listen\" must be HOST:PORT such as 127.0.0.1:9464, or \"off\" (got \"{s}\")"
-                ));
-                None
-            }
-        },
-    };
+    let http = crate::http::settings::validate(raw.http, &mut problems);
     let (log_format, log_level) = {
         let log = raw.log.unwrap_or(RawLog {
             format: None,
@@ -963,7 +953,8 @@ fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigError> {
         path: path.to_path_buf(),
         redis,
         amqp,
-        http_listen,
+        http_listen: http.listen,
+        http_admin_token: http.admin_token,
         log_format,
         log_level,
         businesses,

@@ -18,7 +18,8 @@
 //! - [`recurring`]: cron schedules whose occurrences are written ahead,
 //!   each delivered once;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
-//! - [`telemetry`]: logs, metrics, health and the HTTP endpoints;
+//! - [`telemetry`]: logs, metrics, connection health;
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the console and its JSON API;
 //! - [`tasks`]: one task addressed by its member (id or body): look up,
 //!   cancel, reschedule, list;
 //! - [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...);
@@ -29,6 +30,7 @@ pub mod amqp;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod http;
 pub mod intake;
 pub mod keys;
 pub mod rate;

@@ -92,6 +92,13 @@ static STATS: LazyLock<Script> = lua!("stats");
 static DEAD_LIST: LazyLock<Script> = lua!("dead_list");
 static DEAD_REQUEUE: LazyLock<Script> = lua!("dead_requeue");
 static DEAD_PURGE: LazyLock<Script> = lua!("dead_purge");
+static HISTOGRAM: LazyLock<Script> = lua!("histogram");
+
+mod dead;
+mod forecast;
+mod totals;
+pub use forecast::DueCounts;
+pub use totals::Totals;
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call
 /// should hold Redis for a few milliseconds at most.
@@ -604,11 +611,21 @@ impl Store {
 
     /// The oldest `limit` dead members and Redis's clock.
     pub async fn dead_list(&self, limit: usize) -> Result<(i64, Vec<DeadMember>), StoreError> {
+        self.dead_page(0, limit).await
+    }
+
+    /// `limit` dead members after the `skip` oldest, and Redis's clock.
+    pub async fn dead_page(
+        &self,
+        skip: usize,
+        limit: usize,
+    ) -> Result<(i64, Vec<DeadMember>), StoreError> {
         let mut conn = self.conn.clone();
         let reply: Vec<redis::Value> = DEAD_LIST
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
             .arg(limit)
+            .arg(skip)
             .invoke_async(&mut conn)
             .await?;
         let mut it = reply.into_iter();

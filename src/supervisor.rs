@@ -11,11 +11,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::Broker;
 use crate::config::{Config, RedisMode};
+use crate::http::HttpState;
 use crate::rate::Limiter;
 use crate::redis_conn::{Redis, RedisConn};
 use crate::scanner::{self, Lane};
 use crate::store::{KeyFamily, Store};
-use crate::telemetry::{self, Backoff, Health, HttpState};
+use crate::telemetry::{Backoff, Health};
 
 /// Errors that stop the daemon before it starts dispatching.
 #[derive(Debug, thiserror::Error)]
@@ -126,18 +127,13 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     // Served before Redis is reached, so /readyz can say why it is not.
     let mut http = None;
     if let Some(listen) = config.http_listen {
-        let state = Arc::new(HttpState {
-            redis: redis_health.clone(),
-            amqp: broker.health.clone(),
-            stores: std::sync::OnceLock::new(),
-            scrape: tokio::sync::Mutex::new(()),
-        });
+        let state = HttpState::new(redis_health.clone(), broker.health.clone(), &config);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| RunError::Http(listen, e))?;
         http = Some(state.clone());
         tokio::spawn(async move {
-            if let Err(e) = telemetry::serve_http(listener, state).await {
+            if let Err(e) = crate::http::serve(listener, state).await {
                 tracing::error!(%listen, error = %e, "HTTP server stopped");
             }
         });
@@ -176,7 +172,8 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     }
 
     if let Some(http) = &http {
-        let _ = http.stores.set(
+        http.connected(
+            conn.clone(),
             lanes
                 .iter()
                 .map(|l| (l.business.name.clone(), l.store.clone()))

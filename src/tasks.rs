@@ -15,6 +15,10 @@ use crate::config::{Business, MemberMode, ScoreUnit};
 use crate::redis_conn::script;
 use crate::store::{KeyFamily, StoreError};
 
+pub mod dead;
+pub mod search;
+pub mod when;
+
 // Registered like every other script, so that a `NOSCRIPT` from a restarted
 // or promoted node is answered with `EVAL` on that same node.
 static CANCEL: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/cancel.lua")));

@@ -1,5 +1,5 @@
-//! Logs, Prometheus metrics, connection health and the small HTTP server
-//! that exposes `/metrics`, `/healthz` and `/readyz`.
+//! Logs, Prometheus metrics, connection health and paused businesses; the
+//! HTTP side that serves them is [`crate::http`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -9,10 +9,8 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
-use tokio::sync::Mutex;
 
 use crate::config::LogFormat;
-use crate::store::Store;
 
 /// Sets up `tracing` once: human-readable or JSON lines on stderr.
 ///
@@ -349,36 +347,7 @@ impl Backoff {
     }
 }
 
-/// What the HTTP handlers need.
-pub struct HttpState {
-    /// Redis reachability.
-    pub redis: Arc<Health>,
-    /// RabbitMQ reachability.
-    pub amqp: Arc<Health>,
-    /// One store per key, with its business name, for scrape-time gauges.
-    pub stores: std::sync::OnceLock<Vec<(String, Store)>>,
-    /// Serialises scrapes so a burst of them costs Redis one round each.
-    pub scrape: Mutex<()>,
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` until the process exits.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    state: Arc<HttpState>,
-) -> std::io::Result<()> {
-    use axum::routing::get;
-    let app = axum::Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready_handler))
-        .with_state(state);
-    if let Ok(listen) = listener.local_addr() {
-        tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
-    }
-    axum::serve(listener, app).await
-}
-
-/// Businesses whose publishing is paused, and why, for `/readyz`.
+/// Businesses whose publishing is paused, and why, for `/readyz` and the console.
 static PAUSED: LazyLock<std::sync::Mutex<std::collections::BTreeMap<String, String>>> =
     LazyLock::new(Default::default);
 
@@ -391,91 +360,7 @@ pub fn set_paused(business: &str, reason: Option<&str>) {
     };
 }
 
-async fn ready_handler(
-    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
-) -> (axum::http::StatusCode, String) {
-    let redis = state.redis.is_up();
-    let amqp = state.amqp.is_up();
-    let paused = PAUSED.lock().map(|p| p.clone()).unwrap_or_default();
-    let code = if redis && amqp && paused.is_empty() {
-        axum::http::StatusCode::OK
-    } else {
-        axum::http::StatusCode::SERVICE_UNAVAILABLE
-    };
-    let mut body = format!(
-        "redis: {}\namqp: {}\n",
-        up_word(&state.redis),
-        up_word(&state.amqp)
-    );
-    for (business, reason) in paused {
-        body.push_str(&format!(
-            "business {business}: publishing paused, members stay pending ({reason})\n"
-        ));
-    }
-    (code, body)
-}
-
-/// "up", or "down: " and the latest reason, so a probe's output says why.
-fn up_word(health: &Health) -> String {
-    if health.is_up() {
-        "up".into()
-    } else {
-        format!("down: {}", health.reason())
-    }
-}
-
-/// Gauges are read from Redis at scrape time, so an idle delayd that nobody
-/// scrapes sends Redis nothing for them.
-async fn metrics_handler(
-    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
-) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    {
-        let _guard = state.scrape.lock().await;
-        let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
-        let mut forecast: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
-        // Every key at once, each bounded: with Redis away a scrape answers
-        // within the bound, not the bound times the number of keys.
-        let stores = state.stores.get().map(|v| v.as_slice()).unwrap_or(&[]);
-        let all = futures::future::join_all(stores.iter().map(|(business, store)| async move {
-            let stats = tokio::time::timeout(Duration::from_secs(2), store.stats()).await;
-            (business, stats)
-        }))
-        .await;
-        for (business, stats) in all {
-            if let Ok(Ok(s)) = stats {
-                let t = totals.entry(business.as_str()).or_default();
-                t.0 += s.pending as i64;
-                t.1 += s.in_flight as i64;
-                t.2 += s.dead as i64;
-                if let Some(oldest) = s.oldest_due_ms {
-                    t.3 = t.3.max((s.now_ms as f64 - oldest) / 1000.0);
-                }
-                let f = forecast.entry(business.as_str()).or_default();
-                for (sum, n) in f.iter_mut().zip(s.due_within) {
-                    *sum += n as i64;
-                }
-            }
-        }
-        for (business, (p, i, d, o)) in totals {
-            METRICS.pending.with_label_values(&[business]).set(p);
-            METRICS.inflight.with_label_values(&[business]).set(i);
-            METRICS.dead.with_label_values(&[business]).set(d);
-            METRICS.oldest_overdue.with_label_values(&[business]).set(o);
-        }
-        for (business, counts) in forecast {
-            for ((window, _), n) in crate::store::FORECAST_WINDOWS.iter().zip(counts) {
-                METRICS
-                    .pending_due_within
-                    .with_label_values(&[business, window])
-                    .set(n);
-            }
-        }
-    }
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        METRICS.render(),
-    )
+/// Every business whose publishing is paused, with the reason.
+pub fn paused() -> std::collections::BTreeMap<String, String> {
+    PAUSED.lock().map(|p| p.clone()).unwrap_or_default()
 }

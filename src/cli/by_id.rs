@@ -9,7 +9,7 @@ use std::io::Read;
 
 use clap::Args;
 
-use super::{escape_bytes, human_ms, parse_at, redis_conn, ConfigArg, Failure};
+use super::{escape_bytes, human_ms, parse_at, redis_conn, text, ConfigArg, Failure};
 use crate::config::{self, Business, Config, MemberMode};
 use crate::redis_conn::RedisConn;
 use crate::tasks::{self, Cancelled, Range, TaskState};
@@ -38,10 +38,9 @@ impl When {
     /// The due time in epoch ms, given Redis's clock.
     fn due_ms(&self, now_ms: i64) -> Result<i64, Failure> {
         if let Some(d) = &self.in_ {
-            let d = humantime::parse_duration(d.trim()).map_err(|e| {
-                Failure::usage(format!("--in \"{d}\": {e}; write e.g. 250ms, 30s or 5m"))
-            })?;
-            return Ok(now_ms.saturating_add(d.as_millis().min(i64::MAX as u128) as i64));
+            let d = tasks::when::parse_in(d)
+                .map_err(|e| Failure::usage(format!("--in \"{d}\": {e}")))?;
+            return Ok(tasks::when::after(now_ms, d));
         }
         if let Some(a) = &self.at {
             return parse_at(a);
@@ -143,14 +142,6 @@ async fn connect(cfg: &Config, b: &Business) -> Result<(RedisConn, i64), Failure
 
 fn redis_err(business: &str) -> impl Fn(crate::store::StoreError) -> Failure + '_ {
     move |e| Failure::runtime(format!("business \"{business}\": redis: {e}"))
-}
-
-/// Bytes as JSON text: the string itself when it is UTF-8, escaped when not.
-fn text(b: &[u8]) -> String {
-    match std::str::from_utf8(b) {
-        Ok(s) => s.to_string(),
-        Err(_) => escape_bytes(b),
-    }
 }
 
 /// What the member is called in output: an id, or a body in body mode.

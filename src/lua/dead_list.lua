@@ -1,9 +1,10 @@
--- dead_list.lua: the oldest dead members with when and why they died.
+-- dead_list.lua: dead members, oldest first, with when and why they died.
 -- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH
--- ARGV[1] most members to list
+-- ARGV[1] most members to list, ARGV[2] members to skip first (0 if absent)
 -- Returns {now_ms, m1, died1_ms, reason1, m2, ...}.
 local now = now_ms()
-local items = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+local skip = tonumber(ARGV[2] or '0')
+local items = redis.call('ZRANGE', KEYS[1], skip, skip + tonumber(ARGV[1]) - 1, 'WITHSCORES')
 local out = {now}
 for i = 1, #items, 2 do
   out[#out + 1] = items[i]

@@ -1,10 +1,20 @@
 -- dead_purge.lua: delete dead members for good, oldest first.
 -- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH, KEYS[3] pending ZSET K,
 -- KEYS[4] in-flight ZSET, KEYS[5] body HASH (id mode; absent otherwise)
--- ARGV[1] most members to delete
--- Returns the number of members deleted. In id mode a dead id's body goes
--- with it, unless a producer has scheduled the id again.
-local members = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+-- ARGV[1] most members to delete, ARGV[2..] the members to delete (absent:
+-- the oldest dead members)
+-- Returns the number of members deleted. A named member that is not dead is
+-- left alone. In id mode a dead id's body goes with it, unless a producer
+-- has scheduled the id again.
+local members
+if #ARGV > 1 then
+  members = {}
+  for i = 2, math.min(#ARGV, tonumber(ARGV[1]) + 1) do
+    if redis.call('ZSCORE', KEYS[1], ARGV[i]) then members[#members + 1] = ARGV[i] end
+  end
+else
+  members = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+end
 local has_body = redis.call('EXISTS', KEYS[5]) == 1
 for _, m in ipairs(members) do
   redis.call('ZREM', KEYS[1], m)

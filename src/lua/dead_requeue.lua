@@ -1,14 +1,24 @@
 -- dead_requeue.lua: move dead members back to pending, due now, attempts reset.
 -- KEYS[1] pending ZSET K, KEYS[2] dead ZSET, KEYS[3] dead-reason HASH,
 -- KEYS[4] meta HASH
--- ARGV[1] most members to move, ARGV[2] ms per score unit
--- Returns the number of members requeued. A dead member that a producer has
--- scheduled again keeps the producer's due time: it only leaves the dead set.
+-- ARGV[1] most members to move, ARGV[2] ms per score unit,
+-- ARGV[3..] the members to move (absent: the oldest dead members)
+-- Returns the number of members requeued. A named member that is not dead
+-- is left alone. A dead member that a producer has scheduled again keeps
+-- the producer's due time: it only leaves the dead set.
 local err = wrong_type(KEYS[1])
 if err then return err end
 local now = now_ms()
 local unit = tonumber(ARGV[2])
-local members = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
+local members
+if #ARGV > 2 then
+  members = {}
+  for i = 3, math.min(#ARGV, tonumber(ARGV[1]) + 2) do
+    if redis.call('ZSCORE', KEYS[2], ARGV[i]) then members[#members + 1] = ARGV[i] end
+  end
+else
+  members = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
+end
 for _, m in ipairs(members) do
   redis.call('ZADD', KEYS[1], 'NX', string.format('%.17g', now / unit), m)
   redis.call('ZREM', KEYS[2], m)

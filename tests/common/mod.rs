@@ -4,6 +4,7 @@
 //!
 //! - `servers`: free ports, private Redis and RabbitMQ servers, deploy scripts;
 //! - `daemon`: the binary as a child process or a one-shot command, its HTTP;
+//! - `http_api`: the console's JSON API and a daemon that serves it;
 //! - `inbox`: exchanges, queues and the consumers that record deliveries;
 //! - `redis_keys`: Redis connections, bulk writes, key-family waits and checks;
 //! - `config_file`: config files for the daemon under test;
@@ -24,6 +25,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 
 mod config_file;
 mod daemon;
+mod http_api;
 mod inbox;
 mod redis_keys;
 mod servers;
@@ -34,6 +36,8 @@ mod setup;
 pub use config_file::*;
 #[allow(unused_imports)]
 pub use daemon::*;
+#[allow(unused_imports)]
+pub use http_api::*;
 #[allow(unused_imports)]
 pub use inbox::*;
 #[allow(unused_imports)]

@@ -1,0 +1,143 @@
+//! The dead set: list with reasons; requeue or purge one member, those
+//! whose reason matches, or all, always able to count first (`dry_run`).
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query};
+use axum::http::HeaderMap;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{bounded, bounded_by, member_kind, ApiError, Shared, Shown};
+use crate::http::auth::require_admin;
+use crate::tasks::dead::{self, Action, Filter};
+
+/// Query of `GET /dead`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadQuery {
+    /// Members to list, oldest first (1 to 1000; 100 unless set).
+    limit: Option<usize>,
+}
+
+/// The oldest dead members with when and why they died.
+pub async fn list(
+    state: Shared,
+    Path(name): Path<String>,
+    q: Result<Query<DeadQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
+    let b = state.business(&name)?;
+    let limit = match q.limit.unwrap_or(100) {
+        n @ 1..=1000 => n,
+        n => {
+            return Err(ApiError::bad(format!(
+                "\"limit\" must be between 1 and 1000 (got {n})"
+            )))
+        }
+    };
+    let stores = state.stores_of(&b.name)?;
+    let (now_ms, members) = bounded(&b.name, dead::list(&stores, limit)).await?;
+    let total = bounded(&b.name, dead::count(&stores, &Filter::All)).await?;
+    let rows: Vec<Value> = members
+        .iter()
+        .map(|m| {
+            json!({ "member": Shown::of(&m.member), "died_ms": m.died_ms as i64, "reason": m.reason })
+        })
+        .collect();
+    Ok(Json(json!({
+        "business": b.name, "member": member_kind(b), "now_ms": now_ms,
+        "total": total.count, "members": rows,
+    })))
+}
+
+/// Body of `POST /dead/requeue` and `/dead/purge`: exactly one of
+/// `member`, `reason` or `all: true`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadBody {
+    /// This one member (the id, or the body in body mode).
+    member: Option<String>,
+    /// Members whose reason contains this text.
+    reason: Option<String>,
+    /// Every dead member.
+    #[serde(default)]
+    all: bool,
+    /// Count, do not act.
+    #[serde(default)]
+    dry_run: bool,
+    /// Act on at most this many.
+    limit: Option<usize>,
+}
+
+impl DeadBody {
+    fn filter(&self) -> Result<Filter, ApiError> {
+        match (&self.member, &self.reason, self.all) {
+            (Some(m), None, false) => Ok(Filter::Member(m.clone().into_bytes())),
+            (None, Some(r), false) if r.is_empty() => Err(ApiError::bad(
+                "\"reason\" is empty; give text the reasons contain, or \"all\": true",
+            )),
+            (None, Some(r), false) => Ok(Filter::Reason(r.clone())),
+            (None, None, true) => Ok(Filter::All),
+            _ => Err(ApiError::bad(
+                "give exactly one of \"member\", \"reason\" or \"all\": true",
+            )),
+        }
+    }
+}
+
+/// Requeues dead members: due now, attempts reset.
+pub async fn requeue(
+    state: Shared,
+    headers: HeaderMap,
+    path: Path<String>,
+    req: Result<Json<DeadBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    act(state, headers, path, req, Action::Requeue).await
+}
+
+/// Deletes dead members for good.
+pub async fn purge(
+    state: Shared,
+    headers: HeaderMap,
+    path: Path<String>,
+    req: Result<Json<DeadBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    act(state, headers, path, req, Action::Purge).await
+}
+
+/// Counting (`dry_run`) changes nothing and needs no token; acting does.
+async fn act(
+    state: Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    req: Result<Json<DeadBody>, JsonRejection>,
+    action: Action,
+) -> Result<Json<Value>, ApiError> {
+    let b = state.business(&name)?;
+    let Json(req) = req?;
+    let filter = req.filter()?;
+    if req.limit == Some(0) {
+        return Err(ApiError::bad("\"limit\" must be at least 1"));
+    }
+    if !req.dry_run {
+        require_admin(&state, &headers)?;
+    }
+    let stores = state.stores_of(&b.name)?;
+    let done = if req.dry_run {
+        bounded(&b.name, dead::count(&stores, &filter)).await?
+    } else {
+        bounded_by(
+            std::time::Duration::from_secs(120),
+            &b.name,
+            dead::apply(&stores, &filter, action, req.limit.unwrap_or(usize::MAX)),
+        )
+        .await?
+    };
+    Ok(Json(json!({
+        "business": b.name,
+        "action": match action { Action::Requeue => "requeue", Action::Purge => "purge" },
+        "dry_run": req.dry_run,
+        "count": done.count,
+        "partial": done.partial,
+    })))
+}

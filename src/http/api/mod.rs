@@ -1,0 +1,214 @@
+//! The JSON API under `/api/v1`: one handler per action, each calling the
+//! functions the CLI calls ([`crate::tasks`], [`crate::store`]).
+//!
+//! Reads are open; writes need the admin token ([`super::auth`]). A request
+//! the caller can fix answers 4xx with `{"error": "..."}`, Redis away or
+//! slow answers 503; every Redis wait is bounded.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use super::error::ApiError;
+use super::HttpState;
+use crate::config::Business;
+use crate::redis_conn::RedisConn;
+use crate::store::{Store, StoreError};
+
+mod dead;
+mod overview;
+mod tasks;
+
+/// Largest request body accepted (a task's body travels inside it).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Longest a request waits on Redis before it answers 503.
+const REDIS_BOUND: Duration = Duration::from_secs(5);
+/// Most bytes of a body or member an answer carries; the rest is cut and
+/// the full size given.
+pub const SHOWN_BYTES: usize = 4096;
+
+pub(super) type Shared = axum::extract::State<Arc<HttpState>>;
+
+/// The `/api/v1` routes.
+pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
+    axum::Router::new()
+        .route("/businesses", get(overview::businesses))
+        .route("/businesses/{business}/histogram", get(overview::histogram))
+        .route(
+            "/businesses/{business}/tasks",
+            get(tasks::list).post(tasks::schedule),
+        )
+        .route(
+            "/businesses/{business}/tasks/{id}",
+            get(tasks::get).delete(tasks::cancel),
+        )
+        .route(
+            "/businesses/{business}/tasks/{id}/reschedule",
+            post(tasks::reschedule),
+        )
+        .route(
+            "/businesses/{business}/tasks/{id}/run",
+            post(tasks::run_now),
+        )
+        .route("/businesses/{business}/search", get(tasks::search))
+        .route("/businesses/{business}/dead", get(dead::list))
+        .route("/businesses/{business}/dead/requeue", post(dead::requeue))
+        .route("/businesses/{business}/dead/purge", post(dead::purge))
+        .fallback(|| async {
+            ApiError::not_found("no such API path; the paths are listed in docs/console.md")
+        })
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+}
+
+impl HttpState {
+    /// The business called `name`, or a 404 naming the known ones.
+    fn business(&self, name: &str) -> Result<&Business, ApiError> {
+        self.businesses
+            .iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.businesses.iter().map(|b| b.name.as_str()).collect();
+                ApiError::not_found(format!(
+                    "unknown business \"{name}\": known businesses are {}",
+                    known.join(", ")
+                ))
+            })
+    }
+
+    /// The Redis connection, or a 503 while Redis is not reached yet.
+    fn conn(&self, business: &str) -> Result<RedisConn, ApiError> {
+        self.conn
+            .get()
+            .cloned()
+            .ok_or_else(|| ApiError::redis(business, "not reached yet; delayd keeps trying"))
+    }
+
+    /// The stores of `business`'s keys.
+    fn stores_of(&self, business: &str) -> Result<Vec<Store>, ApiError> {
+        self.conn(business)?;
+        Ok(self
+            .stores()
+            .iter()
+            .filter(|(b, _)| b == business)
+            .map(|(_, s)| s.clone())
+            .collect())
+    }
+}
+
+/// `fut`, bounded by [`REDIS_BOUND`], its failure a 503 naming `business`.
+async fn bounded<T>(
+    business: &str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, ApiError> {
+    bounded_by(REDIS_BOUND, business, fut).await
+}
+
+/// [`bounded`] with a bound of its own, for actions on many members (each
+/// script call is atomic, so one cut short leaves whole members done).
+async fn bounded_by<T>(
+    bound: Duration,
+    business: &str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(bound, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(ApiError::redis(business, e)),
+        Err(_) => Err(ApiError::redis(
+            business,
+            format!("no answer within {}s", bound.as_secs()),
+        )),
+    }
+}
+
+/// Bytes as an answer shows them: text (escaped where not UTF-8), cut to
+/// [`SHOWN_BYTES`], with the full size.
+#[derive(Debug, serde::Serialize)]
+pub struct Shown {
+    /// The bytes as text: UTF-8 as it is, other bytes as `\xNN`.
+    pub text: String,
+    /// The full size in bytes.
+    pub bytes: usize,
+    /// True when `text` holds only the first [`SHOWN_BYTES`].
+    pub truncated: bool,
+}
+
+impl Shown {
+    /// `b` for an answer.
+    pub fn of(b: &[u8]) -> Self {
+        let mut end = b.len().min(SHOWN_BYTES);
+        // Cut on a character boundary when the bytes are UTF-8.
+        if let Err(e) = std::str::from_utf8(&b[..end]) {
+            if e.error_len().is_none() {
+                end = e.valid_up_to();
+            }
+        }
+        Self {
+            text: crate::cli::text(&b[..end]),
+            bytes: b.len(),
+            truncated: end < b.len(),
+        }
+    }
+}
+
+/// `"id"` or `"body"`: what a business's members are.
+fn member_kind(b: &Business) -> &'static str {
+    if b.member.is_id() {
+        "id"
+    } else {
+        "body"
+    }
+}
+
+/// Answers that any number of pages share for a second, so an open
+/// console costs Redis the same however many are open.
+#[derive(Default)]
+pub struct Cache {
+    entries: tokio::sync::Mutex<HashMap<String, (Instant, serde_json::Value)>>,
+}
+
+impl Cache {
+    /// The answer for `key` if computed within `ttl`, else `compute`'s.
+    /// Callers wait for each other, so one computes while the rest reuse.
+    async fn get_or<F>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        compute: F,
+    ) -> Result<serde_json::Value, ApiError>
+    where
+        F: Future<Output = Result<serde_json::Value, ApiError>>,
+    {
+        let mut entries = self.entries.lock().await;
+        if let Some((at, v)) = entries.get(key) {
+            if at.elapsed() < ttl {
+                return Ok(v.clone());
+            }
+        }
+        let v = compute.await?;
+        entries.insert(key.to_string(), (Instant::now(), v.clone()));
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_bytes_are_cut_with_their_size() {
+        let s = Shown::of(b"ok\xff");
+        assert_eq!(
+            (s.text.as_str(), s.bytes, s.truncated),
+            ("ok\\xff", 3, false)
+        );
+        let big = "é".repeat(SHOWN_BYTES);
+        let s = Shown::of(big.as_bytes());
+        assert!(s.truncated);
+        assert_eq!(s.bytes, SHOWN_BYTES * 2);
+        assert_eq!(s.text.len(), SHOWN_BYTES);
+    }
+}

@@ -1,0 +1,393 @@
+//! Pending tasks: list by due window, look up, search by prefix, schedule,
+//! cancel, reschedule and run now, through [`crate::tasks`] as the CLI.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{bounded, member_kind, ApiError, Shared, Shown};
+use crate::config::{Business, MemberMode};
+use crate::http::auth::require_admin;
+use crate::tasks::{self, when, Cancelled, Range, TaskState};
+
+/// Most tasks one page lists.
+const MAX_PAGE: usize = 1000;
+/// Longest search prefix, in bytes.
+const MAX_PREFIX: usize = 1024;
+
+/// Query of `GET /tasks`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only tasks due at or after this time (RFC 3339 or epoch ms).
+    from: Option<String>,
+    /// Only tasks due at or before this time.
+    to: Option<String>,
+    /// Tasks per page (1 to 1000; 50 unless set).
+    limit: Option<usize>,
+    /// The cursor of the previous page.
+    cursor: Option<String>,
+}
+
+fn page_limit(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
+    match limit.unwrap_or(default) {
+        n @ 1..=MAX_PAGE => Ok(n),
+        n => Err(ApiError::bad(format!(
+            "\"limit\" must be between 1 and {MAX_PAGE} (got {n})"
+        ))),
+    }
+}
+
+fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
+    v.map(|s| when::parse_at(s).map_err(|e| ApiError::bad(format!("\"{field}\" \"{s}\": {e}"))))
+        .transpose()
+}
+
+/// One page of pending tasks in due order, with `list`'s cursor.
+pub async fn list(
+    state: Shared,
+    Path(name): Path<String>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
+    let b = state.business(&name)?;
+    let limit = page_limit(q.limit, 50)?;
+    if let Some(c) = &q.cursor {
+        if !tasks::valid_cursor(c) {
+            return Err(ApiError::bad(format!(
+                "\"cursor\" \"{c}\" is not a cursor this API returned; pass the previous page's \"cursor\""
+            )));
+        }
+    }
+    let range = Range {
+        from_ms: time_field("from", q.from.as_deref())?,
+        to_ms: time_field("to", q.to.as_deref())?,
+    };
+    let mut conn = state.conn(&b.name)?;
+    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
+    let page = bounded(
+        &b.name,
+        tasks::list(&mut conn, b, range, limit, q.cursor.as_deref()),
+    )
+    .await?;
+    let rows: Vec<Value> = page
+        .tasks
+        .iter()
+        .map(|t| json!({ "member": Shown::of(&t.member), "due_ms": t.due_ms }))
+        .collect();
+    Ok(Json(json!({
+        "business": b.name, "member": member_kind(b), "now_ms": now_ms,
+        "tasks": rows, "cursor": page.cursor,
+    })))
+}
+
+/// Query of `GET /search`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchQuery {
+    /// What members start with.
+    prefix: String,
+    /// Matches wanted (1 to 1000; 50 unless set); a page may hold fewer.
+    limit: Option<usize>,
+    /// Where the previous page stopped.
+    cursor: Option<String>,
+}
+
+/// Pending tasks whose member (body, or id) starts with a prefix: one
+/// bounded `ZSCAN` walk per page, `partial` while the walk is not over.
+pub async fn search(
+    state: Shared,
+    Path(name): Path<String>,
+    q: Result<Query<SearchQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
+    let b = state.business(&name)?;
+    let limit = page_limit(q.limit, 50)?;
+    if q.prefix.len() > MAX_PREFIX {
+        return Err(ApiError::bad(format!(
+            "\"prefix\" is {} bytes; at most {MAX_PREFIX}",
+            q.prefix.len()
+        )));
+    }
+    if let Some(c) = &q.cursor {
+        if !tasks::search::valid_cursor(b, c) {
+            return Err(ApiError::bad(format!(
+                "\"cursor\" \"{c}\" is not a search cursor this API returned"
+            )));
+        }
+    }
+    let mut conn = state.conn(&b.name)?;
+    let page = bounded(
+        &b.name,
+        tasks::search::by_prefix(
+            &mut conn,
+            b,
+            q.prefix.as_bytes(),
+            limit,
+            q.cursor.as_deref(),
+        ),
+    )
+    .await?;
+    let rows: Vec<Value> = page
+        .tasks
+        .iter()
+        .map(|t| json!({ "member": Shown::of(&t.member), "due_ms": t.due_ms }))
+        .collect();
+    Ok(Json(json!({
+        "business": b.name, "member": member_kind(b), "tasks": rows,
+        "cursor": page.cursor, "partial": page.cursor.is_some(),
+    })))
+}
+
+/// The API addresses single tasks by id: in body mode the member is the
+/// whole body, which a path cannot carry well.
+fn id_mode(b: &Business) -> Result<(), ApiError> {
+    match b.member {
+        MemberMode::Id { .. } => Ok(()),
+        MemberMode::Body => Err(ApiError::bad(format!(
+            "business \"{}\" has member = \"body\": its tasks have no id; find them with /search?prefix=, or use the CLI",
+            b.name
+        ))),
+    }
+}
+
+/// Where one task is, with its body (cut to a few KiB, with its size).
+pub async fn get(
+    state: Shared,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let b = state.business(&name)?;
+    id_mode(b)?;
+    let mut conn = state.conn(&b.name)?;
+    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
+    let found = bounded(&b.name, tasks::get(&mut conn, b, id.as_bytes())).await?;
+    let mut v = serde_json::to_value(&found).unwrap_or_default();
+    v["business"] = b.name.clone().into();
+    v["id"] = id.clone().into();
+    v["now_ms"] = now_ms.into();
+    if let Some(body) = &found.body {
+        match b
+            .intake
+            .as_ref()
+            .and_then(|_| crate::intake::envelope::decode(body))
+        {
+            Some(e) => {
+                v["body"] = serde_json::to_value(Shown::of(e.body)).unwrap_or_default();
+                v["message"] = crate::intake::envelope::describe(&e);
+            }
+            None => v["body"] = serde_json::to_value(Shown::of(body)).unwrap_or_default(),
+        }
+    }
+    if found.state == TaskState::NotFound {
+        v["error"] = format!(
+            "id \"{id}\" of business \"{}\": not found (not pending, in flight or dead: delivered, cancelled or never scheduled)",
+            b.name
+        )
+        .into();
+        return Ok((StatusCode::NOT_FOUND, Json(v)).into_response());
+    }
+    Ok(Json(v).into_response())
+}
+
+/// When a task is due: exactly one of the three.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct When {
+    /// After this long on Redis's clock, e.g. `30s` (`0s`: now).
+    #[serde(rename = "in")]
+    in_: Option<String>,
+    /// At this time: RFC 3339 or epoch ms, as a string.
+    at: Option<String>,
+    /// At this epoch millisecond.
+    at_ms: Option<i64>,
+}
+
+impl When {
+    fn due_ms(&self, now_ms: i64) -> Result<i64, ApiError> {
+        match (&self.in_, &self.at, self.at_ms) {
+            (Some(d), None, None) => when::parse_in(d)
+                .map(|d| when::after(now_ms, d))
+                .map_err(|e| ApiError::bad(format!("\"in\" \"{d}\": {e}"))),
+            (None, Some(a), None) => {
+                when::parse_at(a).map_err(|e| ApiError::bad(format!("\"at\" \"{a}\": {e}")))
+            }
+            (None, None, Some(ms)) => Ok(ms),
+            _ => Err(ApiError::bad(
+                "give exactly one of \"in\" (e.g. \"30s\"), \"at\" (RFC 3339 or epoch ms) or \"at_ms\"",
+            )),
+        }
+    }
+}
+
+/// Body of `POST /tasks`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleBody {
+    /// The task id (id mode; required there, refused in body mode).
+    id: Option<String>,
+    /// The message body, UTF-8 text.
+    body: String,
+    #[serde(flatten)]
+    when: When,
+}
+
+/// Schedules one task, as `delayd schedule` does.
+pub async fn schedule(
+    state: Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    req: Result<Json<ScheduleBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let b = state.business(&name)?;
+    let Json(req) = req?;
+    let (member, body) = match (b.member, req.id) {
+        (MemberMode::Id { .. }, None) => {
+            return Err(ApiError::bad(format!(
+                "business \"{}\" has member = \"id\": give the task's \"id\"",
+                b.name
+            )))
+        }
+        (MemberMode::Body, Some(_)) => {
+            return Err(ApiError::bad(format!(
+                "business \"{}\" has member = \"body\": its tasks are addressed by their body, so \"id\" does not apply",
+                b.name
+            )))
+        }
+        (MemberMode::Id { .. }, Some(id)) if id.is_empty() => {
+            return Err(ApiError::bad("\"id\" is empty; give the task an id"))
+        }
+        (MemberMode::Id { .. }, Some(id)) => (id.into_bytes(), Some(req.body.into_bytes())),
+        (MemberMode::Body, None) => (req.body.into_bytes(), None),
+    };
+    let mut conn = state.conn(&b.name)?;
+    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
+    let due_ms = req.when.due_ms(now_ms)?;
+    let key = bounded(
+        &b.name,
+        tasks::schedule(&mut conn, b, &member, body.as_deref(), due_ms),
+    )
+    .await?;
+    let mut v = json!({
+        "business": b.name, "key": key, "due_ms": due_ms,
+        "bytes": body.as_ref().unwrap_or(&member).len(),
+    });
+    if b.member.is_id() {
+        v["id"] = crate::cli::text(&member).into();
+    }
+    Ok((StatusCode::CREATED, Json(v)).into_response())
+}
+
+/// Cancels one pending task: 200 when cancelled, 409 while in flight, 404
+/// when dead or not pending (the CLI's exit codes 0, 3 and 4).
+pub async fn cancel(
+    state: Shared,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let b = state.business(&name)?;
+    id_mode(b)?;
+    let mut conn = state.conn(&b.name)?;
+    let (key, outcome) = bounded(&b.name, tasks::cancel(&mut conn, b, id.as_bytes())).await?;
+    let mut v = json!({ "business": b.name, "id": id, "key": key, "result": outcome });
+    let what = format!("id \"{id}\" of business \"{}\"", b.name);
+    let status = match outcome {
+        Cancelled::Cancelled => StatusCode::OK,
+        Cancelled::InFlight => {
+            v["error"] = format!("{what}: in flight: delivery under way, not cancelled").into();
+            StatusCode::CONFLICT
+        }
+        Cancelled::Dead => {
+            v["error"] =
+                format!("{what}: not pending: it is dead; purge it from the dead set").into();
+            StatusCode::NOT_FOUND
+        }
+        Cancelled::NotFound => {
+            v["error"] =
+                format!("{what}: not pending: delivered, cancelled already or never scheduled")
+                    .into();
+            StatusCode::NOT_FOUND
+        }
+    };
+    Ok((status, Json(v)).into_response())
+}
+
+/// Moves one pending task to a new due time.
+pub async fn reschedule(
+    state: Shared,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+    req: Result<Json<When>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let b = state.business(&name)?;
+    id_mode(b)?;
+    let Json(req) = req?;
+    let mut conn = state.conn(&b.name)?;
+    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
+    let due_ms = req.due_ms(now_ms)?;
+    moved(&state, b, &id, due_ms).await
+}
+
+/// Makes one pending task due now, on Redis's clock.
+pub async fn run_now(
+    state: Shared,
+    headers: HeaderMap,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let b = state.business(&name)?;
+    id_mode(b)?;
+    let mut conn = state.conn(&b.name)?;
+    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
+    moved(&state, b, &id, now_ms).await
+}
+
+/// Reschedules `id` to `due_ms`; when it is not pending, says where it is
+/// (409 in flight, 404 dead or gone), as `delayd reschedule` does.
+async fn moved(state: &Shared, b: &Business, id: &str, due_ms: i64) -> Result<Response, ApiError> {
+    let mut conn = state.conn(&b.name)?;
+    let key = bounded(
+        &b.name,
+        tasks::reschedule(&mut conn, b, id.as_bytes(), due_ms),
+    )
+    .await?;
+    if let Some(key) = key {
+        return Ok(Json(json!({
+            "business": b.name, "id": id, "result": "rescheduled", "key": key, "due_ms": due_ms,
+        }))
+        .into_response());
+    }
+    let state_now = bounded(&b.name, tasks::get(&mut conn, b, id.as_bytes()))
+        .await?
+        .state;
+    let what = format!("id \"{id}\" of business \"{}\"", b.name);
+    let (status, result, error) = match state_now {
+        TaskState::InFlight { .. } => (
+            StatusCode::CONFLICT,
+            "in_flight",
+            format!("{what}: in flight: delivery under way, not moved"),
+        ),
+        TaskState::Dead { .. } => (
+            StatusCode::NOT_FOUND,
+            "dead",
+            format!("{what}: not pending: it is dead; requeue it from the dead set"),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "{what}: not pending: delivered, cancelled or never scheduled; schedule it anew"
+            ),
+        ),
+    };
+    Ok((
+        status,
+        Json(json!({ "business": b.name, "id": id, "result": result, "error": error })),
+    )
+        .into_response())
+}

@@ -1,0 +1,97 @@
+//! `/metrics`, `/readyz` (and `/healthz`, a constant): what probes and
+//! Prometheus read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::HttpState;
+use crate::telemetry::{Health, METRICS};
+
+pub(super) async fn ready(
+    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+) -> (axum::http::StatusCode, String) {
+    let redis = state.redis.is_up();
+    let amqp = state.amqp.is_up();
+    let paused = crate::telemetry::paused();
+    let code = if redis && amqp && paused.is_empty() {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut body = format!(
+        "redis: {}\namqp: {}\n",
+        up_word(&state.redis),
+        up_word(&state.amqp)
+    );
+    for (business, reason) in paused {
+        body.push_str(&format!(
+            "business {business}: publishing paused, members stay pending ({reason})\n"
+        ));
+    }
+    (code, body)
+}
+
+/// "up", or "down: " and the latest reason, so a probe's output says why.
+pub(super) fn up_word(health: &Health) -> String {
+    if health.is_up() {
+        "up".into()
+    } else {
+        format!("down: {}", health.reason())
+    }
+}
+
+/// Gauges are read from Redis at scrape time, so an idle delayd that nobody
+/// scrapes sends Redis nothing for them.
+pub(super) async fn metrics(
+    axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    {
+        let _guard = state.scrape.lock().await;
+        let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
+        let mut forecast: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
+        // Every key at once, each bounded: with Redis away a scrape answers
+        // within the bound, not the bound times the number of keys.
+        let stores = state.stores();
+        let all = futures::future::join_all(stores.iter().map(|(business, store)| async move {
+            let stats = tokio::time::timeout(Duration::from_secs(2), store.stats()).await;
+            (business, stats)
+        }))
+        .await;
+        for (business, stats) in all {
+            if let Ok(Ok(s)) = stats {
+                let t = totals.entry(business.as_str()).or_default();
+                t.0 += s.pending as i64;
+                t.1 += s.in_flight as i64;
+                t.2 += s.dead as i64;
+                if let Some(oldest) = s.oldest_due_ms {
+                    t.3 = t.3.max((s.now_ms as f64 - oldest) / 1000.0);
+                }
+                let f = forecast.entry(business.as_str()).or_default();
+                for (sum, n) in f.iter_mut().zip(s.due_within) {
+                    *sum += n as i64;
+                }
+            }
+        }
+        for (business, (p, i, d, o)) in totals {
+            METRICS.pending.with_label_values(&[business]).set(p);
+            METRICS.inflight.with_label_values(&[business]).set(i);
+            METRICS.dead.with_label_values(&[business]).set(d);
+            METRICS.oldest_overdue.with_label_values(&[business]).set(o);
+        }
+        for (business, counts) in forecast {
+            for ((window, _), n) in crate::store::FORECAST_WINDOWS.iter().zip(counts) {
+                METRICS
+                    .pending_due_within
+                    .with_label_values(&[business, window])
+                    .set(n);
+            }
+        }
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        METRICS.render(),
+    )
+}

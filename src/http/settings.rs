@@ -1,0 +1,168 @@
+//! The validated `[http]` section: where the HTTP side listens and the
+//! token that unlocks its writes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::config::Secret;
+
+/// Where the HTTP side listens when `[http] listen` is not set: loopback,
+/// so the console is not reachable from elsewhere unless asked for.
+pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 9464);
+
+/// Longest admin token accepted: anything longer is a file named by mistake.
+const MAX_TOKEN: usize = 4096;
+
+/// `[http]` as written.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHttp {
+    listen: Option<String>,
+    admin_token: Option<Secret>,
+    admin_token_file: Option<PathBuf>,
+}
+
+/// The `[http]` section once checked.
+#[derive(Debug, Clone, Default)]
+pub struct HttpSettings {
+    /// Where `/metrics`, `/healthz`, `/readyz`, the console and the API are
+    /// served; `None` turns the server off.
+    pub listen: Option<SocketAddr>,
+    /// The bearer token every API write needs; `None` makes the API and the
+    /// console read-only.
+    pub admin_token: Option<Secret>,
+}
+
+/// Checks `[http]`, adding one line per problem to `problems`.
+pub(crate) fn validate(raw: Option<RawHttp>, problems: &mut Vec<String>) -> HttpSettings {
+    let raw = raw.unwrap_or_default();
+    let listen = match raw.listen {
+        None => Some(SocketAddr::from(DEFAULT_LISTEN)),
+        Some(s) if s.is_empty() || s == "off" => None,
+        Some(s) => match s.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                problems.push(format!(
+                    "[http] field \"listen\" must be HOST:PORT such as 127.0.0.1:9464, or \"off\" (got \"{s}\")"
+                ));
+                None
+            }
+        },
+    };
+    let admin_token = match (raw.admin_token, raw.admin_token_file) {
+        (Some(_), Some(_)) => {
+            problems.push("[http] fields \"admin_token\" and \"admin_token_file\" are both set: give the token one way".into());
+            None
+        }
+        (Some(t), None) => checked_token(t.expose(), "admin_token", problems),
+        (None, Some(path)) => match std::fs::read_to_string(&path) {
+            // One trailing line break is how files end, not part of the token.
+            Ok(text) => {
+                let t = text.strip_suffix('\n').unwrap_or(&text);
+                let t = t.strip_suffix('\r').unwrap_or(t);
+                checked_token(t, "admin_token_file", problems)
+            }
+            Err(e) => {
+                problems.push(format!(
+                    "[http] field \"admin_token_file\": cannot read {} ({e})",
+                    path.display()
+                ));
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    HttpSettings {
+        listen,
+        admin_token,
+    }
+}
+
+/// The token, if usable. The messages never quote it.
+fn checked_token(t: &str, field: &str, problems: &mut Vec<String>) -> Option<Secret> {
+    let problem = if t.is_empty() {
+        "is empty: leave it unset for a read-only console, or give a token"
+    } else if t.len() > MAX_TOKEN {
+        "is longer than 4096 bytes"
+    } else if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        "contains whitespace or control characters, which an Authorization header cannot carry"
+    } else {
+        return Some(Secret::new(t));
+    };
+    problems.push(format!("[http] field \"{field}\": the token {problem}"));
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use crate::config::{load_with_env, Config, ConfigError};
+
+    fn load(http: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        write!(
+            f,
+            "[redis]\nurl = \"redis://127.0.0.1:6379/0\"\n[amqp]\nurl = \"amqp://g:g@127.0.0.1:5672/%2f\"\n[http]\n{http}\n[businesses.b]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n"
+        )
+        .unwrap();
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        load_with_env(f.path(), env)
+    }
+
+    #[test]
+    fn no_token_means_read_only_on_loopback() {
+        let c = load("", &[]).unwrap();
+        assert!(c.http_admin_token.is_none());
+        assert_eq!(c.http_listen, Some(super::DEFAULT_LISTEN.into()));
+    }
+
+    #[test]
+    fn the_token_comes_from_the_file_the_environment_or_a_file_and_never_prints() {
+        let c = load("admin_token = \"tok-in-file\"", &[]).unwrap();
+        assert_eq!(c.http_admin_token.as_ref().unwrap().expose(), "tok-in-file");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("tok-in-file"), "{shown}");
+
+        let c = load("", &[("DELAYD_HTTP__ADMIN_TOKEN", "tok-from-env")]).unwrap();
+        assert_eq!(c.http_admin_token.unwrap().expose(), "tok-from-env");
+
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"tok-in-secret-file\n").unwrap();
+        let c = load(
+            &format!("admin_token_file = \"{}\"", f.path().display()),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.http_admin_token.unwrap().expose(), "tok-in-secret-file");
+    }
+
+    #[test]
+    fn a_bad_token_is_refused_without_quoting_it() {
+        let e = load("admin_token = \"\"", &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("[http] field \"admin_token\": the token is empty"),
+            "{e}"
+        );
+        let e = load("admin_token = \"two words-secret\"", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("whitespace") && !e.contains("secret"), "{e}");
+        let e = load(
+            "admin_token = \"a\"\nadmin_token_file = \"/nonexistent\"",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("both set"), "{e}");
+        let e = load("admin_token_file = \"/nonexistent/token\"", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot read /nonexistent/token"), "{e}");
+    }
+}

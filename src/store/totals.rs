@@ -1,0 +1,54 @@
+//! One business's counts summed over its shards, as `delayd inspect` and
+//! the console's overview show them.
+
+use super::Stats;
+
+/// Per-business totals over its shards.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Totals {
+    /// The business.
+    pub business: String,
+    /// Members pending.
+    pub pending: u64,
+    /// Pending members due now.
+    pub due_now: u64,
+    /// Age of the oldest overdue member, ms.
+    pub oldest_overdue_ms: Option<i64>,
+    /// Time until the next member not yet due, ms.
+    pub next_due_in_ms: Option<i64>,
+    /// Members claimed and awaiting a confirm.
+    pub in_flight: u64,
+    /// Dead members.
+    pub dead: u64,
+    /// Pending members due within each of [`super::FORECAST_WINDOWS`].
+    #[serde(skip)]
+    pub due_within: [u64; 3],
+}
+
+impl Totals {
+    /// The totals of `name`'s shards, one [`Stats`] each.
+    pub fn of(name: &str, all: &[Stats]) -> Self {
+        let mut out = Totals {
+            business: name.to_string(),
+            ..Default::default()
+        };
+        for s in all {
+            out.pending += s.pending;
+            out.due_now += s.due_now;
+            out.in_flight += s.in_flight;
+            out.dead += s.dead;
+            for (sum, n) in out.due_within.iter_mut().zip(s.due_within) {
+                *sum += n;
+            }
+            if let Some(o) = s.oldest_due_ms {
+                let age = (s.now_ms as f64 - o).max(0.0) as i64;
+                out.oldest_overdue_ms = Some(out.oldest_overdue_ms.map_or(age, |a| a.max(age)));
+            }
+            if let Some(n) = s.next_due_ms {
+                let inn = (n - s.now_ms as f64).max(0.0).min(i64::MAX as f64) as i64;
+                out.next_due_in_ms = Some(out.next_due_in_ms.map_or(inn, |a| a.min(inn)));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,155 @@
+//! Dead members of a business, over all its shards: list them, count and
+//! then requeue or purge all of them, one, or those whose reason matches.
+//! `delayd dead` and the API both go through here.
+
+use crate::store::{DeadMember, Store, StoreError};
+
+/// Members one script call moves or deletes, so no call holds Redis long.
+const CHUNK: usize = 1000;
+/// Dead members a reason filter reads at most per request; beyond it the
+/// answer says it is partial.
+pub const REASON_SCAN_LIMIT: usize = 100_000;
+
+/// Which dead members an action applies to.
+#[derive(Debug, Clone)]
+pub enum Filter {
+    /// Every dead member (oldest first, up to the action's limit).
+    All,
+    /// This one member (the id in id mode, the body in body mode).
+    Member(Vec<u8>),
+    /// Those whose reason contains this text.
+    Reason(String),
+}
+
+/// What to do with the members a filter picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Back to pending, due now, attempts reset.
+    Requeue,
+    /// Deleted for good.
+    Purge,
+}
+
+/// How many members a filter picked, or an action acted on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Matched {
+    /// Members counted, or moved or deleted.
+    pub count: u64,
+    /// True when a reason filter stopped after [`REASON_SCAN_LIMIT`]
+    /// members: more may match.
+    pub partial: bool,
+}
+
+/// The oldest `limit` dead members over every shard, and Redis's clock.
+pub async fn list(stores: &[Store], limit: usize) -> Result<(i64, Vec<DeadMember>), StoreError> {
+    let mut now = 0;
+    let mut all = Vec::new();
+    for store in stores {
+        let (n, members) = store.dead_list(limit).await?;
+        now = now.max(n);
+        all.extend(members);
+    }
+    all.sort_by(|a, b| a.died_ms.total_cmp(&b.died_ms));
+    all.truncate(limit);
+    Ok((now, all))
+}
+
+/// How many dead members `filter` picks.
+pub async fn count(stores: &[Store], filter: &Filter) -> Result<Matched, StoreError> {
+    let mut out = Matched::default();
+    for store in stores {
+        let n = match filter {
+            Filter::All => store.dead_count().await?,
+            Filter::Member(m) => store.is_dead(m).await? as u64,
+            Filter::Reason(r) => {
+                let (found, partial) = with_reason(store, r).await?;
+                out.partial |= partial;
+                found.len() as u64
+            }
+        };
+        out.count += n;
+    }
+    Ok(out)
+}
+
+/// Applies `action` to at most `limit` of the dead members `filter` picks.
+pub async fn apply(
+    stores: &[Store],
+    filter: &Filter,
+    action: Action,
+    limit: usize,
+) -> Result<Matched, StoreError> {
+    let mut out = Matched::default();
+    let mut left = limit;
+    for store in stores {
+        if left == 0 {
+            break;
+        }
+        let n = match filter {
+            Filter::All => oldest(store, action, left).await?,
+            Filter::Member(m) => named(store, action, &[m.as_slice()]).await?,
+            Filter::Reason(r) => {
+                let (mut found, partial) = with_reason(store, r).await?;
+                out.partial |= partial;
+                found.truncate(left);
+                let mut n = 0;
+                for chunk in found.chunks(CHUNK) {
+                    let names: Vec<&[u8]> = chunk.iter().map(|m| m.as_slice()).collect();
+                    n += named(store, action, &names).await?;
+                }
+                n
+            }
+        };
+        out.count += n;
+        left = left.saturating_sub(n as usize);
+    }
+    Ok(out)
+}
+
+/// The oldest `limit` members, in chunks.
+async fn oldest(store: &Store, action: Action, limit: usize) -> Result<u64, StoreError> {
+    let mut total = 0u64;
+    let mut left = limit;
+    while left > 0 {
+        let chunk = left.min(CHUNK);
+        let n = match action {
+            Action::Requeue => store.dead_requeue(chunk).await?,
+            Action::Purge => store.dead_purge(chunk).await?,
+        };
+        total += n;
+        left -= n as usize;
+        if (n as usize) < chunk {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+async fn named(store: &Store, action: Action, members: &[&[u8]]) -> Result<u64, StoreError> {
+    match action {
+        Action::Requeue => store.dead_requeue_members(members).await,
+        Action::Purge => store.dead_purge_members(members).await,
+    }
+}
+
+/// Members of `store`'s dead set whose reason contains `text`, reading at
+/// most [`REASON_SCAN_LIMIT`]; true when it stopped there.
+async fn with_reason(store: &Store, text: &str) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
+    let mut found = Vec::new();
+    let mut skip = 0;
+    while skip < REASON_SCAN_LIMIT {
+        let (_, page) = store.dead_page(skip, CHUNK).await?;
+        let len = page.len();
+        found.extend(
+            page.into_iter()
+                .filter(|m| m.reason.contains(text))
+                .map(|m| m.member),
+        );
+        if len < CHUNK {
+            return Ok((found, false));
+        }
+        skip += len;
+    }
+    let more = store.dead_count().await? as usize > skip;
+    Ok((found, more))
+}

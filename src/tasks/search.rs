@@ -1,0 +1,134 @@
+//! Pending tasks whose member starts with a prefix (the body in body mode,
+//! the id in id mode), found with `ZSCAN MATCH`: bounded per call, so a
+//! search through millions of members is a series of cheap pages, each
+//! saying whether the set was searched to its end.
+
+use redis::aio::ConnectionLike;
+
+use super::to_ms;
+use crate::config::Business;
+use crate::store::StoreError;
+
+/// `ZSCAN` calls one search page makes at most.
+pub const CALLS_PER_PAGE: usize = 20;
+/// The `COUNT` hint of each `ZSCAN`: members Redis looks at per call.
+pub const SCAN_COUNT: usize = 500;
+
+/// One pending task a search found.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// The member: body or id.
+    pub member: Vec<u8>,
+    /// Due time, epoch ms.
+    pub due_ms: i64,
+}
+
+/// One page of a search.
+#[derive(Debug, Clone, Default)]
+pub struct SearchPage {
+    /// Matches found on this page, in the order Redis scanned them.
+    pub tasks: Vec<Found>,
+    /// Pass to the next call to search on; `None` once every shard was
+    /// searched to its end.
+    pub cursor: Option<String>,
+}
+
+/// A `MATCH` pattern for members starting with `prefix`: glob characters
+/// in the prefix are escaped, so they match themselves.
+fn pattern(prefix: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 1);
+    for &b in prefix {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'*');
+    out
+}
+
+/// `SHARD:ZSCANCURSOR`, both decimal.
+fn decode_cursor(c: &str, shards: usize) -> Option<(usize, u64)> {
+    let (s, z) = c.split_once(':')?;
+    let shard: usize = s.parse().ok()?;
+    (shard < shards).then_some(())?;
+    Some((shard, z.parse().ok()?))
+}
+
+/// Whether `c` is a cursor a search of `business` could have returned.
+pub fn valid_cursor(business: &Business, c: &str) -> bool {
+    decode_cursor(c, business.keys().len()).is_some()
+}
+
+/// Up to about `limit` pending tasks whose member starts with `prefix`,
+/// from where `cursor` left off, looking at no more than
+/// [`CALLS_PER_PAGE`] × [`SCAN_COUNT`] members. An empty page with a cursor
+/// is not the end: the matches may lie further on.
+pub async fn by_prefix<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    prefix: &[u8],
+    limit: usize,
+    cursor: Option<&str>,
+) -> Result<SearchPage, StoreError> {
+    let keys = business.keys();
+    let (mut shard, mut at) = match cursor {
+        Some(c) => decode_cursor(c, keys.len()).ok_or_else(|| {
+            StoreError::Reply(format!("search cursor \"{c}\" is not one delayd returned"))
+        })?,
+        None => (0, 0),
+    };
+    let pattern = pattern(prefix);
+    let mut tasks = Vec::new();
+    for _ in 0..CALLS_PER_PAGE {
+        let (next, items): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
+            .arg(&keys[shard])
+            .arg(at)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(conn)
+            .await?;
+        tasks.extend(items.into_iter().map(|(member, score)| Found {
+            member,
+            due_ms: to_ms(score, business.score_unit),
+        }));
+        at = next;
+        if at == 0 {
+            shard += 1;
+            if shard == keys.len() {
+                return Ok(SearchPage {
+                    tasks,
+                    cursor: None,
+                });
+            }
+        }
+        if tasks.len() >= limit {
+            break;
+        }
+    }
+    Ok(SearchPage {
+        tasks,
+        cursor: Some(format!("{shard}:{at}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_characters_in_a_prefix_match_themselves() {
+        assert_eq!(pattern(b"a*b?[c]\\"), b"a\\*b\\?\\[c\\]\\\\*".to_vec());
+        assert_eq!(pattern(b""), b"*".to_vec());
+    }
+
+    #[test]
+    fn cursors_name_a_shard_that_exists() {
+        assert_eq!(decode_cursor("1:42", 2), Some((1, 42)));
+        assert_eq!(decode_cursor("2:42", 2), None);
+        assert_eq!(decode_cursor("x", 2), None);
+        assert_eq!(decode_cursor("0:-1", 2), None);
+    }
+}

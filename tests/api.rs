@@ -1,0 +1,716 @@
+//! The JSON API under `/api/v1`, against a running delayd and real Redis
+//! and RabbitMQ: every endpoint, the token, and bad input (always a 4xx
+//! with one line of JSON, never a 500).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+fn id_business(name: &str) -> BusinessSpec {
+    let mut b = BusinessSpec::random(name);
+    b.extra = "member = \"id\"".into();
+    b
+}
+
+fn labels_count(h: &serde_json::Value, label: &str) -> u64 {
+    h["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["label"] == label)
+        .unwrap_or_else(|| panic!("no bucket {label}"))["count"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overview_shows_counts_rates_lateness_and_paused_businesses() {
+    let live = id_business("live");
+    let gone = BusinessSpec::random("gone");
+    let c = ConsoleDaemon::start(&[&live, &gone], None).await;
+    // The second business's exchange disappears: its publishing pauses.
+    c.setup
+        .ch
+        .exchange_delete(gone.exchange.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    for i in 0..3 {
+        let _: () = redis::pipe()
+            .atomic()
+            .hset(family(&live.key).body, format!("later-{i}"), "b")
+            .zadd(&live.key, format!("later-{i}"), now + 3_600_000)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    seed_dead(&mut r, &live.key, &[("d1", "no body"), ("d2", "no body")]).await;
+    for i in 0..5 {
+        let _: () = redis::pipe()
+            .atomic()
+            .hset(family(&live.key).body, format!("now-{i}"), "b")
+            .zadd(&live.key, format!("now-{i}"), now)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    c.setup.inbox().wait_for(5, Duration::from_secs(10)).await;
+    let _: () = redis::cmd("ZADD")
+        .arg(&gone.key)
+        .arg(now)
+        .arg("stuck")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+
+    // Rates cover at least a second of samples.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    let mut row = c.overview_of("gone").await;
+    while !row["paused"].is_string() && started.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        row = c.overview_of("gone").await;
+    }
+    let paused = row["paused"].is_string();
+    assert!(paused, "no paused reason: {row}; log:\n{}", c.daemon.tail());
+    assert!(
+        row["paused"].as_str().unwrap().contains(&gone.exchange),
+        "{row}"
+    );
+    assert_eq!(row["pending"], 1, "{row}");
+    assert_eq!(row["due_now"], 1, "{row}");
+    assert!(row["oldest_overdue_ms"].as_i64().is_some(), "{row}");
+
+    let all = api_get(c.port, "/api/v1/businesses").await;
+    assert_eq!(all.json["read_only"], true);
+    assert_eq!(all.json["redis"], "up");
+    let row = c.overview_of("live").await;
+    assert_eq!(row["member"], "id");
+    assert_eq!(row["pending"], 3, "{row}");
+    assert_eq!(row["due_now"], 0, "{row}");
+    assert_eq!(row["dead"], 2, "{row}");
+    assert_eq!(row["in_flight"], 0, "{row}");
+    assert_eq!(row["due_within"]["1d"], 3, "{row}");
+    assert_eq!(row["due_within"]["1m"], 0, "{row}");
+    assert!(row["paused"].is_null(), "{row}");
+    let rates = &row["rates"];
+    assert!(rates["window_s"].as_f64().unwrap() >= 1.0, "{rates}");
+    assert!(rates["confirmed_per_s"].as_f64().unwrap() > 0.0, "{rates}");
+    assert!(rates["claimed_per_s"].as_f64().unwrap() > 0.0, "{rates}");
+    assert_eq!(rates["dead_lettered_per_s"], 0.0, "{rates}");
+    let p50 = rates["lateness_p50_ms"].as_f64().expect("a p50");
+    let p99 = rates["lateness_p99_ms"].as_f64().expect("a p99");
+    assert!(p50 > 0.0 && p50 <= p99, "{rates}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histogram_counts_each_window_over_every_shard() {
+    let mut b = BusinessSpec::random("hist");
+    b.extra = "shards = 2".into();
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    let min = 60_000i64;
+    let hour = 60 * min;
+    let day = 24 * hour;
+    // (offset from now, the bucket it falls in); the daemon would deliver
+    // overdue ones, so none is written.
+    let plan = [
+        (30_000, "+1m"),
+        (90_000, "+2m"),
+        (59 * min + 1000, "+60m"),
+        (90 * min, "+2h"),
+        (23 * hour + min, "+24h"),
+        (day + hour, "+2d"),
+        (6 * day + hour, "+7d"),
+        (30 * day, "later"),
+    ];
+    for (i, (off, _)) in plan.iter().enumerate() {
+        // Both shards: the histogram sums them.
+        for shard in 0..2 {
+            let _: () = redis::cmd("ZADD")
+                .arg(format!("{}:{shard}", b.key))
+                .arg(now + off)
+                .arg(format!("task-{i}"))
+                .query_async(&mut r)
+                .await
+                .unwrap();
+        }
+    }
+    let h = api_get(c.port, &format!("/api/v1/businesses/{}/histogram", b.name)).await;
+    assert_eq!(h.status, 200, "{}", h.text);
+    let buckets = h.json["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), 91);
+    assert_eq!(
+        buckets
+            .iter()
+            .map(|b| b["count"].as_u64().unwrap())
+            .sum::<u64>(),
+        16
+    );
+    for (_, label) in plan {
+        assert_eq!(
+            labels_count(&h.json, label),
+            2,
+            "bucket {label}: {}",
+            h.text
+        );
+    }
+    assert_eq!(labels_count(&h.json, "overdue"), 0);
+    assert!(buckets[0]["from_ms"].is_null() && buckets[90]["to_ms"].is_null());
+    let unknown = api_get(c.port, "/api/v1/businesses/nope/histogram").await;
+    assert_eq!(unknown.status, 404);
+    assert!(unknown.error_line().contains("unknown business \"nope\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_tasks_page_by_cursor_within_a_due_window() {
+    let b = BusinessSpec::random("pages");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = c.setup.redis.clone();
+    let base = redis_now_ms(&mut r).await + 3_600_000;
+    let items: Vec<(f64, Vec<u8>)> = (0..25)
+        .map(|i| {
+            (
+                (base + i * 1000) as f64,
+                format!("body-{i:02}").into_bytes(),
+            )
+        })
+        .collect();
+    zadd_many(&mut r, &b.key, &items).await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..5 {
+        let path = match &cursor {
+            Some(cur) => format!("/api/v1/businesses/{}/tasks?limit=10&cursor={cur}", b.name),
+            None => format!("/api/v1/businesses/{}/tasks?limit=10", b.name),
+        };
+        let page = api_get(c.port, &path).await;
+        assert_eq!(page.status, 200, "{}", page.text);
+        for t in page.json["tasks"].as_array().unwrap() {
+            seen.push(t["member"]["text"].as_str().unwrap().to_string());
+        }
+        cursor = page.json["cursor"].as_str().map(str::to_string);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let want: Vec<String> = (0..25).map(|i| format!("body-{i:02}")).collect();
+    assert_eq!(seen, want, "every task once, in due order");
+
+    let window = api_get(
+        c.port,
+        &format!(
+            "/api/v1/businesses/{}/tasks?from={}&to={}",
+            b.name,
+            base + 5000,
+            base + 7000
+        ),
+    )
+    .await;
+    let got: Vec<&str> = window.json["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["member"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, ["body-05", "body-06", "body-07"]);
+
+    for (path, says) in [
+        ("tasks?cursor=not-a-cursor", "\"cursor\""),
+        ("tasks?from=yesterday", "\"from\" \"yesterday\""),
+        ("tasks?limit=0", "\"limit\""),
+        ("tasks?limit=abc", "limit"),
+        ("tasks?colour=red", "colour"),
+    ] {
+        let a = api_get(c.port, &format!("/api/v1/businesses/{}/{path}", b.name)).await;
+        assert_eq!(a.status, 400, "{path}: {}", a.text);
+        assert!(a.error_line().contains(says), "{path}: {}", a.text);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_found_by_id_with_its_body_cut_to_size() {
+    let b = id_business("lookup");
+    let body_mode = BusinessSpec::random("bodies");
+    let c = ConsoleDaemon::start(&[&b, &body_mode], None).await;
+    let mut r = c.setup.redis.clone();
+    let due = redis_now_ms(&mut r).await + 3_600_000;
+    let huge = "x".repeat(100_000);
+    for (id, body) in [("small", "<b>hi</b>"), ("huge", huge.as_str())] {
+        let _: () = redis::pipe()
+            .atomic()
+            .hset(family(&b.key).body, id, body)
+            .zadd(&b.key, id, due)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let small = api_get(
+        c.port,
+        &format!("/api/v1/businesses/{}/tasks/small", b.name),
+    )
+    .await;
+    assert_eq!(small.status, 200, "{}", small.text);
+    assert_eq!(small.json["state"], "pending");
+    assert_eq!(small.json["due_ms"], due);
+    assert_eq!(small.json["key"], b.key.as_str());
+    assert_eq!(small.json["body"]["text"], "<b>hi</b>");
+    let big = api_get(c.port, &format!("/api/v1/businesses/{}/tasks/huge", b.name)).await;
+    assert_eq!(big.json["body"]["bytes"], 100_000);
+    assert_eq!(big.json["body"]["truncated"], true);
+    assert_eq!(big.json["body"]["text"].as_str().unwrap().len(), 4096);
+
+    let none = api_get(c.port, &format!("/api/v1/businesses/{}/tasks/nope", b.name)).await;
+    assert_eq!(none.status, 404);
+    assert_eq!(none.json["state"], "not_found");
+    assert!(none.error_line().contains("id \"nope\""));
+    let wrong = api_get(
+        c.port,
+        &format!("/api/v1/businesses/{}/tasks/x", body_mode.name),
+    )
+    .await;
+    assert_eq!(wrong.status, 400);
+    assert!(wrong.error_line().contains("member = \"body\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_finds_bodies_by_prefix_over_shards_and_says_when_it_is_partial() {
+    let mut b = BusinessSpec::random("search");
+    b.extra = "shards = 2".into();
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = c.setup.redis.clone();
+    let due = (redis_now_ms(&mut r).await + 3_600_000) as f64;
+    for shard in 0..2 {
+        let mut items: Vec<(f64, Vec<u8>)> = (0..15_000)
+            .map(|i| (due, format!("other-{shard}-{i}").into_bytes()))
+            .collect();
+        items.extend((0..10).map(|i| (due, format!("order:{shard}:{i}").into_bytes())));
+        // A glob character in the prefix matches itself only.
+        items.push((due, format!("a*{shard}").into_bytes()));
+        zadd_many(&mut r, &format!("{}:{shard}", b.key), &items).await;
+    }
+    let mut found = std::collections::BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    let mut partial_seen = false;
+    loop {
+        pages += 1;
+        assert!(pages < 50, "the search does not end");
+        let path = match &cursor {
+            Some(cur) => format!(
+                "/api/v1/businesses/{}/search?prefix=order:&cursor={cur}",
+                b.name
+            ),
+            None => format!("/api/v1/businesses/{}/search?prefix=order:", b.name),
+        };
+        let page = api_get(c.port, &path).await;
+        assert_eq!(page.status, 200, "{}", page.text);
+        for t in page.json["tasks"].as_array().unwrap() {
+            found.insert(t["member"]["text"].as_str().unwrap().to_string());
+        }
+        cursor = page.json["cursor"].as_str().map(str::to_string);
+        assert_eq!(page.json["partial"], cursor.is_some());
+        partial_seen |= cursor.is_some();
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert!(
+        partial_seen,
+        "30,000 members take more than one bounded page"
+    );
+    assert_eq!(found.len(), 20, "{found:?}");
+    assert!(found.iter().all(|f| f.starts_with("order:")));
+
+    let glob = api_get(
+        c.port,
+        &format!(
+            "/api/v1/businesses/{}/search?prefix=a%2A&limit=1000",
+            b.name
+        ),
+    )
+    .await;
+    let mut got = std::collections::BTreeSet::new();
+    let mut page = glob;
+    loop {
+        for t in page.json["tasks"].as_array().unwrap() {
+            got.insert(t["member"]["text"].as_str().unwrap().to_string());
+        }
+        let Some(cur) = page.json["cursor"].as_str() else {
+            break;
+        };
+        page = api_get(
+            c.port,
+            &format!(
+                "/api/v1/businesses/{}/search?prefix=a%2A&limit=1000&cursor={cur}",
+                b.name
+            ),
+        )
+        .await;
+    }
+    assert_eq!(got, ["a*0".to_string(), "a*1".to_string()].into());
+    for bad in ["cursor=9:0", "cursor=x", ""] {
+        let a = api_get(
+            c.port,
+            &format!("/api/v1/businesses/{}/search?{bad}", b.name),
+        )
+        .await;
+        assert_eq!(a.status, 400, "{bad}: {}", a.text);
+        a.error_line();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_reschedule_run_now_and_cancel_need_the_token() {
+    let b = id_business("acts");
+    let body_mode = BusinessSpec::random("acts_body");
+    let c = ConsoleDaemon::start(&[&b, &body_mode], Some(TOKEN)).await;
+    let tasks = format!("/api/v1/businesses/{}/tasks", b.name);
+    let new = json!({ "id": "t1", "body": "payload-1", "in": "1h" });
+
+    let none = api_post(c.port, &tasks, None, &new).await;
+    assert_eq!(none.status, 401, "{}", none.text);
+    assert!(none.error_line().contains("Authorization: Bearer"));
+    let wrong = api_post(c.port, &tasks, Some("not-the-token"), &new).await;
+    assert_eq!(wrong.status, 401);
+    assert!(!wrong.text.contains(TOKEN));
+
+    let made = api_post(c.port, &tasks, c.token(), &new).await;
+    assert_eq!(made.status, 201, "{}", made.text);
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    let due = made.json["due_ms"].as_i64().unwrap();
+    assert!(
+        (due - now - 3_600_000).abs() < 5_000,
+        "due {due}, now {now}"
+    );
+    let got = api_get(c.port, &format!("{tasks}/t1")).await;
+    assert_eq!(got.json["body"]["text"], "payload-1");
+
+    let moved = api_post(
+        c.port,
+        &format!("{tasks}/t1/reschedule"),
+        c.token(),
+        &json!({ "in": "2h" }),
+    )
+    .await;
+    assert_eq!(moved.status, 200, "{}", moved.text);
+    let due2 = moved.json["due_ms"].as_i64().unwrap();
+    assert!(due2 - due > 3_500_000, "{due} -> {due2}");
+    let moved_unauth = api_post(
+        c.port,
+        &format!("{tasks}/t1/reschedule"),
+        None,
+        &json!({ "in": "2h" }),
+    )
+    .await;
+    assert_eq!(moved_unauth.status, 401);
+
+    let run = api_post(c.port, &format!("{tasks}/t1/run"), c.token(), &json!({})).await;
+    assert_eq!(run.status, 200, "{}", run.text);
+    c.setup.inbox().wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(c.setup.inbox().all()[0].body, b"payload-1");
+
+    let t2 = api_post(
+        c.port,
+        &tasks,
+        c.token(),
+        &json!({ "id": "t2", "body": "x", "at_ms": now + 7_200_000 }),
+    )
+    .await;
+    assert_eq!(t2.status, 201);
+    let cancel_unauth = call(c.port, "DELETE", &format!("{tasks}/t2"), None, None).await;
+    assert_eq!(cancel_unauth.status, 401);
+    let cancel = call(c.port, "DELETE", &format!("{tasks}/t2"), c.token(), None).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    assert_eq!(cancel.json["result"], "cancelled");
+    let again = call(c.port, "DELETE", &format!("{tasks}/t2"), c.token(), None).await;
+    assert_eq!(again.status, 404);
+    assert_eq!(again.json["result"], "not_found");
+    let gone = api_post(c.port, &format!("{tasks}/t2/run"), c.token(), &json!({})).await;
+    assert_eq!(gone.status, 404);
+    assert_eq!(gone.json["result"], "not_found");
+
+    // Body mode: scheduled by body, no id.
+    let body_tasks = format!("/api/v1/businesses/{}/tasks", body_mode.name);
+    let ok = api_post(
+        c.port,
+        &body_tasks,
+        c.token(),
+        &json!({ "body": "hello", "at": "2100-01-01T00:00:00Z" }),
+    )
+    .await;
+    assert_eq!(ok.status, 201, "{}", ok.text);
+    assert_eq!(ok.json["due_ms"], 4_102_444_800_000i64);
+    for (path, body, says) in [
+        (
+            &body_tasks,
+            json!({ "id": "x", "body": "b", "in": "1s" }),
+            "member = \"body\"",
+        ),
+        (&tasks, json!({ "body": "b", "in": "1s" }), "\"id\""),
+        (
+            &tasks,
+            json!({ "id": "t", "body": "b", "in": "5 parsecs" }),
+            "\"in\" \"5 parsecs\"",
+        ),
+        (&tasks, json!({ "id": "t", "body": "b" }), "exactly one of"),
+        (
+            &tasks,
+            json!({ "id": "t", "body": "b", "in": "1s", "at_ms": 5 }),
+            "exactly one of",
+        ),
+        (
+            &tasks,
+            json!({ "id": "t", "body": "b", "at": "soon" }),
+            "\"at\" \"soon\"",
+        ),
+        (&tasks, json!({ "id": "t", "body": 5, "in": "1s" }), "body"),
+    ] {
+        let a = api_post(c.port, path, c.token(), &body).await;
+        assert!(
+            a.status == 400 || a.status == 422,
+            "{body}: {} {}",
+            a.status,
+            a.text
+        );
+        assert!(a.error_line().contains(says), "{body}: {}", a.text);
+    }
+    let huge = json!({ "id": "big", "body": "x".repeat(2 << 20), "in": "1h" });
+    let a = api_post(c.port, &tasks, c.token(), &huge).await;
+    assert_eq!(a.status, 413, "{}", a.text);
+    assert!(a.error_line().contains("larger than 1048576 bytes"));
+    assert!(!c.daemon.logs().contains(TOKEN), "the token was logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_api_is_read_only() {
+    let b = id_business("readonly");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = c.setup.redis.clone();
+    seed_dead(&mut r, &b.key, &[("d1", "no body")]).await;
+    let tasks = format!("/api/v1/businesses/{}/tasks", b.name);
+    for (method, path, body) in [
+        (
+            "POST",
+            tasks.clone(),
+            json!({ "id": "t", "body": "b", "in": "1h" }),
+        ),
+        ("POST", format!("{tasks}/t/run"), json!({})),
+        (
+            "POST",
+            format!("{tasks}/t/reschedule"),
+            json!({ "in": "1h" }),
+        ),
+        ("DELETE", format!("{tasks}/t"), json!(null)),
+        (
+            "POST",
+            format!("/api/v1/businesses/{}/dead/requeue", b.name),
+            json!({ "all": true }),
+        ),
+        (
+            "POST",
+            format!("/api/v1/businesses/{}/dead/purge", b.name),
+            json!({ "all": true }),
+        ),
+    ] {
+        let body = (!body.is_null()).then(|| body.to_string());
+        let a = call(c.port, method, &path, Some("anything"), body.as_deref()).await;
+        assert_eq!(a.status, 403, "{method} {path}: {}", a.text);
+        assert!(a.error_line().contains("admin_token"), "{}", a.text);
+    }
+    // Counting changes nothing, so it needs no token.
+    let count = api_post(
+        c.port,
+        &format!("/api/v1/businesses/{}/dead/purge", b.name),
+        None,
+        &json!({ "all": true, "dry_run": true }),
+    )
+    .await;
+    assert_eq!(count.status, 200, "{}", count.text);
+    assert_eq!(count.json["count"], 1);
+    assert_eq!(zcard(&mut r, &family(&b.key).dead).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_members_are_counted_first_then_requeued_or_purged_by_member_reason_or_all() {
+    let mut b = BusinessSpec::random("dead");
+    b.extra = "shards = 2".into();
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let unroutable = "returned as unroutable (312 NO_ROUTE) after 5 attempts";
+    seed_dead(
+        &mut r,
+        &format!("{}:0", b.key),
+        &[
+            ("a", unroutable),
+            ("b", unroutable),
+            ("<script>x</script>", "rejected"),
+        ],
+    )
+    .await;
+    seed_dead(
+        &mut r,
+        &format!("{}:1", b.key),
+        &[("c", unroutable), ("d", "rejected"), ("e", "rejected")],
+    )
+    .await;
+    let dead = format!("/api/v1/businesses/{}/dead", b.name);
+
+    let list = api_get(c.port, &dead).await;
+    assert_eq!(list.status, 200, "{}", list.text);
+    assert_eq!(list.json["total"], 6);
+    let members = list.json["members"].as_array().unwrap();
+    assert_eq!(members.len(), 6);
+    assert!(members
+        .iter()
+        .any(|m| m["member"]["text"] == "<script>x</script>" && m["reason"] == "rejected"));
+    let limited = api_get(c.port, &format!("{dead}?limit=2")).await;
+    assert_eq!(limited.json["members"].as_array().unwrap().len(), 2);
+
+    let requeue = format!("{dead}/requeue");
+    let purge = format!("{dead}/purge");
+    let count = api_post(
+        c.port,
+        &requeue,
+        None,
+        &json!({ "reason": "unroutable", "dry_run": true }),
+    )
+    .await;
+    assert_eq!(
+        (count.status, count.json["count"].as_u64()),
+        (200, Some(3)),
+        "{}",
+        count.text
+    );
+    assert_eq!(count.json["dry_run"], true);
+    let one = api_post(c.port, &requeue, c.token(), &json!({ "member": "c" })).await;
+    assert_eq!(one.json["count"], 1, "{}", one.text);
+    assert_eq!(
+        zcard(&mut r, &format!("{}:1", b.key)).await,
+        1,
+        "c is pending again"
+    );
+    let refused = api_post(c.port, &purge, None, &json!({ "reason": "unroutable" })).await;
+    assert_eq!(refused.status, 401);
+    let by_reason = api_post(
+        c.port,
+        &purge,
+        c.token(),
+        &json!({ "reason": "unroutable" }),
+    )
+    .await;
+    assert_eq!(by_reason.json["count"], 2, "{}", by_reason.text);
+    let rest = api_post(
+        c.port,
+        &requeue,
+        None,
+        &json!({ "all": true, "dry_run": true }),
+    )
+    .await;
+    assert_eq!(rest.json["count"], 3);
+    let all = api_post(c.port, &requeue, c.token(), &json!({ "all": true })).await;
+    assert_eq!(all.json["count"], 3, "{}", all.text);
+    let empty = api_get(c.port, &dead).await;
+    assert_eq!(empty.json["total"], 0);
+
+    for body in [
+        json!({}),
+        json!({ "all": true, "member": "a" }),
+        json!({ "reason": "" }),
+        json!({ "all": true, "limit": 0 }),
+        json!({ "all": "yes" }),
+    ] {
+        let a = api_post(c.port, &requeue, c.token(), &body).await;
+        assert!(
+            a.status == 400 || a.status == 422,
+            "{body}: {} {}",
+            a.status,
+            a.text
+        );
+        a.error_line();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_4xx_with_one_line_never_a_500() {
+    let b = id_business("bad");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let n = &b.name;
+    let cases: Vec<(&str, String, Option<String>, u16)> = vec![
+        ("GET", "/api/v1/businesses/nope/tasks".into(), None, 404),
+        ("GET", "/api/v1/businesses/nope/dead".into(), None, 404),
+        (
+            "GET",
+            "/api/v1/businesses/nope/search?prefix=x".into(),
+            None,
+            404,
+        ),
+        ("GET", "/api/v1/businesses/nope/tasks/x".into(), None, 404),
+        (
+            "POST",
+            "/api/v1/businesses/nope/tasks".into(),
+            Some(r#"{"id":"x","body":"b","in":"1s"}"#.into()),
+            404,
+        ),
+        (
+            "POST",
+            "/api/v1/businesses/nope/dead/purge".into(),
+            Some(r#"{"all":true}"#.into()),
+            404,
+        ),
+        (
+            "GET",
+            format!("/api/v1/businesses/{n}/tasks?cursor=12:zz"),
+            None,
+            400,
+        ),
+        (
+            "GET",
+            format!("/api/v1/businesses/{n}/search?prefix=x&cursor=-1:0"),
+            None,
+            400,
+        ),
+        (
+            "GET",
+            format!("/api/v1/businesses/{n}/dead?limit=100000"),
+            None,
+            400,
+        ),
+        (
+            "POST",
+            format!("/api/v1/businesses/{n}/tasks/x/reschedule"),
+            Some(r#"{"in":"forever"}"#.into()),
+            400,
+        ),
+        (
+            "POST",
+            format!("/api/v1/businesses/{n}/tasks"),
+            Some("{not json".into()),
+            400,
+        ),
+        (
+            "POST",
+            format!("/api/v1/businesses/{n}/tasks"),
+            Some(r#"{"id":"x","body":"b","in":"1s","extra":1}"#.into()),
+            422,
+        ),
+        ("GET", "/api/v1/nothing/here".into(), None, 404),
+    ];
+    for (method, path, body, want) in cases {
+        let a = call(c.port, method, &path, c.token(), body.as_deref()).await;
+        assert_eq!(a.status, want, "{method} {path}: {}", a.text);
+        a.error_line();
+    }
+    let search_long = format!("/api/v1/businesses/{n}/search?prefix={}", "p".repeat(2000));
+    let a = api_get(c.port, &search_long).await;
+    assert_eq!(a.status, 400);
+    assert!(a.error_line().contains("at most 1024"));
+}

@@ -1,0 +1,181 @@
+//! The console's HTTP side under test: a daemon with its listener on a free
+//! port, and a small HTTP/1.0 client for the JSON API.
+
+use super::*;
+
+/// An answer: status, and the body as JSON (`Null` when it is not JSON).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub json: serde_json::Value,
+    pub text: String,
+}
+
+impl Answer {
+    /// The `error` line of a 4xx, asserting it is one line of JSON.
+    pub fn error_line(&self) -> String {
+        let e = self.json["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no \"error\" in {} {}", self.status, self.text))
+            .to_string();
+        assert!(!e.contains('\n') && !e.is_empty(), "error {e:?}");
+        e
+    }
+}
+
+/// `method path` with an optional bearer token and JSON body; panics if
+/// nothing answers within 10 s.
+pub async fn call(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> Answer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let go = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect to the HTTP listener");
+        let mut req = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n");
+        if let Some(t) = token {
+            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        let body = body.unwrap_or("");
+        if !body.is_empty() || method == "POST" {
+            req.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        // A server may answer (413) before reading the whole body.
+        let _ = s.write_all(body.as_bytes()).await;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        raw
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(10), go)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 10 s"));
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("{method} {path}: not HTTP: {text}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |p| p.1).to_string();
+    Answer {
+        status,
+        json: serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+        text: body,
+    }
+}
+
+/// `GET path`.
+pub async fn api_get(port: u16, path: &str) -> Answer {
+    call(port, "GET", path, None, None).await
+}
+
+/// `POST path` with a JSON body and a token.
+pub async fn api_post(
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+    body: &serde_json::Value,
+) -> Answer {
+    call(port, "POST", path, token, Some(&body.to_string())).await
+}
+
+/// A daemon serving the console and API on a free port, its businesses'
+/// queues consumed. Keep it alive for the test.
+pub struct ConsoleDaemon {
+    pub setup: Setup,
+    pub daemon: Daemon,
+    pub port: u16,
+    pub token: Option<String>,
+}
+
+impl ConsoleDaemon {
+    /// Starts delayd for `businesses`, with `DELAYD_HTTP__ADMIN_TOKEN` set
+    /// to `token` when given, and waits until the API sees Redis.
+    pub async fn start(businesses: &[&BusinessSpec], token: Option<&str>) -> Self {
+        let c = Consumers::on(&amqp_url(), businesses).await;
+        let port = free_port(46000..50000, &[]);
+        let config = write_config_with(
+            c.dir.path(),
+            &redis_url(),
+            &format!("url = \"{}\"", amqp_url()),
+            &format!("127.0.0.1:{port}"),
+            businesses,
+        );
+        let setup = Setup {
+            dir: c.dir,
+            config: config.clone(),
+            redis: redis_at(&redis_url()).await,
+            amqp: c.amqp,
+            ch: c.ch,
+            queues: c.queues,
+            inboxes: c.inboxes,
+        };
+        let env: Vec<(&str, &str)> = token
+            .map(|t| vec![("DELAYD_HTTP__ADMIN_TOKEN", t)])
+            .unwrap_or_default();
+        let daemon = Daemon::start_with_env(&config, &env);
+        let ok = eventually(Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+                && call(port, "GET", "/api/v1/businesses", None, None)
+                    .await
+                    .json["businesses"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|b| b.get("pending").is_some()))
+        })
+        .await;
+        assert!(ok, "the API did not come up; log:\n{}", daemon.tail());
+        Self {
+            setup,
+            daemon,
+            port,
+            token: token.map(str::to_string),
+        }
+    }
+
+    /// The token, as a header value would carry it.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The overview row of `business`.
+    pub async fn overview_of(&self, business: &str) -> serde_json::Value {
+        let a = api_get(self.port, "/api/v1/businesses").await;
+        assert_eq!(a.status, 200, "{}", a.text);
+        a.json["businesses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == business)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {business} in {}", a.text))
+    }
+}
+
+/// Puts `members` in `key`'s dead set with their reasons, as delayd would.
+pub async fn seed_dead(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    members: &[(&str, &str)],
+) {
+    let fam = family(key);
+    let now = redis_now_ms(conn).await;
+    for (i, (m, reason)) in members.iter().enumerate() {
+        let _: () = redis::pipe()
+            .zadd(&fam.dead, *m, now - 1000 + i as i64)
+            .hset(&fam.reasons, *m, *reason)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
