@@ -106,6 +106,12 @@ fn helper_base(key: &str) -> String {
     }
 }
 
+/// A key beside `K`'s family, in `K`'s cluster slot: `{K}:suffix`, or
+/// `K:suffix` when `K` already carries a hash tag (a shard).
+pub fn helper_key(key: &str, suffix: &str) -> String {
+    format!("{}:{suffix}", helper_base(key))
+}
+
 /// The names of every key that belongs to one producer key `K`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyFamily {

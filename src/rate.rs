@@ -6,17 +6,14 @@
 //! for, and the ones the claim did not use are given back, so the budget is
 //! spent on members actually claimed.
 
+use crate::redis_conn::scripts;
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Script;
-
 use crate::config::{Business, RateScope};
-use crate::redis_conn::{script, RedisConn};
+use crate::redis_conn::RedisConn;
 use crate::store::StoreError;
-
-static RATE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/rate.lua")));
 
 /// Publishes-per-second limiter of one process.
 type ProcessBucket = governor::DefaultDirectRateLimiter;
@@ -90,7 +87,7 @@ impl Limiter {
             }
             Limiter::Shared(b) => {
                 let mut conn = b.conn.clone();
-                let (granted, wait_ms): (u64, u64) = RATE
+                let (granted, wait_ms): (u64, u64) = scripts::RATE
                     .key(&b.key)
                     .arg(b.interval_us)
                     .arg(burst)
@@ -118,7 +115,7 @@ impl Limiter {
             return Ok(());
         }
         let mut conn = b.conn.clone();
-        let _: Vec<u64> = RATE
+        let _: Vec<u64> = scripts::RATE
             .key(&b.key)
             .arg(b.interval_us)
             .arg(burst)

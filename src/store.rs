@@ -3,14 +3,12 @@
 //! Every script touches exactly one key family, whose keys share a hash tag,
 //! so each runs on Redis Cluster as well as on a single server.
 
-use std::sync::LazyLock;
+use crate::redis_conn::scripts;
 use std::time::Duration;
-
-use redis::Script;
 
 use crate::config::{MemberMode, ScoreUnit};
 pub use crate::keys::KeyFamily;
-use crate::redis_conn::{script, RedisConn};
+use crate::redis_conn::RedisConn;
 
 /// A Redis failure, as seen by a scanner or a command.
 #[derive(Debug, thiserror::Error)]
@@ -67,32 +65,6 @@ pub async fn eviction_risk<C: redis::aio::ConnectionLike>(conn: &mut C) -> Optio
 pub fn flags_notify_zsets(flags: &str) -> bool {
     flags.contains('K') && (flags.contains('z') || flags.contains('A'))
 }
-
-/// A script from `src/lua/NAME.lua`, after `prelude.lua`: the helpers whose
-/// formulas (Redis's clock, the claim tag in an in-flight score, the
-/// wrong-type check) must agree between scripts.
-macro_rules! lua {
-    ($name:literal) => {
-        LazyLock::new(|| {
-            script(concat!(
-                include_str!("lua/prelude.lua"),
-                include_str!(concat!("lua/", $name, ".lua"))
-            ))
-        })
-    };
-}
-
-static CLAIM: LazyLock<Script> = lua!("claim");
-static ACK: LazyLock<Script> = lua!("ack");
-static RETRY: LazyLock<Script> = lua!("retry");
-static EXTEND: LazyLock<Script> = lua!("extend");
-static SWEEP: LazyLock<Script> = lua!("sweep");
-static SWEEP_BODY: LazyLock<Script> = lua!("sweep_body");
-static STATS: LazyLock<Script> = lua!("stats");
-static DEAD_LIST: LazyLock<Script> = lua!("dead_list");
-static DEAD_REQUEUE: LazyLock<Script> = lua!("dead_requeue");
-static DEAD_PURGE: LazyLock<Script> = lua!("dead_purge");
-static HISTOGRAM: LazyLock<Script> = lua!("histogram");
 
 mod dead;
 mod forecast;
@@ -356,7 +328,7 @@ impl Store {
     /// Recovers expired leases and claims up to `limit` due members.
     pub async fn claim(&self, limit: usize, lease: Duration) -> Result<Claim, StoreError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<redis::Value> = CLAIM
+        let reply: Vec<redis::Value> = scripts::CLAIM
             .key(&self.keys.pending)
             .key(&self.keys.inflight)
             .key(&self.keys.meta)
@@ -394,7 +366,7 @@ impl Store {
             // The records go with the last call: deleted only if all of
             // their members were.
             let records = if i == last { records } else { &[] };
-            let mut inv = ACK.prepare_invoke();
+            let mut inv = scripts::ACK.prepare_invoke();
             inv.key(&self.keys.inflight)
                 .key(&self.keys.meta)
                 .key(&self.keys.claims)
@@ -428,7 +400,7 @@ impl Store {
         }
         let mut conn = self.conn.clone();
         for call in calls(groups, |c| c.member.len()) {
-            let mut inv = RETRY.prepare_invoke();
+            let mut inv = scripts::RETRY.prepare_invoke();
             inv.key(&self.keys.pending)
                 .key(&self.keys.inflight)
                 .key(&self.keys.meta)
@@ -478,7 +450,7 @@ impl Store {
         }
         let mut conn = self.conn.clone();
         for call in calls(groups, |m| m.len()) {
-            let mut inv = EXTEND.prepare_invoke();
+            let mut inv = scripts::EXTEND.prepare_invoke();
             inv.key(&self.keys.inflight).arg(lease.as_millis() as u64);
             push_groups(&mut inv, &call);
             total += inv.invoke_async::<u64>(&mut conn).await?;
@@ -519,7 +491,7 @@ impl Store {
         let mut cursor = cursor.to_string();
         let mut looked = 0;
         loop {
-            let (next, meta, records, len): (String, u64, u64, u64) = SWEEP
+            let (next, meta, records, len): (String, u64, u64, u64) = scripts::SWEEP
                 .key(&self.keys.pending)
                 .key(&self.keys.inflight)
                 .key(&self.keys.meta)
@@ -557,7 +529,7 @@ impl Store {
         let mut cursor = cursor.to_string();
         let (mut deleted, mut looked) = (0, 0);
         loop {
-            let (next, n, len): (String, u64, u64) = SWEEP_BODY
+            let (next, n, len): (String, u64, u64) = scripts::SWEEP_BODY
                 .key(&self.keys.pending)
                 .key(&self.keys.inflight)
                 .key(&self.keys.dead)
@@ -597,7 +569,7 @@ impl Store {
     /// and the forecast of what comes due soon.
     pub async fn stats(&self) -> Result<Stats, StoreError> {
         let mut conn = self.conn.clone();
-        let mut inv = STATS.prepare_invoke();
+        let mut inv = scripts::STATS.prepare_invoke();
         inv.key(&self.keys.pending)
             .key(&self.keys.inflight)
             .key(&self.keys.dead)
@@ -621,7 +593,7 @@ impl Store {
         limit: usize,
     ) -> Result<(i64, Vec<DeadMember>), StoreError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<redis::Value> = DEAD_LIST
+        let reply: Vec<redis::Value> = scripts::DEAD_LIST
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
             .arg(limit)
@@ -650,7 +622,7 @@ impl Store {
     /// Moves up to `limit` dead members back to pending, due now.
     pub async fn dead_requeue(&self, limit: usize) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
-        Ok(DEAD_REQUEUE
+        Ok(scripts::DEAD_REQUEUE
             .key(&self.keys.pending)
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
@@ -664,7 +636,7 @@ impl Store {
     /// Deletes up to `limit` dead members.
     pub async fn dead_purge(&self, limit: usize) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
-        Ok(DEAD_PURGE
+        Ok(scripts::DEAD_PURGE
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
             .key(&self.keys.pending)

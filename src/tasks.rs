@@ -6,13 +6,11 @@
 //! for where the body lives. Every call is generic over the connection, so
 //! it works over whatever Redis connection the caller holds.
 
-use std::sync::LazyLock;
+use crate::redis_conn::scripts;
 
 use redis::aio::ConnectionLike;
-use redis::Script;
 
 use crate::config::{Business, MemberMode, ScoreUnit};
-use crate::redis_conn::script;
 use crate::store::{KeyFamily, StoreError};
 
 pub mod dead;
@@ -21,8 +19,6 @@ pub mod when;
 
 // Registered like every other script, so that a `NOSCRIPT` from a restarted
 // or promoted node is answered with `EVAL` on that same node.
-static CANCEL: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/cancel.lua")));
-static LIST: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/list.lua")));
 
 /// Where a task is, as `delayd get` reports it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -262,7 +258,7 @@ pub async fn cancel<C: ConnectionLike>(
     let mut seen = (order[0].clone(), Cancelled::NotFound);
     for key in &order {
         let fam = KeyFamily::new(key);
-        let (state, _removed): (String, i64) = CANCEL
+        let (state, _removed): (String, i64) = scripts::CANCEL
             .key(&fam.pending)
             .key(&fam.inflight)
             .key(&fam.dead)
@@ -350,7 +346,7 @@ pub async fn list<C: ConnectionLike>(
     let mut all = Vec::new();
     let mut more = false;
     for key in business.keys() {
-        let reply: Vec<redis::Value> = LIST
+        let reply: Vec<redis::Value> = scripts::LIST
             .key(&key)
             .arg(&lo)
             .arg(&hi)

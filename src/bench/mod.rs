@@ -186,9 +186,9 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         let fam = KeyFamily::new(key);
         let _: redis::RedisResult<i64> = redis::cmd("DEL")
             .arg(&fam.all()[..])
-            .arg(helper(key, "staging"))
-            .arg(helper(key, "body-staging"))
-            .arg(helper(key, "recipe"))
+            .arg(crate::keys::helper_key(key, "staging"))
+            .arg(crate::keys::helper_key(key, "body-staging"))
+            .arg(crate::keys::helper_key(key, "recipe"))
             .query_async(&mut redis)
             .await;
     }
@@ -251,16 +251,6 @@ fn start_daemon(
     let pid = child.id();
     state.daemon = Some(child);
     Ok((pid, business))
-}
-
-/// A helper key of the bench in `key`'s cluster slot, like the key
-/// family's: `{K}:suffix`, or `K:suffix` when `K` has a hash tag (a shard).
-fn helper(key: &str, suffix: &str) -> String {
-    if crate::keys::has_hash_tag(key) {
-        format!("{key}:{suffix}")
-    } else {
-        format!("{{{key}}}:{suffix}")
-    }
 }
 
 fn stop_child(child: &mut Child) {
@@ -905,9 +895,9 @@ async fn delayd_drain(
         let end = (start + 5000).min(staged);
         for (s, fam) in fams.iter().enumerate() {
             let mut cmd = redis::cmd("ZADD");
-            cmd.arg(helper(&fam.pending, "staging"));
+            cmd.arg(crate::keys::helper_key(&fam.pending, "staging"));
             let mut bodies = redis::cmd("HSET");
-            bodies.arg(helper(&fam.pending, "body-staging"));
+            bodies.arg(crate::keys::helper_key(&fam.pending, "body-staging"));
             let mut any = false;
             for i in (start..end).filter(|i| i % shards == s) {
                 let body = body_of(&format!("r{round}"), i, size);
@@ -937,8 +927,8 @@ async fn delayd_drain(
     let mut bytes = 0u64;
     for fam in fams {
         for k in [
-            helper(&fam.pending, "staging"),
-            helper(&fam.pending, "body-staging"),
+            crate::keys::helper_key(&fam.pending, "staging"),
+            crate::keys::helper_key(&fam.pending, "body-staging"),
         ] {
             let b: Option<u64> = redis::cmd("MEMORY")
                 .arg("USAGE")
@@ -963,7 +953,7 @@ async fn delayd_drain(
         pipe.atomic();
         if id_mode {
             pipe.cmd("RENAME")
-                .arg(helper(&fam.pending, "body-staging"))
+                .arg(crate::keys::helper_key(&fam.pending, "body-staging"))
                 .arg(&fam.body)
                 .ignore()
                 .cmd("HSET")
@@ -973,7 +963,7 @@ async fn delayd_drain(
                 .ignore();
         }
         pipe.cmd("RENAME")
-            .arg(helper(&fam.pending, "staging"))
+            .arg(crate::keys::helper_key(&fam.pending, "staging"))
             .arg(&fam.pending)
             .ignore();
         pipe.cmd("ZADD")
@@ -1166,7 +1156,7 @@ async fn common_recipe_drain(
     n: usize,
     size: usize,
 ) -> Result<f64, BenchError> {
-    let key = helper(key, "recipe");
+    let key = crate::keys::helper_key(key, "recipe");
     let (secs, _): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await

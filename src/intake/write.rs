@@ -2,22 +2,13 @@
 //! batch (more only for very large messages), on the daemon's shared
 //! connection.
 
-use std::sync::LazyLock;
-
-use redis::Script;
+use crate::redis_conn::scripts;
 
 use crate::config::{Business, ScoreUnit};
-use crate::redis_conn::{script, RedisConn};
+use crate::redis_conn::RedisConn;
 use crate::store::{KeyFamily, StoreError};
 
 use super::delay::Due;
-
-static INTAKE: LazyLock<Script> = LazyLock::new(|| {
-    script(concat!(
-        include_str!("../lua/prelude.lua"),
-        include_str!("../lua/intake.lua")
-    ))
-});
 
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
@@ -67,7 +58,7 @@ impl Writer {
         batch: &[Item],
     ) -> Result<i64, StoreError> {
         let keys = KeyFamily::new(&self.keys[shard]);
-        let mut inv = INTAKE.prepare_invoke();
+        let mut inv = scripts::INTAKE.prepare_invoke();
         inv.key(&keys.pending)
             .key(&keys.body)
             .arg(self.unit.millis());

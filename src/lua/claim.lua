@@ -9,13 +9,13 @@
 --         score in K differs was re-added by a producer and starts afresh)
 -- KEYS[4] claims HASH ("<claim ms>:<tag>" -> msgpack list {m1, due1, ...}
 --         of the first attempts of one claim, read only to recover them)
+-- KEYS[5] body HASH (id mode: task id -> body)
+-- KEYS[6] delivered ZSET (id mode with a dedup window: id -> delivered at, ms)
+-- KEYS[7] dead ZSET, KEYS[8] dead-reason HASH
 -- ARGV[1] most members to claim (>= 0)
 -- ARGV[2] lease, ms
 -- ARGV[3] milliseconds per score unit (1 or 1000)
 -- ARGV[4] most expired leases to recover in this call
--- KEYS[5] body HASH (id mode: task id -> body)
--- KEYS[6] delivered ZSET (id mode with a dedup window: id -> delivered at, ms)
--- KEYS[7] dead ZSET, KEYS[8] dead-reason HASH
 -- ARGV[5] a random claim tag, 1..1023
 -- ARGV[6] '1' in id mode (members are ids, bodies in KEYS[5]), else '0'
 -- ARGV[7] dedup window ms (id mode; 0 for none)
@@ -46,7 +46,6 @@ local id_mode = ARGV[6] == '1'
 local window = tonumber(ARGV[7]) or 0
 local max_bytes = tonumber(ARGV[8]) or 0
 local max_attempts = tonumber(ARGV[9]) or 0
-local fmt = '%.17g'
 -- Lua's unpack is bounded by the C stack; stay well below it.
 local CHUNK = 1000
 
@@ -70,17 +69,6 @@ local function fitting(n, size_of)
   return n
 end
 
-local function score_of(due_ms)
-  return string.format(fmt, due_ms / unit)
-end
-
--- "attempts:due:score" -> attempts, due (string), score (string, may be '')
-local function parse_meta(v)
-  if not v then return nil end
-  local a, d, s = string.match(v, '^(%d+):(%-?%d+):(.*)$')
-  if not a then return nil end
-  return tonumber(a), d, s
-end
 
 local recovered, dead_expired = 0, 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
@@ -135,7 +123,7 @@ if #expired > 0 then
       attempts, due = 1, dues[m .. '\0' .. tags[i]]
     end
     due = tonumber(due) or now
-    local score = score_of(due)
+    local score = score_of(due, unit)
     if max_attempts > 0 and attempts >= max_attempts and not redis.call('ZSCORE', KEYS[1], m) then
       -- Its lease keeps expiring (a member too large to read in time, a
       -- process that dies on it): it stops here, with why.
@@ -146,7 +134,7 @@ if #expired > 0 then
     -- NX: a producer that rescheduled the member meanwhile wins, and its
     -- copy starts afresh.
     elseif redis.call('ZADD', KEYS[1], 'NX', score, m) == 1 then
-      redis.call('HSET', KEYS[3], m, attempts .. ':' .. string.format('%.0f', due) .. ':' .. score)
+      redis.call('HSET', KEYS[3], m, meta_value(attempts, due, score))
     else
       redis.call('HDEL', KEYS[3], m)
     end
@@ -175,7 +163,7 @@ end
 local out = {now, -1, recovered, '', tag, 0, 0, dead_expired}
 local claimed = 0
 if limit > 0 then
-  local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format(fmt, now / unit),
+  local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', score_of(now, unit),
     'WITHSCORES', 'LIMIT', 0, limit)
   claimed = #items / 2
   if not id_mode then
@@ -183,11 +171,11 @@ if limit > 0 then
   end
   if claimed > 0 then
     -- A claim id must not name a live record: move to the next tag if it does.
-    local id = string.format('%.0f', now) .. ':' .. tag
+    local id = record_id(now, tag)
     for _ = 1, 1023 do
       if redis.call('HEXISTS', KEYS[4], id) == 0 then break end
       tag = tag % 1023 + 1
-      id = string.format('%.0f', now) .. ':' .. tag
+      id = record_id(now, tag)
     end
     out[5] = tag
     -- Numbers handed to redis.call are printed with printf, which showed up
@@ -267,7 +255,7 @@ if limit > 0 then
       elseif a and s ~= '' and tonumber(s) == tonumber(score) then
         due, attempt = d, a + 1
         new_meta[#new_meta + 1] = m
-        new_meta[#new_meta + 1] = attempt .. ':' .. d .. ':'
+        new_meta[#new_meta + 1] = meta_value(attempt, d, '')
       else
         if metas[i] then stale[#stale + 1] = m end
         if unit == 1 and string.find(score, '^%d+$') then

@@ -20,7 +20,7 @@ else
   members = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
 end
 for _, m in ipairs(members) do
-  redis.call('ZADD', KEYS[1], 'NX', string.format('%.17g', now / unit), m)
+  redis.call('ZADD', KEYS[1], 'NX', score_of(now, unit), m)
   redis.call('ZREM', KEYS[2], m)
   redis.call('HDEL', KEYS[3], m)
   redis.call('HDEL', KEYS[4], m)

@@ -30,7 +30,7 @@ for i = 2, #ARGV, 3 do
   due = math.min(due, LATEST)
   bodies[#bodies + 1] = id
   bodies[#bodies + 1] = ARGV[i + 2]
-  scores[#scores + 1] = string.format('%.17g', due / unit)
+  scores[#scores + 1] = score_of(due, unit)
   scores[#scores + 1] = id
 end
 for i = 1, #bodies, CHUNK * 2 do

@@ -1,6 +1,6 @@
--- prelude.lua: helpers every script in store.rs starts with (each is built
--- as this file followed by its own), so the formulas that must agree
--- between scripts are written once.
+-- prelude.lua: helpers every script starts with (src/redis_conn/scripts.rs
+-- builds each as this file followed by its own), so the formulas that must
+-- agree between scripts are written once.
 -- No KEYS, ARGV or return of its own: it only defines local functions.
 
 -- Redis's own clock in ms, so every instance agrees on "now" and "due".
@@ -30,4 +30,31 @@ local function wrong_type(key)
     return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. kind .. ', not a sorted set')
   end
   return nil
+end
+
+-- A due time in ms as a score in K, in the business's score units
+-- (`unit` ms each), printed so that it reads back exactly.
+local function score_of(due_ms, unit)
+  return string.format('%.17g', due_ms / unit)
+end
+
+-- The retry state of a member in {K}:meta: the attempts made, its first
+-- due time (ms), and the score delayd gave it in K ('' while in flight: a
+-- member whose score in K differs was re-added by a producer).
+local function meta_value(attempts, due_ms, score)
+  return attempts .. ':' .. string.format('%.0f', due_ms) .. ':' .. score
+end
+
+-- A {K}:meta value -> attempts (number), due (string), score (string, may
+-- be ''); nil for anything else.
+local function parse_meta(v)
+  if not v then return nil end
+  local a, d, s = string.match(v, '^(%d+):(%-?%d+):(.*)$')
+  if not a then return nil end
+  return tonumber(a), d, s
+end
+
+-- The id of a claim's record in {K}:claims: the claim's time and tag.
+local function record_id(now_ms, tag)
+  return string.format('%.0f', now_ms) .. ':' .. tag
 end

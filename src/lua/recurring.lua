@@ -52,7 +52,7 @@ while i <= #ARGV do
     local written = 0
     for j = first, first + 3 * n - 1, 3 do
       local id, due, body = ARGV[j], tonumber(ARGV[j + 1]), ARGV[j + 2]
-      if redis.call('ZADD', KEYS[1], 'NX', string.format('%.17g', due / unit), id) == 1 then
+      if redis.call('ZADD', KEYS[1], 'NX', score_of(due, unit), id) == 1 then
         redis.call('HSET', KEYS[2], id, body)
         written = written + 1
       end

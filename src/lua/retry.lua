@@ -54,11 +54,11 @@ while i <= #ARGV do
       else
         at, made = now + math.min(cap, backoff * 2 ^ (attempt - 1)), attempt
       end
-      local pscore = string.format('%.17g', at / unit)
+      local pscore = score_of(at, unit)
       -- Written before the member leaves the in-flight set, so no failure
       -- in between can leave it nowhere.
       if redis.call('ZADD', KEYS[1], 'NX', pscore, m) == 1 then
-        redis.call('HSET', KEYS[3], m, math.max(0, made) .. ':' .. string.format('%.0f', due) .. ':' .. pscore)
+        redis.call('HSET', KEYS[3], m, meta_value(math.max(0, made), due, pscore))
       else
         redis.call('HDEL', KEYS[3], m)
       end

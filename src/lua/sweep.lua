@@ -24,7 +24,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   for i = 1, #r[2], 2 do
     local m, v = r[2][i], r[2][i + 1]
     if not redis.call('ZSCORE', KEYS[2], m) then
-      local s = string.match(v, '^%d+:%-?%d+:(.*)$')
+      local _, _, s = parse_meta(v)
       local p = redis.call('ZSCORE', KEYS[1], m)
       if not (p and s and s ~= '' and tonumber(s) == tonumber(p)) then
         stale[#stale + 1] = m

@@ -8,27 +8,20 @@
 //! call applies a schedule's part only if its state is still what this pass
 //! read, so with any number of instances each occurrence is written once.
 
+use crate::redis_conn::scripts;
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Script;
 use tokio_util::sync::CancellationToken;
 
 use super::occurrences::between;
 use super::settings::{CatchUp, Schedule};
 use crate::config::Business;
 use crate::keys::KeyFamily;
-use crate::redis_conn::{script, RedisConn};
+use crate::redis_conn::RedisConn;
 use crate::store::{Claimed, StoreError};
 use crate::telemetry::{Backoff, METRICS};
-
-static RECURRING: LazyLock<Script> = LazyLock::new(|| {
-    script(concat!(
-        include_str!("../lua/prelude.lua"),
-        include_str!("../lua/recurring.lua")
-    ))
-});
 
 /// An occurrence at most this far in the past when its pass comes (at least
 /// 2 s, at most 10 s, as long as `write_ahead` within that) is written
@@ -130,7 +123,7 @@ impl Writer {
         for s in &self.business.recurring {
             groups.push(self.plan(s, state.get(&s.name), now));
         }
-        let mut inv = RECURRING.prepare_invoke();
+        let mut inv = scripts::RECURRING.prepare_invoke();
         inv.key(&self.keys.pending)
             .key(&self.keys.body)
             .key(&self.keys.schedules)

@@ -1,7 +1,8 @@
 //! Dead members addressed by name, for filters that pick some of them (one
 //! member, a reason) rather than the oldest.
 
-use super::{Store, StoreError, DEAD_PURGE, DEAD_REQUEUE};
+use super::{Store, StoreError};
+use crate::redis_conn::scripts::{DEAD_PURGE, DEAD_REQUEUE};
 
 impl Store {
     /// Whether `member` is in the dead set.

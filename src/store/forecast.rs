@@ -1,7 +1,8 @@
 //! What comes due when: counts of pending members per window ahead, for
 //! the console's histogram.
 
-use super::{int_of, Store, StoreError, HISTOGRAM};
+use super::{int_of, Store, StoreError};
+use crate::redis_conn::scripts::HISTOGRAM;
 
 /// Pending members per window from now, as one script call counts them.
 #[derive(Debug, Clone, Default)]

@@ -46,112 +46,13 @@ pub enum ConnError {
     },
 }
 
-static SCRIPTS: LazyLock<Mutex<HashMap<String, &'static str>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+mod cluster;
+pub mod scripts;
+mod sentinel;
 
-/// A script delayd runs: registered by its SHA1 so that a `NOSCRIPT`
-/// answer to `EVALSHA` can be retried as `EVAL` with the same keys.
-pub fn script(code: &'static str) -> Script {
-    let s = Script::new(code);
-    if let Ok(mut m) = SCRIPTS.lock() {
-        m.insert(s.get_hash().to_string(), code);
-    }
-    s
-}
-
-/// The `EVAL` equivalent of an `EVALSHA` command whose script is known.
-fn eval_for(cmd: &Cmd) -> Option<Cmd> {
-    let mut args = cmd.args_iter().map(|a| match a {
-        redis::Arg::Simple(b) => b,
-        _ => &[][..],
-    });
-    if !args.next()?.eq_ignore_ascii_case(b"EVALSHA") {
-        return None;
-    }
-    let sha = std::str::from_utf8(args.next()?).ok()?;
-    let code = *SCRIPTS.lock().ok()?.get(sha)?;
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(code);
-    for a in args {
-        eval.arg(a);
-    }
-    Some(eval)
-}
-
-/// One host and port of a Redis server.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Addr {
-    /// Host name or IP address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-}
-
-impl std::fmt::Display for Addr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
-    }
-}
-
-/// A cluster master and the slot ranges it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Master {
-    /// Where it listens.
-    pub addr: Addr,
-    /// Inclusive slot ranges.
-    pub slots: Vec<(u16, u16)>,
-}
-
-impl Master {
-    /// Whether this master serves `slot`.
-    pub fn serves(&self, slot: u16) -> bool {
-        self.slots.iter().any(|&(lo, hi)| slot >= lo && slot <= hi)
-    }
-}
-
-/// The masters in a `CLUSTER NODES` reply that serve slots, sorted by address.
-pub fn parse_cluster_nodes(text: &str) -> Vec<Master> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 8 {
-            continue;
-        }
-        let flags: Vec<&str> = f[2].split(',').collect();
-        if !flags.contains(&"master")
-            || flags
-                .iter()
-                .any(|x| matches!(*x, "fail" | "handshake" | "noaddr"))
-        {
-            continue;
-        }
-        let hostport = f[1].split(['@', ',']).next().unwrap_or("");
-        let Some((host, port)) = hostport.rsplit_once(':') else {
-            continue;
-        };
-        let Ok(port) = port.parse() else { continue };
-        let slots: Vec<(u16, u16)> = f[8..]
-            .iter()
-            .filter(|s| !s.starts_with('['))
-            .filter_map(|s| match s.split_once('-') {
-                Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
-                None => s.parse().ok().map(|x| (x, x)),
-            })
-            .collect();
-        if slots.is_empty() {
-            continue;
-        }
-        out.push(Master {
-            addr: Addr {
-                host: host.trim_matches(['[', ']']).to_string(),
-                port,
-            },
-            slots,
-        });
-    }
-    out.sort_by(|a, b| a.addr.cmp(&b.addr));
-    out
-}
+pub use cluster::{parse_cluster_nodes, Addr, Master};
+pub use scripts::script;
+use sentinel::SentinelConn;
 
 /// Turns a client error into words a user can act on: the TLS failures in
 /// particular, whose raw text ("invalid peer certificate: UnknownIssuer")
@@ -540,163 +441,6 @@ async fn probe(client: &Client, server: &SecretUrl, tls: bool) -> Result<(), Con
     Ok(())
 }
 
-/// The master found through Sentinel, re-resolved after a connection error
-/// or a `READONLY` answer (the old master became a replica).
-struct SentinelConn {
-    redis: Redis,
-    current: tokio::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
-    /// The master's address while connected, for the keyspace watcher.
-    master: Mutex<Option<Addr>>,
-    /// The last failed resolution: within [`RESOLVE_INTERVAL`] of it,
-    /// callers get its error rather than a new round of connections, so
-    /// many waiting commands cost the sentinels one round per interval.
-    failed: Mutex<Option<(std::time::Instant, ConnError)>>,
-    /// The sentinel [`SentinelConn::follow`] asks (configured URL index),
-    /// kept open: it asks every second.
-    asker: tokio::sync::Mutex<Option<(usize, MultiplexedConnection)>>,
-}
-
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How often the master is looked for while none is reachable.
-const RESOLVE_INTERVAL: Duration = Duration::from_millis(200);
-
-/// How long a command waits for the sentinels to name a reachable master
-/// after the old one went away, rather than failing at once: a failover
-/// takes the sentinels' `down-after-milliseconds` plus an election, and a
-/// caller that failed would back off for longer than the wait that is left.
-/// Only the search for a master is retried, never a command that was sent.
-const FAILOVER_WAIT: Duration = RESPONSE_TIMEOUT;
-
-impl SentinelConn {
-    async fn get(&self) -> Result<(u64, MultiplexedConnection), ConnError> {
-        let mut cur = self.current.lock().await;
-        if let Some((g, c)) = cur.as_ref() {
-            return Ok((*g, c.clone()));
-        }
-        if let Some((at, e)) = self.failed.lock().ok().and_then(|f| f.clone()) {
-            if at.elapsed() < RESOLVE_INTERVAL {
-                return Err(e);
-            }
-        }
-        let (addr, c) = match self.redis.resolve_master().await {
-            Ok(found) => found,
-            Err(e) => {
-                if let Ok(mut f) = self.failed.lock() {
-                    *f = Some((std::time::Instant::now(), e.clone()));
-                }
-                return Err(e);
-            }
-        };
-        if let Ok(mut f) = self.failed.lock() {
-            *f = None;
-        }
-        let g = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut m) = self.master.lock() {
-            *m = Some(addr);
-        }
-        *cur = Some((g, c.clone()));
-        Ok((g, c))
-    }
-
-    /// [`SentinelConn::get`], retried for up to [`FAILOVER_WAIT`] while no
-    /// master is reachable: a command issued during a failover runs on the
-    /// new master as soon as the sentinels name it.
-    async fn get_waiting(&self) -> Result<(u64, MultiplexedConnection), ConnError> {
-        let deadline = tokio::time::Instant::now() + FAILOVER_WAIT;
-        loop {
-            match self.get().await {
-                Ok(found) => return Ok(found),
-                Err(e) if tokio::time::Instant::now() + RESOLVE_INTERVAL >= deadline => {
-                    return Err(e)
-                }
-                Err(_) => tokio::time::sleep(RESOLVE_INTERVAL).await,
-            }
-        }
-    }
-
-    async fn forget(&self, generation: u64) {
-        let mut cur = self.current.lock().await;
-        if cur.as_ref().is_some_and(|(g, _)| *g == generation) {
-            *cur = None;
-            if let Ok(mut m) = self.master.lock() {
-                *m = None;
-            }
-        }
-    }
-
-    /// Where the sentinels say the master is now: the sentinel asked last
-    /// if it still answers, else the first that does.
-    async fn named_master(&self) -> Result<Addr, ConnError> {
-        let mut asker = self.asker.lock().await;
-        if let Some((i, c)) = asker.as_mut() {
-            match self.redis.ask_sentinel(*i, c).await {
-                Ok(addr) => return Ok(addr),
-                Err(_) => *asker = None,
-            }
-        }
-        let mut last = None;
-        for i in 0..self.redis.infos.len() {
-            let found = async {
-                let mut c = self.redis.connect_sentinel(i).await?;
-                let addr = self.redis.ask_sentinel(i, &mut c).await?;
-                Ok::<_, ConnError>((addr, c))
-            }
-            .await;
-            match found {
-                Ok((addr, c)) => {
-                    *asker = Some((i, c));
-                    return Ok(addr);
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| ConnError::Settings("no sentinel configured".into())))
-    }
-
-    /// Moves to the master the sentinels name, if it is not the one we are
-    /// connected to. Commands re-resolve only when they fail, which an idle
-    /// process never sees, and a demoted master still answers reads; the
-    /// keyspace watcher calls this every second so that its subscription
-    /// and the scanners follow a failover within about a second.
-    async fn follow(&self) -> Result<(), ConnError> {
-        let named = self.named_master().await?;
-        let current = self.master.lock().ok().and_then(|m| m.clone());
-        if current.as_ref() == Some(&named) {
-            return Ok(());
-        }
-        if current.is_none() {
-            return self.get().await.map(|_| ());
-        }
-        // A sentinel that has not heard of the failover yet names a server
-        // that is no longer master: resolve_master checks the role.
-        let (addr, c) = self.redis.resolve_master().await?;
-        let mut cur = self.current.lock().await;
-        let Ok(mut master) = self.master.lock() else {
-            return Ok(());
-        };
-        if master.as_ref() != Some(&addr) {
-            tracing::info!(master = %addr, "the sentinels name a new master; moving to it");
-            let g = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            *cur = Some((g, c));
-            *master = Some(addr);
-        }
-        Ok(())
-    }
-
-    fn must_reresolve(e: &RedisError) -> bool {
-        e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_timeout()
-            || e.is_unrecoverable_error()
-            || matches!(
-                e.code(),
-                Some("READONLY") | Some("MASTERDOWN") | Some("LOADING")
-            )
-    }
-}
-
 fn conn_error(e: ConnError) -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::NotConnected,
@@ -817,7 +561,7 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             match self.raw_command(cmd).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => match eval_for(cmd) {
+                Err(e) if e.code() == Some("NOSCRIPT") => match scripts::eval_for(cmd) {
                     Some(eval) => self.raw_command(&eval).await,
                     None => Err(e),
                 },
@@ -858,50 +602,6 @@ impl ConnectionLike for RedisConn {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cluster_nodes_lists_masters_with_slots() {
-        let text = "\
-07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
-67ed 127.0.0.1:30002@40002,host.example master - 0 1426238316232 2 connected 5461-10922
-292f 127.0.0.1:30003@40003 master - 0 1426238318243 3 connected 10923-16383 [10923->-e7d1]
-6ec2 127.0.0.1:30005@40005 master,fail - 1426238316232 0 5 disconnected
-e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460 16383
-";
-        let m = parse_cluster_nodes(text);
-        assert_eq!(m.len(), 3);
-        assert_eq!(m[0].addr.to_string(), "127.0.0.1:30001");
-        assert_eq!(m[0].slots, vec![(0, 5460), (16383, 16383)]);
-        assert_eq!(m[1].addr.port, 30002);
-        assert_eq!(m[2].slots, vec![(10923, 16383)]);
-        assert!(m[1].serves(5461) && !m[1].serves(5460));
-    }
-
-    #[test]
-    fn evalsha_of_a_known_script_becomes_eval_with_the_same_keys() {
-        let s = script("return KEYS[1]");
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(s.get_hash()).arg(1).arg("k").arg("a");
-        let eval = eval_for(&cmd).unwrap();
-        let args: Vec<Vec<u8>> = eval
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => vec![],
-            })
-            .collect();
-        assert_eq!(
-            args,
-            vec![
-                b"EVAL".to_vec(),
-                b"return KEYS[1]".to_vec(),
-                b"1".to_vec(),
-                b"k".to_vec(),
-                b"a".to_vec()
-            ]
-        );
-        assert!(eval_for(&redis::cmd("GET")).is_none());
-    }
 
     #[test]
     fn tls_failures_are_described_in_plain_words() {
