@@ -9,6 +9,7 @@
 //!
 //! `--intake` measures the intake instead (see [`intake`]).
 
+mod far_writes;
 mod intake;
 
 use std::path::PathBuf;
@@ -27,6 +28,11 @@ use lapin::{BasicProperties, Connection};
 use crate::config::{self, Properties};
 use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{Claimed, KeyFamily};
+
+/// Producer writes per second in the far-future-writes phase.
+const FAR_RATE: u32 = 2000;
+/// Seconds the far-future-writes phase runs.
+const FAR_SECS: u64 = 5;
 
 /// Arguments of `delayd bench`.
 #[derive(Debug, Args)]
@@ -463,6 +469,8 @@ async fn bench(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = idle_commands(client, redis, &keys, args.idle_secs.max(1)).await?;
     let idle_per_s = idle as f64 / args.idle_secs.max(1) as f64;
+    eprintln!("bench: producers writing {FAR_RATE} members/s due in a week for {FAR_SECS} s ...");
+    let far = far_writes::run(redis, &fams, FAR_RATE, FAR_SECS).await?;
     let rss_end = rss_kb(pid);
 
     let med_raw = median(&raw_rates);
@@ -589,6 +597,14 @@ async fn bench(
         "idle Redis commands",
         &format!("{idle_per_s:.2} /s"),
         "one business, nothing due (MONITOR, commands naming its key)",
+    );
+    row(
+        &format!("far-future writes at {FAR_RATE}/s"),
+        &format!("{:.3} /write", far.calls_per_write),
+        &format!(
+            "Redis commands per producer ZADD due in a week ({:.4} scripts), Redis time {:.2}x the producers'; {} writes",
+            far.scripts_per_write, far.time_ratio, far.writes
+        ),
     );
     row(
         "delayd RSS",

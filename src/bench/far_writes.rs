@@ -1,0 +1,136 @@
+//! The far-future-writes phase of `delayd bench`: producers writing members
+//! due in a week, at a steady rate, while delayd runs on the same key. What
+//! it costs delayd and Redis, per producer write, from `INFO commandstats`
+//! before and after (commands of every client of that Redis, other than the
+//! producers' `ZADD`s and the bench's own `INFO`, count as delayd's).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::{fail, BenchError};
+use crate::redis_conn::RedisConn;
+use crate::store::KeyFamily;
+
+/// How long a member written by the phase is ahead of its due time.
+const WEEK_MS: i64 = 7 * 86_400_000;
+
+/// What the phase measured.
+pub(super) struct FarWrites {
+    /// Producer `ZADD`s sent.
+    pub writes: u64,
+    /// Other commands Redis ran meanwhile (delayd's), per write.
+    pub calls_per_write: f64,
+    /// Of which script calls (claims and looks run as scripts).
+    pub scripts_per_write: f64,
+    /// Redis time of those commands against the producers' `ZADD`s.
+    pub time_ratio: f64,
+}
+
+/// Writes `rate` members per second due in a week for `secs` seconds,
+/// spread over `fams` as producers would, and compares Redis's command
+/// statistics before and after.
+pub(super) async fn run(
+    redis: &mut RedisConn,
+    fams: &[KeyFamily],
+    rate: u32,
+    secs: u64,
+) -> Result<FarWrites, BenchError> {
+    let before = commandstats(redis).await?;
+    let total = (rate as u64 * secs) as usize;
+    let started = Instant::now();
+    let mut sent = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    while sent < total {
+        tick.tick().await;
+        let want = ((started.elapsed().as_secs_f64() * rate as f64) as usize).min(total);
+        if want <= sent {
+            continue;
+        }
+        let now = super::wall_ms_f() as i64;
+        let mut pipe = redis::pipe();
+        for i in sent..want {
+            let f = &fams[i % fams.len()];
+            pipe.cmd("ZADD")
+                .arg(&f.pending)
+                .arg(now + WEEK_MS)
+                .arg(format!("far-{i}-{now}"))
+                .ignore();
+        }
+        let () = pipe
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        sent = want;
+    }
+    // Let the last wake-ups run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = commandstats(redis).await?;
+    let delta = |name: &str| {
+        let (c1, u1) = after.get(name).copied().unwrap_or((0, 0));
+        let (c0, u0) = before.get(name).copied().unwrap_or((0, 0));
+        (c1.saturating_sub(c0), u1.saturating_sub(u0))
+    };
+    let (writes, zadd_usec) = delta("zadd");
+    let (mut calls, mut usec, mut scripts) = (0u64, 0u64, 0u64);
+    for name in after.keys() {
+        if matches!(name.as_str(), "zadd" | "info" | "config") {
+            continue;
+        }
+        let (c, u) = delta(name);
+        calls += c;
+        usec += u;
+        if name.starts_with("eval") || name.starts_with("fcall") {
+            scripts += c;
+        }
+    }
+    let per = |n: u64| n as f64 / writes.max(1) as f64;
+    Ok(FarWrites {
+        writes,
+        calls_per_write: per(calls),
+        scripts_per_write: per(scripts),
+        time_ratio: usec as f64 / zadd_usec.max(1) as f64,
+    })
+}
+
+/// `INFO commandstats` as command -> (calls, usec).
+async fn commandstats(redis: &mut RedisConn) -> Result<HashMap<String, (u64, u64)>, BenchError> {
+    let text: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(redis)
+        .await
+        .map_err(|e| fail("redis")(e.to_string()))?;
+    Ok(parse_commandstats(&text))
+}
+
+/// Reads `cmdstat_NAME:calls=N,usec=N,...` lines.
+fn parse_commandstats(text: &str) -> HashMap<String, (u64, u64)> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        out.insert(name.to_string(), (field("calls="), field("usec=")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn commandstats_lines_give_calls_and_usec() {
+        let text = "# Commandstats\r\ncmdstat_zadd:calls=10,usec=50,usec_per_call=5.00,rejected_calls=0,failed_calls=0\r\ncmdstat_evalsha:calls=2,usec=400,usec_per_call=200.00\r\n";
+        let s = super::parse_commandstats(text);
+        assert_eq!(s["zadd"], (10, 50));
+        assert_eq!(s["evalsha"], (2, 400));
+        assert_eq!(s.len(), 2);
+    }
+}
