@@ -717,3 +717,37 @@ async fn bad_input_is_a_4xx_with_one_line_never_a_500() {
     assert_eq!(a.status, 400);
     assert!(a.error_line().contains("at most 1024"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_and_its_assets_are_served_with_a_policy_that_runs_only_them() {
+    let b = BusinessSpec::random("page");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    for (path, kind, has) in [
+        ("/", "text/html", "console.js"),
+        ("/console.js", "text/javascript", "textContent"),
+        ("/console.css", "text/css", "@media"),
+    ] {
+        let a = api_get(c.port, path).await;
+        assert_eq!(a.status, 200, "{path}");
+        let head = a.head.to_ascii_lowercase();
+        assert!(
+            head.contains(&format!("content-type: {kind}")),
+            "{path}: {head}"
+        );
+        assert!(
+            head.contains("content-security-policy: default-src 'none'; script-src 'self'"),
+            "{path}: {head}"
+        );
+        assert!(a.text.contains(has), "{path}");
+    }
+    // Data reaches the page as text only: the script never writes markup.
+    let js = api_get(c.port, "/console.js").await.text;
+    assert!(
+        !js.contains("innerHTML")
+            && !js.contains("insertAdjacentHTML")
+            && !js.contains("document.write")
+    );
+    for probe in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(api_get(c.port, probe).await.status, 200, "{probe}");
+    }
+}

@@ -106,6 +106,16 @@ ensure_packages() {
 	apt_install "${missing[@]}"
 }
 
+# ensure_browser: installs Debian's chromium and chromium-driver when missing,
+# for the console's browser tests (tests/console_browser.rs).
+ensure_browser() {
+	local missing=()
+	command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+	command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+	((${#missing[@]} == 0)) && return 0
+	apt_install "${missing[@]}"
+}
+
 # apt_install PKG...: non-interactive install that does not start services.
 apt_install() {
 	log "installing Debian packages: $*"

@@ -5,7 +5,8 @@
 #   deploy/local/test.sh [extra args for `cargo test`]
 #
 # 1. installs the Debian packages it needs (redis-server, rabbitmq-server, a C
-#    linker) when missing; cargo itself is assumed;
+#    linker, chromium and chromium-driver for the console's browser tests)
+#    when missing; cargo itself is assumed;
 # 2. starts the servers (deploy/local/servers.sh start) and exports
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
 # 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test --release and
@@ -28,6 +29,7 @@ cd "$DELAYD_REPO_ROOT"
 
 # --- prerequisites -------------------------------------------------------------
 ensure_packages
+ensure_browser
 if ! command -v cc >/dev/null 2>&1; then
 	# rustc links through the system C compiler.
 	apt_install gcc libc6-dev

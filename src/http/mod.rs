@@ -9,6 +9,7 @@
 //! - `auth`: read-only unless an admin token is configured;
 //! - `rates`: per-second rates and lateness quantiles over the last minute,
 //!   from this process's metrics (no Redis call);
+//! - `page`: the console, one static page and its script, built in.
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,6 +24,7 @@ use crate::telemetry::Health;
 mod api;
 mod auth;
 mod error;
+mod page;
 mod probes;
 mod rates;
 pub mod settings;
@@ -91,6 +93,7 @@ pub async fn serve(
         .route("/metrics", get(probes::metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(probes::ready))
+        .merge(page::routes())
         .nest("/api/v1", api::routes())
         .with_state(state);
     if let Ok(listen) = listener.local_addr() {

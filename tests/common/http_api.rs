@@ -9,6 +9,8 @@ pub struct Answer {
     pub status: u16,
     pub json: serde_json::Value,
     pub text: String,
+    /// The header lines, as sent.
+    pub head: String,
 }
 
 impl Answer {
@@ -65,11 +67,12 @@ pub async fn call(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("{method} {path}: not HTTP: {text}"));
-    let body = text.split_once("\r\n\r\n").map_or("", |p| p.1).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     Answer {
         status,
-        json: serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
-        text: body,
+        json: serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        text: body.to_string(),
+        head: head.to_string(),
     }
 }
 

@@ -1,0 +1,389 @@
+// delayd console: reads the JSON API under /api/v1 and shows it. Data from
+// the API only ever reaches the page as text (textContent), never as markup.
+// The view lives in the URL hash (#b=NAME&tab=dead&id=...), so a link or a
+// reload shows the same thing. Writes send the admin token typed into the
+// page, kept in this tab's sessionStorage, as an Authorization header.
+"use strict";
+
+const API = "api/v1";
+const POLL_MS = 5000;
+const TOKEN_KEY = "delayd-admin-token";
+
+let overview = null;
+let pendingCursor = null;
+let searchCursor = null;
+let pendingConfirm = null;
+
+// --- small helpers ---------------------------------------------------------
+
+function $(id) { return document.getElementById(id); }
+
+// An element with attributes and children; strings become text nodes.
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+
+function state() { return new URLSearchParams(location.hash.slice(1)); }
+
+function setState(changes) {
+  const s = state();
+  for (const [k, v] of Object.entries(changes)) {
+    if (v === null || v === undefined || v === "") s.delete(k); else s.set(k, v);
+  }
+  const next = "#" + s.toString();
+  if (next !== location.hash) location.hash = next; else render();
+}
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+function span(ms) {
+  if (ms === null || ms === undefined) return "–";
+  if (ms > 100 * 365 * 86400000) return "far future";
+  const s = Math.abs(ms) / 1000;
+  if (s < 1) return Math.round(Math.abs(ms)) + "ms";
+  if (s < 60) return s.toFixed(1) + "s";
+  const parts = [[86400, "d"], [3600, "h"], [60, "m"], [1, "s"]];
+  let left = Math.floor(s), out = [];
+  for (const [n, u] of parts) {
+    if (left >= n && out.length < 2) { out.push(Math.floor(left / n) + u); left %= n; }
+  }
+  return out.join(" ");
+}
+
+function when(ms) {
+  if (ms === null || ms === undefined) return "–";
+  const d = new Date(ms);
+  return isNaN(d) ? String(ms) : d.toISOString().replace("T", " ").replace(".000Z", "Z");
+}
+
+function rate(v) { return v === null || v === undefined ? "–" : (v < 10 ? v.toFixed(2) : v.toFixed(0)); }
+function ms(v) { return v === null || v === undefined ? "–" : v.toFixed(1) + "ms"; }
+
+// Bytes as the API shows them: text, cut with the full size.
+function shown(m) {
+  if (!m) return "";
+  return m.truncated ? m.text + "… (cut: " + m.bytes + " bytes in all)" : m.text;
+}
+
+async function api(method, path, body) {
+  const headers = {};
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method !== "GET" && token()) headers["Authorization"] = "Bearer " + token();
+  const r = await fetch(API + path, {
+    method, headers, credentials: "omit", cache: "no-store",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let json = null;
+  try { json = await r.json(); } catch (_) { json = { error: "HTTP " + r.status }; }
+  return { status: r.status, ok: r.ok, json };
+}
+
+function showError(text) {
+  const e = $("error");
+  e.hidden = !text;
+  e.textContent = text || "";
+}
+
+function showResult(text, bad) {
+  const r = $("result");
+  r.hidden = !text;
+  r.className = bad ? "result bad" : "result";
+  r.textContent = text || "";
+}
+
+function business() {
+  const name = state().get("b");
+  return overview && overview.businesses.find((b) => b.name === name);
+}
+
+function path(b) { return "/businesses/" + encodeURIComponent(b.name); }
+
+// --- overview ----------------------------------------------------------------
+
+async function loadOverview() {
+  const r = await api("GET", "/businesses");
+  if (!r.ok) { showError(r.json.error); return; }
+  showError("");
+  overview = r.json;
+  $("health").textContent = "redis " + r.json.redis + " · amqp " + r.json.amqp;
+  const mode = $("mode");
+  mode.textContent = r.json.read_only ? "read-only" : "writes need the admin token";
+  mode.className = r.json.read_only ? "badge ro" : "badge";
+  for (const w of document.querySelectorAll(".write")) w.hidden = r.json.read_only;
+  $("token-form").hidden = r.json.read_only;
+  const body = $("businesses").tBodies[0];
+  clear(body);
+  for (const b of r.json.businesses) {
+    const cell = (field, v) => el("td", { "data-field": field }, v);
+    const link = el("a", { href: "#" + new URLSearchParams({ b: b.name, tab: "histogram" }) }, b.name);
+    if (b.error) {
+      body.append(el("tr", { "data-business": b.name }, el("td", {}, link),
+        el("td", { class: "paused", colspan: 15 }, b.error)));
+      continue;
+    }
+    const rt = b.rates || {};
+    const within = b.due_within || {};
+    body.append(el("tr", { "data-business": b.name },
+      el("td", {}, link),
+      cell("pending", b.pending), cell("due_now", b.due_now),
+      cell("oldest_overdue", span(b.oldest_overdue_ms)),
+      cell("in_flight", b.in_flight), cell("dead", b.dead),
+      cell("due_1m", within["1m"]), cell("due_1h", within["1h"]), cell("due_1d", within["1d"]),
+      cell("claimed", rate(rt.claimed_per_s)), cell("confirmed", rate(rt.confirmed_per_s)),
+      cell("retried", rate(rt.retried_per_s)), cell("dead_lettered", rate(rt.dead_lettered_per_s)),
+      cell("p50", ms(rt.lateness_p50_ms)), cell("p99", ms(rt.lateness_p99_ms)),
+      b.paused ? el("td", { class: "paused", "data-field": "paused" }, "paused: " + b.paused)
+        : el("td", { "data-field": "paused" }, "ok")));
+  }
+}
+
+// --- one business --------------------------------------------------------------
+
+async function loadHistogram(b) {
+  const r = await api("GET", path(b) + "/histogram");
+  const out = $("histogram");
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  clear(out);
+  const buckets = r.json.buckets;
+  const groups = [
+    ["overdue and the next hour, by minute", buckets.slice(0, 61), "now", "+1h"],
+    ["the next day, by hour", buckets.slice(61, 84), "+1h", "+24h"],
+    ["the next week, by day, and later", buckets.slice(84), "+1d", "later"],
+  ];
+  const wrap = el("div", { class: "hist" });
+  for (const [title, part, from, to] of groups) {
+    const total = part.reduce((s, x) => s + x.count, 0);
+    const max = Math.max(1, ...part.map((x) => x.count));
+    const bars = el("div", { class: "bars" });
+    for (const x of part) {
+      const h = x.count ? Math.max(2, Math.round((x.count / max) * 100)) : 0;
+      const bar = el("div", {
+        class: "bar" + (x.count ? "" : " zero") + (x.label === "overdue" ? " overdue" : ""),
+        title: x.label + ": " + x.count + (x.to_ms ? " (by " + when(x.to_ms) + ")" : ""),
+        "data-label": x.label, "data-count": x.count,
+      });
+      bar.style.height = h + "%";
+      bars.append(bar);
+    }
+    wrap.append(el("h3", {}, title + ": " + total), bars,
+      el("div", { class: "axis" }, el("span", {}, from), el("span", {}, to)));
+  }
+  out.append(wrap);
+}
+
+async function loadPending(b) {
+  const s = state();
+  const q = new URLSearchParams({ limit: "50" });
+  for (const k of ["from", "to", "cursor"]) if (s.get(k)) q.set(k, s.get(k));
+  const r = await api("GET", path(b) + "/tasks?" + q);
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  pendingCursor = r.json.cursor;
+  $("pending-next").disabled = !pendingCursor;
+  const body = $("pending").tBodies[0];
+  clear(body);
+  for (const t of r.json.tasks) {
+    const label = shown(t.member);
+    const member = b.member === "id"
+      ? el("a", { href: "#" + new URLSearchParams({ b: b.name, tab: "find", id: t.member.text }) }, label)
+      : label;
+    body.append(el("tr", {}, el("td", {}, when(t.due_ms)),
+      el("td", {}, t.due_ms >= r.json.now_ms ? "in " + span(t.due_ms - r.json.now_ms) : span(r.json.now_ms - t.due_ms) + " ago"),
+      el("td", { class: "text" }, member)));
+  }
+  if (!r.json.tasks.length) body.append(el("tr", {}, el("td", { colspan: 3 }, "nothing pending in this window")));
+}
+
+async function loadTask(b, id) {
+  const out = $("task");
+  const r = await api("GET", path(b) + "/tasks/" + encodeURIComponent(id));
+  clear(out);
+  if (!r.ok && r.status !== 404) { out.append(el("p", { class: "error" }, r.json.error)); return; }
+  const t = r.json;
+  const rows = [["id", t.id], ["state", t.state], ["key", t.key]];
+  if (t.due_ms !== undefined) rows.push(["due", when(t.due_ms) + " (" + (t.due_ms >= t.now_ms ? "in " : "") + span(t.due_ms - t.now_ms) + (t.due_ms < t.now_ms ? " ago" : "") + ")"]);
+  if (t.lease_deadline_ms !== undefined) rows.push(["lease ends", when(t.lease_deadline_ms)]);
+  if (t.died_ms !== undefined) rows.push(["died", when(t.died_ms)], ["reason", t.reason]);
+  if (t.error) rows.push(["note", t.error]);
+  const dl = el("dl", { class: "task" });
+  for (const [k, v] of rows) dl.append(el("dt", {}, k), el("dd", { "data-field": k }, v));
+  out.append(dl);
+  if (t.body) {
+    out.append(el("h3", {}, "body (" + t.body.bytes + " bytes" + (t.body.truncated ? ", first 4 KiB shown" : "") + ")"),
+      el("pre", { class: "body", id: "task-body" }, t.body.text));
+  }
+  if (t.state === "pending") {
+    const resched = el("input", { id: "resched-in", placeholder: "e.g. 10m", size: 8 });
+    out.append(el("p", { class: "row write" },
+      el("button", { id: "task-run", onclick: () => act("POST", path(b) + "/tasks/" + encodeURIComponent(id) + "/run", {}) }, "run now"),
+      el("button", { id: "task-cancel", class: "danger", onclick: () => act("DELETE", path(b) + "/tasks/" + encodeURIComponent(id)) }, "cancel"),
+      el("label", {}, "reschedule in ", resched),
+      el("button", { onclick: () => act("POST", path(b) + "/tasks/" + encodeURIComponent(id) + "/reschedule", { in: resched.value }) }, "move")));
+    for (const w of out.querySelectorAll(".write")) w.hidden = overview.read_only;
+  }
+}
+
+async function search(b, prefix, cursor) {
+  const q = new URLSearchParams({ prefix, limit: "50" });
+  if (cursor) q.set("cursor", cursor);
+  const r = await api("GET", path(b) + "/search?" + q);
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  const table = $("search");
+  table.hidden = false;
+  const body = table.tBodies[0];
+  if (!cursor) clear(body);
+  for (const t of r.json.tasks) body.append(el("tr", {}, el("td", {}, when(t.due_ms)), el("td", { class: "text" }, shown(t.member))));
+  searchCursor = r.json.cursor;
+  $("search-more").hidden = !searchCursor;
+  $("search-note").textContent = (body.rows.length + " found") +
+    (r.json.partial ? "; the search is partial (bounded per request): search on for more" : "; searched to the end");
+}
+
+async function loadDead(b) {
+  const r = await api("GET", path(b) + "/dead?limit=100");
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  $("dead-summary").textContent = r.json.total + " dead" + (r.json.total > r.json.members.length ? "; the oldest " + r.json.members.length + " shown" : "");
+  const body = $("dead").tBodies[0];
+  clear(body);
+  for (const m of r.json.members) {
+    const member = m.member.text;
+    body.append(el("tr", { "data-member": member },
+      el("td", { class: "text" }, shown(m.member)),
+      el("td", {}, span(r.json.now_ms - m.died_ms) + " ago"),
+      el("td", { class: "text" }, m.reason),
+      el("td", {},
+        el("button", { class: "write", "data-act": "requeue", onclick: () => askDead(b, "requeue", { member }) }, "requeue"),
+        " ",
+        el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", { member }) }, "purge"))));
+  }
+  for (const w of body.querySelectorAll(".write")) w.hidden = overview.read_only;
+}
+
+// Counts first (dry_run), then asks, then acts.
+async function askDead(b, action, filter) {
+  const r = await api("POST", path(b) + "/dead/" + action, Object.assign({ dry_run: true }, filter));
+  const box = $("dead-confirm");
+  clear(box);
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  const what = filter.member !== undefined ? "\u201c" + filter.member + "\u201d"
+    : filter.reason !== undefined ? "whose reason contains \u201c" + filter.reason + "\u201d" : "(all)";
+  const n = r.json.count;
+  box.append(action + " " + n + " dead member" + (n === 1 ? " " : "s ") + what + (r.json.partial ? " (at least; the count is partial)" : "") + "? ",
+    el("button", { id: "dead-confirm-go", class: action === "purge" ? "danger" : "", onclick: async () => {
+      box.hidden = true;
+      await act("POST", path(b) + "/dead/" + action, filter);
+    } }, action + " " + n),
+    " ",
+    el("button", { onclick: () => { box.hidden = true; } }, "keep them"));
+  box.hidden = false;
+}
+
+async function act(method, p, body) {
+  const r = await api(method, p, body);
+  if (r.ok) {
+    const j = r.json;
+    showResult(j.action ? j.action + ": " + j.count + " done" : (j.result || "done") + (j.due_ms ? ", due " + when(j.due_ms) : ""), false);
+  } else {
+    showResult(r.json.error || "HTTP " + r.status, true);
+  }
+  await refresh();
+}
+
+// --- the view ----------------------------------------------------------------
+
+async function renderBusiness(b) {
+  const s = state();
+  const tab = s.get("tab") || "histogram";
+  $("business-name").textContent = b.name + (b.member === "id" ? " (tasks by id)" : " (tasks are their bodies)");
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.className = a.dataset.tab === tab ? "on" : "";
+    a.href = "#" + new URLSearchParams({ b: b.name, tab: a.dataset.tab });
+  }
+  for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + tab;
+  if (tab === "histogram") await loadHistogram(b);
+  if (tab === "pending") {
+    $("pending-from").value = s.get("from") || "";
+    $("pending-to").value = s.get("to") || "";
+    await loadPending(b);
+  }
+  if (tab === "find") {
+    $("find-label").textContent = b.member === "id" ? "id" : "body starts with";
+    const id = s.get("id");
+    if (b.member === "id" && id) { $("find-input").value = id; await loadTask(b, id); }
+    else if (b.member === "id") clear($("task"));
+  }
+  if (tab === "dead") await loadDead(b);
+}
+
+async function refresh() {
+  try {
+    await loadOverview();
+    const b = business();
+    $("business").hidden = !b;
+    if (b) await renderBusiness(b);
+  } catch (e) {
+    showError("cannot reach delayd: " + e.message);
+  }
+}
+
+let busy = false;
+async function render() {
+  if (busy) return;
+  busy = true;
+  try { await refresh(); } finally { busy = false; }
+}
+
+function wire() {
+  const t = $("token");
+  $("token-state").textContent = token() ? "token set for this tab" : "no token: writes will be refused";
+  $("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    if (t.value) sessionStorage.setItem(TOKEN_KEY, t.value);
+    t.value = "";
+    $("token-state").textContent = token() ? "token set for this tab" : "no token: writes will be refused";
+  });
+  $("token-forget").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("token-state").textContent = "no token: writes will be refused";
+  });
+  $("pending-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    setState({ from: $("pending-from").value.trim(), to: $("pending-to").value.trim(), cursor: null });
+  });
+  $("pending-first").addEventListener("click", () => setState({ cursor: null }));
+  $("pending-next").addEventListener("click", () => { if (pendingCursor) setState({ cursor: pendingCursor }); });
+  $("find-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const b = business();
+    const v = $("find-input").value;
+    if (!b) return;
+    if (b.member === "id") setState({ id: v });
+    else search(b, v, null);
+  });
+  $("search-more").addEventListener("click", () => { const b = business(); if (b) search(b, $("find-input").value, searchCursor); });
+  $("dead-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const b = business();
+    const reason = $("dead-reason").value;
+    const action = (e.submitter && e.submitter.dataset.action) || "requeue";
+    if (b) askDead(b, action, reason ? { reason } : { all: true });
+  });
+  for (const f of ["dead-form"]) for (const btn of $(f).querySelectorAll("button")) btn.classList.add("write");
+  window.addEventListener("hashchange", () => { showResult(""); render(); });
+  setInterval(() => { if (!document.hidden) render(); }, POLL_MS);
+  render();
+}
+
+wire();

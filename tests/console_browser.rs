@@ -1,0 +1,404 @@
+//! The console page in a real browser (Debian's chromium, driven over
+//! WebDriver by chromium-driver), against a running delayd and real Redis
+//! and RabbitMQ. `deploy/local/test.sh` installs both packages; a missing
+//! browser is a failure, not a skip. Each test saves screenshots under
+//! `target/tmp/console-screenshots/`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const TOKEN: &str = "browser-test-token-0123456789";
+
+/// chromedriver and a session on it. Dropping it kills the browser the
+/// session started and the driver, by their process ids.
+struct Browser {
+    driver: Child,
+    client: Client,
+    browser_pid: Option<u64>,
+}
+
+impl Browser {
+    async fn start(width: u32, height: u32) -> Self {
+        let driver_bin = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("chromedriver not found: install Debian's chromium and chromium-driver (deploy/local/test.sh does)");
+        let port = free_port(50000..55000, &[]);
+        let driver = Command::new(driver_bin)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start chromedriver");
+        let mut caps = serde_json::Map::new();
+        let mut opts = json!({ "args": [
+            "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--hide-scrollbars", format!("--window-size={width},{height}"),
+        ]});
+        if std::path::Path::new("/usr/bin/chromium").exists() {
+            opts["binary"] = "/usr/bin/chromium".into();
+        }
+        caps.insert("goog:chromeOptions".into(), opts);
+        let started = Instant::now();
+        let client = loop {
+            let attempt =
+                ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                    .capabilities(caps.clone())
+                    .connect(&format!("http://127.0.0.1:{port}"))
+                    .await;
+            match attempt {
+                Ok(c) => break c,
+                Err(e) if started.elapsed() > Duration::from_secs(30) => {
+                    panic!("no WebDriver session within 30 s: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let browser_pid = client
+            .capabilities()
+            .and_then(|c| c.get("goog:processID"))
+            .and_then(|p| p.as_u64());
+        Self {
+            driver,
+            client,
+            browser_pid,
+        }
+    }
+
+    /// Saves a screenshot as `NAME.png` and returns its path.
+    async fn screenshot(&self, name: &str) -> PathBuf {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, self.client.screenshot().await.unwrap()).unwrap();
+        eprintln!("screenshot: {}", path.display());
+        path
+    }
+
+    /// The text of the first element matching `css`, once `ok` accepts
+    /// it; panics after 15 s with what it saw.
+    async fn wait_text(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
+        let started = Instant::now();
+        let mut seen = String::from("(no such element)");
+        while started.elapsed() < Duration::from_secs(15) {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                if let Ok(t) = e.text().await {
+                    if ok(&t) {
+                        return t;
+                    }
+                    seen = t;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{css}: still {seen:?} after 15 s");
+    }
+
+    async fn click(&self, css: &str) {
+        self.wait_text(css, |_| true).await;
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        self.wait_text(css, |_| true).await;
+        let e = self.client.find(Locator::Css(css)).await.unwrap();
+        e.clear().await.unwrap();
+        e.send_keys(text).await.unwrap();
+    }
+
+    /// Ends the session; the driver goes when `self` drops.
+    async fn close(self) {
+        let _ = self.client.clone().close().await;
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // A browser left by a failed test would outlive it; its helper
+        // processes end with it.
+        if let Some(pid) = self.browser_pid.filter(|p| *p > 1) {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn id_business(name: &str) -> BusinessSpec {
+    let mut b = BusinessSpec::random(name);
+    b.extra = "member = \"id\"".into();
+    b
+}
+
+async fn schedule_id(
+    r: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    id: &str,
+    body: &str,
+    due: i64,
+) {
+    let _: () = redis::pipe()
+        .atomic()
+        .hset(family(key).body, id, body)
+        .zadd(key, id, due)
+        .query_async(r)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
+    let billing = id_business("billing");
+    let mail = BusinessSpec::random("mail");
+    let c = ConsoleDaemon::start(&[&billing, &mail], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    for i in 0..7 {
+        schedule_id(
+            &mut r,
+            &billing.key,
+            &format!("inv-{i}"),
+            "{}",
+            now + 60_000 * (i + 1) * 7,
+        )
+        .await;
+    }
+    seed_dead(
+        &mut r,
+        &billing.key,
+        &[(
+            "inv-x",
+            "returned as unroutable (312 NO_ROUTE) after 5 attempts",
+        )],
+    )
+    .await;
+    let items: Vec<(f64, Vec<u8>)> = (0..40)
+        .map(|i| {
+            (
+                (now + 3_600_000 * (i % 30 + 1)) as f64,
+                format!("mail-{i}").into_bytes(),
+            )
+        })
+        .collect();
+    zadd_many(&mut r, &mail.key, &items).await;
+
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/", c.port))
+        .await
+        .unwrap();
+    let api = api_get(c.port, "/api/v1/businesses").await;
+    for row in api.json["businesses"].as_array().unwrap() {
+        let name = row["name"].as_str().unwrap();
+        for field in ["pending", "due_now", "in_flight", "dead"] {
+            let want = row[field].to_string();
+            let css = format!("tr[data-business=\"{name}\"] td[data-field=\"{field}\"]");
+            b.wait_text(&css, |t| t == want).await;
+        }
+    }
+    b.wait_text(
+        "tr[data-business=\"billing\"] td[data-field=\"pending\"]",
+        |t| t == "7",
+    )
+    .await;
+    b.wait_text(
+        "tr[data-business=\"mail\"] td[data-field=\"pending\"]",
+        |t| t == "40",
+    )
+    .await;
+    b.screenshot("overview").await;
+
+    // The histogram of what comes due, from the link in the overview.
+    b.click("tr[data-business=\"billing\"] a").await;
+    b.wait_text("#histogram h3", |t| {
+        t.starts_with("overdue and the next hour, by minute: 7")
+    })
+    .await;
+    let url = b.client.current_url().await.unwrap();
+    assert!(
+        url.fragment().unwrap_or("").contains("tab=histogram"),
+        "{url}"
+    );
+    b.screenshot("histogram").await;
+
+    // On a phone the page fits its width; wide tables scroll in place.
+    b.client.set_window_size(390, 844).await.unwrap();
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=mail&tab=pending", c.port))
+        .await
+        .unwrap();
+    b.wait_text("#pending tbody tr td.text", |t| t == "mail-0")
+        .await;
+    let overflow = b
+        .client
+        .execute(
+            "return document.documentElement.scrollWidth - window.innerWidth;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        overflow.as_i64().unwrap() <= 0,
+        "the page is wider than a phone by {overflow}px"
+    );
+    b.screenshot("pending-phone").await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
+    let billing = id_business("billing");
+    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    let hostile =
+        "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"><b>bold?</b>";
+    schedule_id(&mut r, &billing.key, "order-42", hostile, now + 3_600_000).await;
+
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=find", c.port))
+        .await
+        .unwrap();
+    b.type_into("#find-input", "order-42").await;
+    b.click("#find-go").await;
+    b.wait_text("dd[data-field=\"state\"]", |t| t == "pending")
+        .await;
+    let shown = b.wait_text("#task-body", |t| !t.is_empty()).await;
+    assert_eq!(shown, hostile, "the body is shown as the text it is");
+    let checks = b
+        .client
+        .execute(
+            "return [typeof window.__pwned, document.querySelectorAll('#task img, #task script, #task b').length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        checks,
+        json!(["undefined", 0]),
+        "markup in a body must not become elements"
+    );
+    b.screenshot("task").await;
+
+    // The view is in the URL: a reload shows the same task.
+    b.client.refresh().await.unwrap();
+    b.wait_text("dd[data-field=\"id\"]", |t| t == "order-42")
+        .await;
+    let missing = b
+        .client
+        .goto(&format!(
+            "http://127.0.0.1:{}/#b=billing&tab=find&id=nope",
+            c.port
+        ))
+        .await;
+    missing.unwrap();
+    b.wait_text("dd[data-field=\"state\"]", |t| t == "not_found")
+        .await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
+    let billing = id_business("billing");
+    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let fam = family(&billing.key);
+    let _: () = redis::cmd("HSET")
+        .arg(&fam.body)
+        .arg("inv-7")
+        .arg("the invoice")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    seed_dead(
+        &mut r,
+        &billing.key,
+        &[
+            (
+                "inv-7",
+                "returned as unroutable (312 NO_ROUTE) after 5 attempts",
+            ),
+            ("<i>odd</i>", "rejected"),
+        ],
+    )
+    .await;
+
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=dead", c.port))
+        .await
+        .unwrap();
+    b.wait_text("tr[data-member=\"inv-7\"] td:nth-child(3)", |t| {
+        t.contains("NO_ROUTE")
+    })
+    .await;
+    b.wait_text("#dead-summary", |t| t.starts_with("2 dead"))
+        .await;
+    b.screenshot("dead").await;
+
+    // No token typed: the count comes, the requeue is refused.
+    b.click("tr[data-member=\"inv-7\"] button[data-act=\"requeue\"]")
+        .await;
+    b.wait_text("#dead-confirm", |t| t.contains("requeue 1 dead member"))
+        .await;
+    b.click("#dead-confirm-go").await;
+    let refused = b.wait_text("#result", |t| !t.is_empty()).await;
+    assert!(refused.contains("Authorization: Bearer"), "{refused}");
+    let still: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&fam.dead)
+        .arg("inv-7")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(still.is_some(), "refused, so still dead");
+
+    // With the token: requeued, then delivered.
+    b.type_into("#token", TOKEN).await;
+    b.click("#token-save").await;
+    b.wait_text("#token-state", |t| t.contains("token set"))
+        .await;
+    b.click("tr[data-member=\"inv-7\"] button[data-act=\"requeue\"]")
+        .await;
+    b.wait_text("#dead-confirm", |t| t.contains("requeue 1 dead member"))
+        .await;
+    b.click("#dead-confirm-go").await;
+    b.wait_text("#result", |t| t == "requeue: 1 done").await;
+    c.setup.inbox().wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(c.setup.inbox().all()[0].body, b"the invoice");
+    b.wait_text("#dead-summary", |t| t.starts_with("1 dead"))
+        .await;
+    b.screenshot("requeued").await;
+    let stored = b
+        .client
+        .execute(
+            "return sessionStorage.length + ':' + document.cookie;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        json!("1:"),
+        "the token lives in sessionStorage, no cookie"
+    );
+    b.close().await;
+}
