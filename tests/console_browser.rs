@@ -224,6 +224,19 @@ async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
         |t| t == "40",
     )
     .await;
+    // On a laptop the whole overview row is in view, with no sideways scroll.
+    let overflow = b
+        .client
+        .execute(
+            "const s = document.querySelector('#overview .scroll'); return s.scrollWidth - s.clientWidth;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        overflow.as_i64().unwrap() <= 0,
+        "the overview is wider than a 1280px window by {overflow}px"
+    );
     b.screenshot("overview").await;
 
     // The histogram of what comes due, from the link in the overview.
