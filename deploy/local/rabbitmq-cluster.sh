@@ -61,26 +61,27 @@ start)
 	((failed == 0)) || die "a node did not start (logs above)"
 	seed="delayd-test-${ports[0]}@localhost"
 	# Each node joins the seed; a node that is already a member (a restart of
-	# the script on the same DIR) is left as it is.
+	# the script on the same DIR) is left as it is. One at a time: two nodes
+	# joining the same seed at once can fail to start Mnesia on RabbitMQ 3.x,
+	# and a node whose join failed is reset and tries once more.
+	join_once() {
+		local p="$1" node="delayd-test-$1@localhost" ndir="$dir/node-$1"
+		rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q stop_app &&
+			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q reset &&
+			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q join_cluster "$seed" &&
+			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q start_app &&
+			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q await_startup --timeout "$DELAYD_START_TIMEOUT"
+	}
 	join() {
 		local p="$1" node="delayd-test-$1@localhost" ndir="$dir/node-$1"
 		if rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q cluster_status 2>/dev/null | grep -q "$seed"; then
 			return 0
 		fi
-		rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q stop_app &&
-			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q join_cluster "$seed" &&
-			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q start_app &&
-			rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q await_startup --timeout "$DELAYD_START_TIMEOUT"
+		join_once "$p" || { log "node $p could not join $seed; resetting it and trying once more"; join_once "$p"; }
 	}
-	pids=()
 	for p in "${ports[@]:1}"; do
-		join "$p" &
-		pids+=($!)
+		join "$p" || die "a node could not join $seed (state in $dir)"
 	done
-	for pid in "${pids[@]}"; do
-		wait "$pid" || failed=1
-	done
-	((failed == 0)) || die "a node could not join $seed (state in $dir)"
 	log "cluster of ${#ports[@]} nodes ready ($(($(now_ms) - t0)) ms): ${ports[*]}"
 	for p in "${ports[@]}"; do
 		printf 'amqp://guest:guest@127.0.0.1:%s/%%2f\n' "$p"
