@@ -93,7 +93,9 @@ pub(super) async fn run(
 }
 
 /// `INFO commandstats` as command -> (calls, usec).
-async fn commandstats(redis: &mut RedisConn) -> Result<HashMap<String, (u64, u64)>, BenchError> {
+pub(super) async fn commandstats(
+    redis: &mut RedisConn,
+) -> Result<HashMap<String, (u64, u64)>, BenchError> {
     let text: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(redis)

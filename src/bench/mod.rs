@@ -11,6 +11,7 @@
 
 mod far_writes;
 mod intake;
+mod scale;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -70,6 +71,11 @@ pub struct BenchArgs {
     /// rate, its memory per message and its end-to-end lateness.
     #[arg(long)]
     pub intake: bool,
+    /// Measure what a backlog of this many pending members costs instead of
+    /// the drain (Redis memory per task, claim cost, RSS, idle cost), in
+    /// body and id mode; repeat for several sizes.
+    #[arg(long, value_name = "PENDING", conflicts_with = "intake")]
+    pub scale: Vec<usize>,
 }
 
 /// Why the bench could not run or finish.
@@ -148,6 +154,8 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let run = async {
         if args.intake {
             intake::bench(&args, &cfg, &names, &mut redis, &amqp, &mut state).await
+        } else if !args.scale.is_empty() {
+            scale::bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state).await
         } else {
             bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state).await
         }
