@@ -104,6 +104,22 @@ pub(super) async fn commandstats(
     Ok(parse_commandstats(&text))
 }
 
+/// Script calls and their Redis time (µs) between two `INFO commandstats`.
+pub(super) fn script_calls(
+    before: &HashMap<String, (u64, u64)>,
+    after: &HashMap<String, (u64, u64)>,
+) -> (u64, u64) {
+    let mut out = (0, 0);
+    for (name, (c1, u1)) in after {
+        if name.starts_with("eval") || name.starts_with("fcall") {
+            let (c0, u0) = before.get(name).copied().unwrap_or((0, 0));
+            out.0 += c1.saturating_sub(c0);
+            out.1 += u1.saturating_sub(u0);
+        }
+    }
+    out
+}
+
 /// Reads `cmdstat_NAME:calls=N,usec=N,...` lines.
 fn parse_commandstats(text: &str) -> HashMap<String, (u64, u64)> {
     let mut out = HashMap::new();

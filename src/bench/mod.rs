@@ -12,6 +12,7 @@
 mod far_writes;
 mod intake;
 mod scale;
+mod shards;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -76,6 +77,10 @@ pub struct BenchArgs {
     /// body and id mode; repeat for several sizes.
     #[arg(long, value_name = "PENDING", conflicts_with = "intake")]
     pub scale: Vec<usize>,
+    /// Also drain the same backlog, every round, from one key and from a
+    /// business of this many shards on the same servers, and compare them.
+    #[arg(long, value_name = "SHARDS", conflicts_with_all = ["intake", "scale"], value_parser = clap::value_parser!(u16).range(2..=64))]
+    pub compare_shards: Option<u16>,
 }
 
 /// Why the bench could not run or finish.
@@ -331,7 +336,7 @@ async fn bench(
 
     // delayd as users run it, on a temporary business.
     let extra = args.business.join("\n");
-    let toml = format!(
+    let mut toml = format!(
         "{}{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
         cfg.redis.to_toml(),
         cfg.amqp.to_toml(),
@@ -339,6 +344,12 @@ async fn bench(
         names.exchange,
         names.routing_key
     );
+    if let Some(shards) = args.compare_shards {
+        toml.push_str(&format!(
+            "[businesses.bench_sharded]\nkey = \"{}:sharded\"\nexchange = \"{}\"\nrouting_key = \"{}\"\nshards = {shards}\n{extra}\n",
+            names.key, names.exchange, names.routing_key
+        ));
+    }
     let (pid, business) = start_daemon(names, state, &toml)?;
     // The same properties delayd will send, so the broker's cost of the
     // message format can be told apart from delayd's own.
@@ -358,6 +369,10 @@ async fn bench(
         daemon: pid,
     };
     let redis_procs = &watch.redis;
+    let mut compare = match args.compare_shards {
+        Some(shards) => Some(shard_compare(args, state, &fams, shards as usize, &format)?),
+        None => None,
+    };
     eprintln!("bench: finding the raw publisher's best channels and window ...");
     let trial_n = (args.messages / 4).max(1000);
     let mut best = (0.0f64, 1usize, 256usize);
@@ -423,6 +438,10 @@ async fn bench(
             cpu_replicas.push(per(r));
         }
         between_phases(&ch, names, &counter, args.no_consumer).await?;
+        if let Some(c) = compare.as_mut() {
+            c.round(redis, round, &watch).await?;
+            between_phases(&ch, names, &counter, args.no_consumer).await?;
+        }
         eprintln!(
             "bench: round {round}: raw ceiling {raw:.0} msg/s, raw with delayd's format {same:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3} ({:.3} to the same format)",
             drain / raw,
@@ -539,6 +558,9 @@ async fn bench(
             join_ratios(&same_ratios)
         ),
     );
+    for (label, value, note) in compare.iter().flat_map(|c| c.rows()) {
+        row(&label, &value, &note);
+    }
     row(
         "Redis memory per pending task",
         &format!("{:.0} B", median(&memory_per_task)),
@@ -624,6 +646,41 @@ async fn bench(
         ),
     );
     Ok(())
+}
+
+/// The comparison's second business, as the started delayd loaded it; its
+/// keys join the ones cleaned up at the end.
+fn shard_compare(
+    args: &BenchArgs,
+    state: &mut BenchState,
+    fams: &[KeyFamily],
+    shards: usize,
+    format: &Option<config::Business>,
+) -> Result<shards::ShardCompare, BenchError> {
+    let path = state
+        .config_path
+        .clone()
+        .ok_or_else(|| BenchError::Usage("bench: no bench config".into()))?;
+    let loaded =
+        config::load(&path).map_err(|e| BenchError::Usage(format!("bench: --business: {e}")))?;
+    let sharded: Vec<String> = loaded
+        .businesses
+        .iter()
+        .find(|b| b.name == "bench_sharded")
+        .map(|b| b.keys())
+        .ok_or_else(|| BenchError::Usage("bench: no sharded business".into()))?;
+    state.keys.extend(sharded.iter().cloned());
+    let backlog = shards::Backlog {
+        n: args.messages,
+        size: args.size,
+        id_mode: format.as_ref().is_some_and(|b| b.member.is_id()),
+    };
+    Ok(shards::ShardCompare::new(
+        shards,
+        backlog,
+        fams.to_vec(),
+        sharded.iter().map(|k| KeyFamily::new(k)).collect(),
+    ))
 }
 
 /// A distinct body of `size` bytes (longer only if the tag needs it).

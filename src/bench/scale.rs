@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lapin::types::FieldTable;
 use lapin::Connection;
 
-use super::far_writes::commandstats;
+use super::far_writes::{commandstats, script_calls};
 use super::{
     body_of, fail, idle_commands, rss_kb, start_consumer, start_daemon, stop_child, BenchArgs,
     BenchError, BenchState, Counter, Names,
@@ -171,7 +171,7 @@ impl Run<'_> {
         let (pid, _) = start_daemon(names, state, &toml)?;
         let drain_rate = delivered(&self.counter, base, due).await?;
         let after = commandstats(redis).await?;
-        let (calls, usec) = scripts(&before, &after);
+        let (calls, usec) = script_calls(&before, &after);
         let rss = rss_kb(pid);
         eprintln!(
             "bench: counting delayd's Redis commands for {}s with nothing due ...",
@@ -289,22 +289,6 @@ async fn delivered(counter: &Counter, base: u64, n: usize) -> Result<f64, BenchE
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-/// Script calls and their Redis time between two `INFO commandstats`.
-fn scripts(
-    before: &std::collections::HashMap<String, (u64, u64)>,
-    after: &std::collections::HashMap<String, (u64, u64)>,
-) -> (u64, u64) {
-    let mut out = (0, 0);
-    for (name, (c1, u1)) in after {
-        if name.starts_with("eval") || name.starts_with("fcall") {
-            let (c0, u0) = before.get(name).copied().unwrap_or((0, 0));
-            out.0 += c1.saturating_sub(c0);
-            out.1 += u1.saturating_sub(u0);
-        }
-    }
-    out
 }
 
 /// Removes the key families of `state.keys` without blocking Redis.
