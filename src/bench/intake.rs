@@ -20,9 +20,10 @@ use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection};
 
+use super::report::{median, percentile, row};
 use super::{
-    body_of, fail, machine, median, percentile, row, rss_kb, start_consumer, wall_ms_f, BenchArgs,
-    BenchError, BenchState, Counter, Names,
+    body_of, fail, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError, BenchState, Counter,
+    Names,
 };
 use crate::config;
 use crate::redis_conn::RedisConn;
@@ -176,14 +177,11 @@ pub(super) async fn bench(
             redis::cmd("DEL").arg(&f.all()[..]).query_async(redis).await;
     }
 
-    println!();
-    println!(
+    super::report::heading(&format!(
         "delayd bench --intake: {n} x {}-byte persistent messages with x-delay, {} rounds, one run",
         args.size,
         ratios.len()
-    );
-    println!("machine: {}", machine());
-    println!("{:-<78}", "");
+    ));
     row(
         "plain publish -> consume",
         &format!("{:.0} msg/s", median(&plain_rates)),
@@ -192,12 +190,18 @@ pub(super) async fn bench(
     row(
         "intake (publish -> stored)",
         &format!("{:.0} msg/s", median(&intake_rates)),
-        &format!("median; rounds {}", super::join_rates(&intake_rates)),
+        &format!(
+            "median; rounds {}",
+            super::report::join_rates(&intake_rates)
+        ),
     );
     row(
         "intake / plain",
         &format!("{:.3}", median(&ratios)),
-        &format!("median of per-round ratios {}", super::join_ratios(&ratios)),
+        &format!(
+            "median of per-round ratios {}",
+            super::report::join_ratios(&ratios)
+        ),
     );
     row(
         "Redis memory per pending message",

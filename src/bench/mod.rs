@@ -11,6 +11,8 @@
 
 mod far_writes;
 mod intake;
+mod report;
+mod rounds;
 mod scale;
 mod shards;
 
@@ -30,6 +32,8 @@ use lapin::{BasicProperties, Connection};
 use crate::config::{self, Properties};
 use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{Claimed, KeyFamily};
+use report::{join_rates, join_ratios, join_us, median, percentile, row};
+use rounds::{Round, Rounds};
 
 /// Producer writes per second in the far-future-writes phase.
 const FAR_RATE: u32 = 2000;
@@ -386,15 +390,8 @@ async fn bench(
     }
     let (_, best_channels, best_window) = best;
 
-    let mut raw_rates = Vec::new();
-    let mut same_rates = Vec::new();
-    let mut drain_rates = Vec::new();
-    let mut ratios = Vec::new();
-    let mut same_ratios = Vec::new();
-    let mut memory_per_task = Vec::new();
-    let mut cpu_masters = Vec::new();
-    let mut cpu_replicas = Vec::new();
-    let mut cpu_daemon = Vec::new();
+    let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
+    let mut rounds = Rounds::default();
     for round in 1..=args.rounds.max(1) {
         let raw = raw_publish(
             amqp,
@@ -418,8 +415,7 @@ async fn bench(
         )
         .await?;
         between_phases(&ch, names, &counter, args.no_consumer).await?;
-        let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
-        let (drain, bytes, ticks, daemon_ticks) = delayd_drain(
+        let (drain, bytes_per_task, ticks, daemon_ticks) = delayd_drain(
             redis,
             &fams,
             args.messages,
@@ -429,14 +425,16 @@ async fn bench(
             &watch,
         )
         .await?;
-        memory_per_task.push(bytes);
         // /proc counts CPU time in USER_HZ ticks, 100 per second on Linux.
         let per = |t: u64| t as f64 * 10_000.0 / args.messages.max(2) as f64;
-        cpu_daemon.push(per(daemon_ticks));
-        if let Some((m, r)) = ticks {
-            cpu_masters.push(per(m));
-            cpu_replicas.push(per(r));
-        }
+        let r = Round {
+            raw,
+            same,
+            drain,
+            bytes_per_task,
+            cpu_daemon: per(daemon_ticks),
+            cpu_redis: ticks.map(|(m, r)| (per(m), per(r))),
+        };
         between_phases(&ch, names, &counter, args.no_consumer).await?;
         if let Some(c) = compare.as_mut() {
             c.round(redis, round, &watch).await?;
@@ -444,17 +442,12 @@ async fn bench(
         }
         eprintln!(
             "bench: round {round}: raw ceiling {raw:.0} msg/s, raw with delayd's format {same:.0} msg/s, delayd drain {drain:.0} msg/s, ratio {:.3} ({:.3} to the same format)",
-            drain / raw,
-            drain / same
+            r.ratio(),
+            r.same_ratio()
         );
-        same_rates.push(same);
-        same_ratios.push(drain / same);
-        raw_rates.push(raw);
-        drain_rates.push(drain);
-        ratios.push(drain / raw);
+        rounds.push(r);
     }
     let rss_after_drain = rss_kb(pid);
-    let id_mode = format.as_ref().is_some_and(|b| b.member.is_id());
     if args.no_consumer {
         start_consumer(amqp, names, &counter).await?;
     }
@@ -500,13 +493,9 @@ async fn bench(
     let far = far_writes::run(redis, &fams, FAR_RATE, FAR_SECS).await?;
     let rss_end = rss_kb(pid);
 
-    let med_raw = median(&raw_rates);
-    let med_drain = median(&drain_rates);
-    let med_ratio = median(&ratios);
-    let med_same = median(&same_rates);
-    let med_same_ratio = median(&same_ratios);
-    println!();
-    println!(
+    let med_raw = rounds.median(|r| r.raw);
+    let med_same = rounds.median(|r| r.same);
+    report::heading(&format!(
         "delayd bench: {} x {}-byte persistent messages into a durable queue ({}), {} rounds, one run",
         args.messages,
         args.size,
@@ -515,10 +504,8 @@ async fn bench(
         } else {
             "one consumer"
         },
-        raw_rates.len()
-    );
-    println!("machine: {}", machine());
-    println!("{:-<78}", "");
+        rounds.len()
+    ));
     row(
         "raw confirmed publish (ceiling)",
         &format!("{med_raw:.0} msg/s"),
@@ -542,20 +529,23 @@ async fn bench(
     );
     row(
         "delayd drain (claim+publish+ack)",
-        &format!("{med_drain:.0} msg/s"),
-        &format!("median; rounds {}", join_rates(&drain_rates)),
+        &format!("{:.0} msg/s", rounds.median(|r| r.drain)),
+        &format!("median; rounds {}", join_rates(&rounds.each(|r| r.drain))),
     );
     row(
         "delayd / ceiling",
-        &format!("{med_ratio:.3}"),
-        &format!("median of per-round ratios {}", join_ratios(&ratios)),
+        &format!("{:.3}", rounds.median(Round::ratio)),
+        &format!(
+            "median of per-round ratios {}",
+            join_ratios(&rounds.each(Round::ratio))
+        ),
     );
     row(
         "delayd / same-format publisher",
-        &format!("{med_same_ratio:.3}"),
+        &format!("{:.3}", rounds.median(Round::same_ratio)),
         &format!(
             "median of per-round ratios {}; delayd's own overhead",
-            join_ratios(&same_ratios)
+            join_ratios(&rounds.each(Round::same_ratio))
         ),
     );
     for (label, value, note) in compare.iter().flat_map(|c| c.rows()) {
@@ -563,40 +553,41 @@ async fn bench(
     }
     row(
         "Redis memory per pending task",
-        &format!("{:.0} B", median(&memory_per_task)),
+        &format!("{:.0} B", rounds.median(|r| r.bytes_per_task)),
         &format!(
             "MEMORY USAGE of the loaded backlog{}, {body_len}-byte bodies",
             if id_mode { " (ids and {K}:body)" } else { "" }
         ),
     );
-    if cpu_masters.is_empty() {
-        row(
+    match rounds.cpu_redis() {
+        None => row(
             "Redis CPU per drained member",
             "unknown",
             "its redis-server processes are not on this machine",
-        );
-    } else {
-        let replicas = if redis_procs.iter().any(|p| p.replica) {
-            format!("; its replicas {:.1} µs more", median(&cpu_replicas))
-        } else {
-            String::new()
-        };
-        row(
-            "Redis CPU per drained member",
-            &format!("{:.1} µs", median(&cpu_masters)),
-            &format!(
-                "median; rounds {}; user+system of {} master(s){replicas}",
-                join_us(&cpu_masters),
-                redis_procs.iter().filter(|p| !p.replica).count()
-            ),
-        );
+        ),
+        Some((masters, replicas)) => {
+            let replicas = if redis_procs.iter().any(|p| p.replica) {
+                format!("; its replicas {:.1} µs more", median(&replicas))
+            } else {
+                String::new()
+            };
+            row(
+                "Redis CPU per drained member",
+                &format!("{:.1} µs", median(&masters)),
+                &format!(
+                    "median; rounds {}; user+system of {} master(s){replicas}",
+                    join_us(&masters),
+                    redis_procs.iter().filter(|p| !p.replica).count()
+                ),
+            );
+        }
     }
     row(
         "delayd CPU per drained member",
-        &format!("{:.1} µs", median(&cpu_daemon)),
+        &format!("{:.1} µs", rounds.median(|r| r.cpu_daemon)),
         &format!(
             "median; rounds {}; user+system of the delayd process",
-            join_us(&cpu_daemon)
+            join_us(&rounds.each(|r| r.cpu_daemon))
         ),
     );
     row(
@@ -604,7 +595,7 @@ async fn bench(
         &format!("{recipe:.0} msg/s"),
         &format!(
             "one member per Lua call, no confirms; delayd drains {:.1}x faster",
-            med_drain / recipe.max(1.0)
+            rounds.median(|r| r.drain) / recipe.max(1.0)
         ),
     );
     if lat.is_empty() {
@@ -697,48 +688,6 @@ fn body_of(tag: &str, i: usize, size: usize) -> Vec<u8> {
     body
 }
 
-fn row(label: &str, value: &str, note: &str) {
-    println!("{label:<34} {value:>14}   {note}");
-}
-
-fn join_rates(v: &[f64]) -> String {
-    v.iter()
-        .map(|r| format!("{r:.0}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn join_ratios(v: &[f64]) -> String {
-    v.iter()
-        .map(|r| format!("{r:.3}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn join_us(v: &[f64]) -> String {
-    v.iter()
-        .map(|r| format!("{r:.1}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        0.0
-    } else if s.len() % 2 == 1 {
-        s[s.len() / 2]
-    } else {
-        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
-    }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let idx = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[idx]
-}
-
 /// (peak, current) resident set of a process, in KiB.
 fn rss_kb(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -751,22 +700,6 @@ fn rss_kb(pid: u32) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmHWM:"), field("VmRSS:"))
-}
-
-fn machine() -> String {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    format!("{cpus} cores, {model}")
 }
 
 /// Consumes the bench queue without acks, counting deliveries and, while

@@ -303,14 +303,10 @@ async fn unlink(redis: &mut RedisConn, state: &mut BenchState) {
 }
 
 fn print(args: &BenchArgs, results: &[Scale]) {
-    println!();
-    println!(
-        "delayd bench --scale: {} due members drained in front of each backlog, {}-byte bodies, {}",
-        args.messages,
-        args.size,
-        super::machine()
-    );
-    println!();
+    super::report::heading(&format!(
+        "delayd bench --scale: {} due members drained in front of each backlog, {}-byte bodies",
+        args.messages, args.size,
+    ));
     println!("| mode | pending | Redis bytes/task | write time | drain /s | Redis µs/member (scripts) | scripts/1000 | delayd RSS peak / now | idle cmds/s |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in results {

@@ -4,7 +4,8 @@
 //! sharding costs on one server is measured and not guessed.
 
 use super::far_writes::{commandstats, script_calls};
-use super::{delayd_drain, median, BenchError, CpuWatch};
+use super::report::median;
+use super::{delayd_drain, BenchError, CpuWatch};
 use crate::redis_conn::RedisConn;
 use crate::store::KeyFamily;
 
@@ -107,7 +108,7 @@ impl ShardCompare {
                 format!("{:.3}", median(&self.ratios)),
                 format!(
                     "median of per-round ratios {}",
-                    super::join_ratios(&self.ratios)
+                    super::report::join_ratios(&self.ratios)
                 ),
             ),
             ("  one key".into(), String::new(), side(&self.one_side)),
