@@ -189,18 +189,16 @@ pub(crate) fn validate(
         if let Some(rk) = &r.routing_key {
             crate::config::check_short_string(&place("routing_key"), rk, problems);
         }
-        let catch_up = match r.catch_up.as_deref().unwrap_or(defaults::CATCH_UP) {
-            "none" => CatchUp::None,
-            "last" => CatchUp::Last,
-            "all" => CatchUp::All,
-            other => {
-                problems.push(format!(
-                    "{} must be \"none\", \"last\" or \"all\" (got \"{other}\")",
-                    place("catch_up")
-                ));
-                CatchUp::Last
-            }
-        };
+        let catch_up = crate::config::one_of(
+            &place("catch_up"),
+            Some(r.catch_up.as_deref().unwrap_or(defaults::CATCH_UP)),
+            &[
+                ("none", "", CatchUp::None),
+                ("last", "", CatchUp::Last),
+                ("all", "", CatchUp::All),
+            ],
+            problems,
+        );
         let window_text = r
             .catch_up_window
             .unwrap_or_else(|| defaults::CATCH_UP_WINDOW.to_string());

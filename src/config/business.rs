@@ -1,0 +1,412 @@
+//! A `[businesses.NAME]` section: one delay queue.
+
+use super::*;
+
+/// One stream of delayed work: a Redis key (or shards of it) dispatched to
+/// one exchange and routing key.
+#[derive(Debug, Clone)]
+pub struct Business {
+    /// The name under `[businesses.NAME]`.
+    pub name: String,
+    /// The sorted set producers write to.
+    pub key: String,
+    /// Exchange to publish to (may be `""`, the default exchange).
+    pub exchange: String,
+    /// Routing key to publish with.
+    pub routing_key: String,
+    /// Concurrent claim-and-publish loops per key.
+    pub scanners: usize,
+    /// Most members one claim script call moves.
+    pub batch_size: usize,
+    /// Most unconfirmed publishes one scanner keeps in flight.
+    pub window: usize,
+    /// How long a claim is leased before another instance may recover it.
+    pub lease: Duration,
+    /// Publish attempts (returns and nacks) before a member is dead-lettered.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt.
+    pub retry_backoff: Duration,
+    /// Cap on the retry delay.
+    pub retry_backoff_max: Duration,
+    /// Unit of the scores producers write.
+    pub score_unit: ScoreUnit,
+    /// Number of shards; 1 means the single key `K`.
+    pub shards: usize,
+    /// How the shards' keys are named.
+    pub shard_names: ShardNames,
+    /// Start even when members wait under key names this business does not
+    /// read (see [`crate::unread`]), with a warning instead of a refusal.
+    pub ignore_unread_keys: bool,
+    /// Publish with `delivery_mode = 2`.
+    pub persistent: bool,
+    /// `content_type` property, when set.
+    pub content_type: Option<String>,
+    /// Which AMQP properties each message carries besides `delivery_mode`
+    /// and `content_type`.
+    pub properties: Properties,
+    /// How long a clean stop waits for owed confirms before returning members.
+    pub shutdown_timeout: Duration,
+    /// Publishes per second across the business, when capped.
+    pub max_rate: Option<u32>,
+    /// Whether `max_rate` holds per process or across every process.
+    pub max_rate_scope: RateScope,
+    /// Longest idle sleep when keyspace notifications are not available.
+    pub poll_interval: Duration,
+    /// Longest idle sleep while keyspace notifications wake delayd early.
+    pub watchdog_interval: Duration,
+    /// Whether members are bodies or task ids.
+    pub member: MemberMode,
+    /// Messages published with `x-delay` to an intake exchange, when set.
+    pub intake: Option<crate::intake::Settings>,
+    /// Recurring schedules whose occurrences delayd writes ahead.
+    pub recurring: Vec<crate::recurring::Schedule>,
+}
+
+impl Business {
+    /// The Redis keys this business reads: `K`, or its shards' keys, named
+    /// as [`Business::shard_names`] says.
+    pub fn keys(&self) -> Vec<String> {
+        crate::keys::shard_keys(&self.key, self.shards, self.shard_names)
+    }
+
+    /// Whether members' bodies may be stored envelopes (routing key,
+    /// properties, body) rather than plain bodies: an intake's messages and
+    /// occurrences of schedules with their own routing key are.
+    pub fn stores_envelopes(&self) -> bool {
+        self.intake.is_some() || self.recurring.iter().any(|s| s.routing_key.is_some())
+    }
+}
+
+/// Default values of the optional business fields, shown in the README.
+pub mod defaults {
+    /// Scanners per key.
+    pub const SCANNERS: usize = 2;
+    /// Members per claim.
+    pub const BATCH_SIZE: usize = 256;
+    /// Unconfirmed publishes per scanner.
+    pub const WINDOW: usize = 1024;
+    /// Claim lease.
+    pub const LEASE: &str = "30s";
+    /// Attempts before dead-lettering.
+    pub const MAX_ATTEMPTS: u32 = 5;
+    /// First retry delay.
+    pub const RETRY_BACKOFF: &str = "1s";
+    /// Retry delay cap.
+    pub const RETRY_BACKOFF_MAX: &str = "5m";
+    /// Clean-stop bound.
+    pub const SHUTDOWN_TIMEOUT: &str = "10s";
+    /// Idle sleep bound without notifications.
+    pub const POLL_INTERVAL: &str = "1s";
+    /// Idle sleep bound with notifications.
+    pub const WATCHDOG_INTERVAL: &str = "5s";
+}
+
+/// The longest each duration setting may be, and why: past these a value is
+/// a typo, and some would overflow (a lease past 2^43 ms no longer fits the
+/// claim tag in a score; a stop or poll bound past `Instant`'s range panics).
+pub mod limits {
+    use std::time::Duration;
+
+    const DAY: u64 = 86_400;
+    /// `lease`.
+    pub const LEASE: Duration = Duration::from_secs(DAY);
+    /// `retry_backoff` and `retry_backoff_max`.
+    pub const RETRY_BACKOFF: Duration = Duration::from_secs(30 * DAY);
+    /// `shutdown_timeout`.
+    pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3600);
+    /// `poll_interval` and `watchdog_interval`.
+    pub const IDLE: Duration = Duration::from_secs(3600);
+    /// `dedup_window`.
+    pub const DEDUP_WINDOW: Duration = Duration::from_secs(30 * DAY);
+    /// `[amqp] connect_timeout`.
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
+    /// AMQP short strings (exchange, routing key, content type, the
+    /// business's name in `type`) are at most this many bytes.
+    pub const SHORT_STRING: usize = 255;
+}
+
+/// A problem for every key two businesses would share: one's key (or a shard
+/// key) that is another's, or that is one of another's helper keys (its
+/// `{K}:dead`, `{K}:inflight`, ...), where one would publish or recover the
+/// other's members.
+pub(super) fn overlapping_families(businesses: &[Business]) -> Vec<String> {
+    let mut owner: BTreeMap<String, &str> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for b in businesses {
+        let mut mine: Vec<String> = Vec::new();
+        for k in b.keys() {
+            let family = crate::keys::KeyFamily::new(&k);
+            mine.extend(family.all().into_iter().map(str::to_string));
+        }
+        mine.push(crate::keys::KeyFamily::new(&b.key).rate());
+        mine.sort();
+        mine.dedup();
+        for k in mine {
+            match owner.get(&k) {
+                Some(other) if *other != b.name => problems.push(format!(
+                    "business \"{}\", field \"key\": key \"{k}\" is also used by business \"{other}\": their key families overlap; give each business a key of its own, not another's or one of its helper keys ({{K}}:dead, {{K}}:inflight, ...)",
+                    b.name
+                )),
+                _ => {
+                    owner.insert(k, &b.name);
+                }
+            }
+        }
+    }
+    problems
+}
+
+pub(super) fn validate_business(
+    name: &str,
+    rb: RawBusiness,
+    mode: RedisMode,
+    path: &Path,
+    problems: &mut Vec<String>,
+) -> Option<Business> {
+    let before = problems.len();
+    let mut need = |field: &str, v: Option<String>, allow_empty: bool| -> String {
+        match v {
+            Some(s) if allow_empty || !s.is_empty() => s,
+            Some(_) => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must not be empty"
+                ));
+                String::new()
+            }
+            None => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" is required"
+                ));
+                String::new()
+            }
+        }
+    };
+    let key = need("key", rb.key, false);
+    // The default exchange is named "", so an empty exchange is legitimate.
+    let exchange = need("exchange", rb.exchange, true);
+    // An intake message keeps its own routing key; the business's is only
+    // for tasks scheduled another way.
+    let routing_key = need(
+        "routing_key",
+        rb.routing_key
+            .or_else(|| rb.intake.as_ref().map(|_| String::new())),
+        true,
+    );
+    for (field, value) in [
+        ("exchange", exchange.as_str()),
+        ("routing_key", routing_key.as_str()),
+        ("content_type", rb.content_type.as_deref().unwrap_or("")),
+    ] {
+        check_short_string(
+            &format!("business \"{name}\", field \"{field}\""),
+            value,
+            problems,
+        );
+    }
+    check_short_string(
+        &format!(
+            "business name \"{}...\"",
+            name.chars().take(16).collect::<String>()
+        ),
+        name,
+        problems,
+    );
+    if key.contains('}') && !crate::keys::has_hash_tag(&key) {
+        problems.push(format!(
+            "business \"{name}\", field \"key\": \"{key}\" has a '}}' but no hash tag such as {{tag}}, so its helper keys could not share its cluster slot"
+        ));
+    }
+
+    let mut size = |field: &str, v: Option<i64>, default: usize, max: usize| -> usize {
+        match v {
+            None => default,
+            Some(n) if n < 1 => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must be at least 1 (got {n})"
+                ));
+                default
+            }
+            Some(n) if n as u64 > max as u64 => {
+                problems.push(format!(
+                    "business \"{name}\", field \"{field}\" must be at most {max} (got {n})"
+                ));
+                default
+            }
+            Some(n) => n as usize,
+        }
+    };
+    let scanners = size("scanners", rb.scanners, defaults::SCANNERS, 64);
+    let batch_size = size("batch_size", rb.batch_size, defaults::BATCH_SIZE, 10_000);
+    let window = size("window", rb.window, defaults::WINDOW, 100_000);
+    let shards = size("shards", rb.shards, 1, 1024);
+    let max_attempts = size(
+        "max_attempts",
+        rb.max_attempts,
+        defaults::MAX_ATTEMPTS as usize,
+        1000,
+    ) as u32;
+    let max_rate = rb
+        .max_rate
+        .map(|r| size("max_rate", Some(r), 1, 10_000_000) as u32);
+    if mode == RedisMode::Cluster && shards > 1 && crate::keys::has_hash_tag(&key) {
+        problems.push(format!(
+            "business \"{name}\", field \"key\": \"{key}\" has a hash tag, so on a cluster all {shards} shards would share one slot and one master; drop the {{...}} from the key (delayd tags each shard itself)"
+        ));
+    }
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
+    // One default in every mode: a producer's key names must not depend on
+    // where Redis runs.
+    let shard_names = one_of(
+        &field("shard_names"),
+        rb.shard_names.as_deref(),
+        &[
+            ("index", "K:0, K:1, ...", ShardNames::Index),
+            ("spread", "one slot range per shard", ShardNames::Spread),
+        ],
+        problems,
+    );
+    let max_rate_scope = one_of(
+        &field("max_rate_scope"),
+        rb.max_rate_scope.as_deref(),
+        &[
+            ("process", "", RateScope::Process),
+            ("cluster", "", RateScope::Cluster),
+        ],
+        problems,
+    );
+    if max_rate_scope == RateScope::Cluster && max_rate.is_none() {
+        problems.push(format!(
+            "business \"{name}\", field \"max_rate_scope\" = \"cluster\" needs max_rate (publishes per second shared by every process)"
+        ));
+    }
+
+    let mut duration = |field: &str, v: Option<String>, default: &str, max: Duration| -> Duration {
+        let s = v.unwrap_or_else(|| default.to_string());
+        let place = format!("business \"{name}\", field \"{field}\"");
+        parse_duration(&place, &s, max, problems)
+            .unwrap_or_else(|| humantime::parse_duration(default).unwrap_or(Duration::from_secs(1)))
+    };
+    let lease = duration("lease", rb.lease, defaults::LEASE, limits::LEASE);
+    let retry_backoff = duration(
+        "retry_backoff",
+        rb.retry_backoff,
+        defaults::RETRY_BACKOFF,
+        limits::RETRY_BACKOFF,
+    );
+    let retry_backoff_max = duration(
+        "retry_backoff_max",
+        rb.retry_backoff_max,
+        defaults::RETRY_BACKOFF_MAX,
+        limits::RETRY_BACKOFF,
+    );
+    let shutdown_timeout = duration(
+        "shutdown_timeout",
+        rb.shutdown_timeout,
+        defaults::SHUTDOWN_TIMEOUT,
+        limits::SHUTDOWN_TIMEOUT,
+    );
+    let poll_interval = duration(
+        "poll_interval",
+        rb.poll_interval,
+        defaults::POLL_INTERVAL,
+        limits::IDLE,
+    );
+    let watchdog_interval = duration(
+        "watchdog_interval",
+        rb.watchdog_interval,
+        defaults::WATCHDOG_INTERVAL,
+        limits::IDLE,
+    );
+    let dedup_window = rb
+        .dedup_window
+        .clone()
+        .map(|w| duration("dedup_window", Some(w), "1h", limits::DEDUP_WINDOW));
+    if lease < Duration::from_secs(1) {
+        problems.push(format!(
+            "business \"{name}\", field \"lease\" must be at least 1s (got {}): a shorter lease expires under ordinary confirm delays and causes duplicates",
+            humantime::format_duration(lease)
+        ));
+    }
+    let score_unit = one_of(
+        &field("score_unit"),
+        rb.score_unit.as_deref(),
+        &[("ms", "", ScoreUnit::Millis), ("s", "", ScoreUnit::Seconds)],
+        problems,
+    );
+    let properties = one_of(
+        &field("properties"),
+        rb.properties.as_deref(),
+        &[
+            ("standard", "", Properties::Standard),
+            ("full", "", Properties::Full),
+            ("no-headers", "", Properties::NoHeaders),
+            ("bare", "", Properties::Bare),
+        ],
+        problems,
+    );
+    let intake = rb
+        .intake
+        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
+    let recurring = rb.recurring.map_or_else(Vec::new, |raw| {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        crate::recurring::settings::validate(name, raw, dir, problems)
+    });
+    if !recurring.is_empty() && rb.member.as_deref() == Some("body") {
+        problems.push(format!("business \"{name}\", field \"member\": recurring schedules store each occurrence by its id, so they need member = \"id\" (or no member setting, which implies it)"));
+    }
+    // An intake or a schedule addresses every message by its id: id mode
+    // is implied.
+    let member_setting = rb
+        .member
+        .as_deref()
+        .or(intake.as_ref().map(|_| "id"))
+        .or((!recurring.is_empty()).then_some("id"));
+    let member = one_of(
+        &field("member"),
+        member_setting,
+        &[
+            ("body", "", MemberMode::Body),
+            ("id", "", MemberMode::Id { dedup_window }),
+        ],
+        problems,
+    );
+    if member == MemberMode::Body
+        && rb.dedup_window.is_some()
+        && member_setting.is_none_or(|m| m == "body")
+    {
+        problems.push(format!(
+            "business \"{name}\", field \"dedup_window\" needs member = \"id\": in body mode identical bodies already collapse while pending, and delivered bodies are not remembered"
+        ));
+    }
+    if problems.len() > before {
+        return None;
+    }
+    Some(Business {
+        name: name.to_string(),
+        key,
+        exchange,
+        routing_key,
+        scanners,
+        batch_size,
+        window: window.max(batch_size),
+        lease,
+        max_attempts,
+        retry_backoff,
+        retry_backoff_max,
+        score_unit,
+        shards,
+        shard_names,
+        ignore_unread_keys: rb.ignore_unread_keys.unwrap_or(false),
+        persistent: rb.persistent.unwrap_or(true),
+        content_type: rb.content_type.filter(|c| !c.is_empty()),
+        properties,
+        shutdown_timeout,
+        max_rate,
+        max_rate_scope,
+        poll_interval,
+        watchdog_interval,
+        member,
+        intake: intake.flatten(),
+        recurring,
+    })
+}

@@ -1,0 +1,102 @@
+//! A business's `[businesses.NAME.intake]` section.
+
+use super::*;
+
+/// The `intake` section's rules: both names set, usable on the broker and
+/// distinct from the target; id mode (implied, or `member = "id"`).
+pub(super) fn validate_intake(
+    name: &str,
+    raw: RawIntake,
+    member: Option<&str>,
+    target: &str,
+    problems: &mut Vec<String>,
+) -> Option<crate::intake::Settings> {
+    use crate::intake::settings::{defaults, QueueType, Settings, XDelay};
+    let before = problems.len();
+    let place = |field: &str| format!("business \"{name}\", field \"intake.{field}\"");
+    let mut named = |field: &str, v: Option<String>| -> String {
+        match v {
+            Some(s) if s.is_empty() => {
+                problems.push(format!("{} must not be empty", place(field)));
+                s
+            }
+            Some(s) => {
+                check_short_string(&place(field), &s, problems);
+                if s.starts_with("amq.") {
+                    problems.push(format!(
+                        "{} \"{s}\" starts with \"amq.\", a prefix the broker reserves for itself",
+                        place(field)
+                    ));
+                }
+                s
+            }
+            None => {
+                problems.push(format!("{} is required", place(field)));
+                String::new()
+            }
+        }
+    };
+    let exchange = named("exchange", raw.exchange);
+    let queue = named("queue", raw.queue);
+    if !exchange.is_empty() && exchange == target {
+        problems.push(format!("{}: \"{exchange}\" is also the business's exchange, where delayd delivers: each delivery would come back to the intake; producers publish to the intake exchange, consumers bind to the other", place("exchange")));
+    }
+    if member == Some("body") {
+        problems.push(format!("business \"{name}\", field \"member\": an intake stores every message by its id, so it needs member = \"id\" (or no member setting, which implies it)"));
+    }
+    let queue_type = one_of(
+        &place("queue_type"),
+        raw.queue_type.as_deref(),
+        &[
+            ("classic", "", QueueType::Classic),
+            ("quorum", "", QueueType::Quorum),
+        ],
+        problems,
+    );
+    let x_delay = one_of(
+        &place("x_delay"),
+        raw.x_delay.as_deref(),
+        &[
+            ("as-published", "", XDelay::AsPublished),
+            ("negated", "", XDelay::Negated),
+        ],
+        problems,
+    );
+    let mut range = |field: &str, v: Option<i64>, default: i64, max: i64| -> i64 {
+        match v {
+            None => default,
+            Some(n) if n < 1 || n > max => {
+                problems.push(format!(
+                    "{} must be between 1 and {max} (got {n})",
+                    place(field)
+                ));
+                default
+            }
+            Some(n) => n,
+        }
+    };
+    let prefetch = range("prefetch", raw.prefetch, defaults::PREFETCH as i64, 65_535) as u16;
+    let batch_size = range(
+        "batch_size",
+        raw.batch_size,
+        defaults::BATCH_SIZE as i64,
+        10_000,
+    ) as usize;
+    let max_message_size = raw
+        .max_message_size
+        .map(|n| range("max_message_size", Some(n), 1, 512 << 20) as usize);
+    let dead_letter_exchange = raw.dead_letter_exchange;
+    if let Some(d) = &dead_letter_exchange {
+        check_short_string(&place("dead_letter_exchange"), d, problems);
+    }
+    (problems.len() == before).then(|| Settings {
+        exchange,
+        queue,
+        queue_type,
+        prefetch,
+        batch_size: batch_size.min(prefetch as usize),
+        dead_letter_exchange,
+        max_message_size,
+        x_delay,
+    })
+}

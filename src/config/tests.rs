@@ -1,0 +1,947 @@
+use super::*;
+use std::io::Write;
+
+const BASE: &str = r#"
+[redis]
+url = "redis://127.0.0.1:6379/0"
+[amqp]
+url = "amqp://guest:secret@127.0.0.1:5672/%2f"
+"#;
+
+fn load_str(body: &str) -> Result<Config, ConfigError> {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(body.as_bytes()).unwrap();
+    load(f.path())
+}
+
+fn err_of(body: &str) -> String {
+    load_str(body).unwrap_err().to_string()
+}
+
+fn business(extra: &str) -> String {
+    format!(
+        "{BASE}\n[businesses.billing]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n{extra}\n"
+    )
+}
+
+#[test]
+fn a_valid_file_gets_defaults() {
+    let c = load_str(&business("")).unwrap();
+    let b = c.business("billing").unwrap();
+    assert_eq!(b.scanners, defaults::SCANNERS);
+    assert_eq!(b.batch_size, defaults::BATCH_SIZE);
+    assert_eq!(b.lease, Duration::from_secs(30));
+    assert_eq!(b.score_unit, ScoreUnit::Millis);
+    assert!(b.persistent);
+    assert_eq!(b.properties, Properties::Standard);
+    assert_eq!(b.keys(), vec!["k".to_string()]);
+}
+
+#[test]
+fn unknown_field_is_refused_and_named() {
+    let e = err_of(&business("batchsize = 5"));
+    assert!(e.contains("batchsize"), "{e}");
+    assert!(e.contains("billing"), "{e}");
+}
+
+#[test]
+fn unknown_top_level_section_is_refused() {
+    let e = err_of(&format!("{}\n[redsi]\nurl = \"x\"\n", business("")));
+    assert!(e.contains("redsi"), "{e}");
+}
+
+#[test]
+fn missing_key_exchange_routing_key_are_all_reported() {
+    let e = err_of(&format!("{BASE}\n[businesses.billing]\nscanners = 1\n"));
+    for f in ["\"key\"", "\"exchange\"", "\"routing_key\""] {
+        assert!(e.contains(f), "{f} missing from {e}");
+    }
+    assert!(e.contains("billing"), "{e}");
+}
+
+#[test]
+fn zero_batch_size_is_refused() {
+    let e = err_of(&business("batch_size = 0"));
+    assert!(
+        e.contains("business \"billing\", field \"batch_size\" must be at least 1 (got 0)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn negative_scanners_is_refused() {
+    let e = err_of(&business("scanners = -2"));
+    assert!(
+        e.contains("field \"scanners\" must be at least 1 (got -2)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unparseable_duration_is_refused() {
+    let e = err_of(&business("lease = \"thirty seconds\""));
+    assert!(e.contains("field \"lease\""), "{e}");
+    assert!(e.contains("thirty seconds"), "{e}");
+}
+
+#[test]
+fn no_businesses_is_refused() {
+    let e = err_of(BASE);
+    assert!(e.contains("no businesses"), "{e}");
+}
+
+#[test]
+fn missing_file_is_refused() {
+    let e = load(Path::new("/nonexistent/delayd.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/delayd.toml"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_business_and_field() {
+    let e = err_of(&business("batch_size = \"abc\""));
+    assert!(
+        e.contains("business \"billing\", field \"batch_size\""),
+        "{e}"
+    );
+    assert!(e.contains("invalid type"), "{e}");
+}
+
+/// `[amqp]` as given, with a valid business.
+fn amqp_err(section: &str) -> String {
+    err_of(&business("").replace(
+        "[amqp]\nurl = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\n",
+        &format!("[amqp]\n{section}\n"),
+    ))
+}
+
+/// `deploy/local/certs.sh` certificates, made once for these tests.
+fn certs() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("delayd-unit-certs-{}", std::process::id()));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/certs.sh");
+        let out = std::process::Command::new(script)
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+}
+
+fn tls_section(url: &str, ca: &str, cert: &str, key: &str) -> String {
+    let c = certs();
+    let mut s = format!("url = \"{url}\"\n");
+    for (field, file) in [
+        ("tls_ca_file", ca),
+        ("tls_cert_file", cert),
+        ("tls_key_file", key),
+    ] {
+        if !file.is_empty() {
+            s.push_str(&format!("{field} = \"{}\"\n", c.join(file).display()));
+        }
+    }
+    s
+}
+
+#[test]
+fn amqps_with_a_private_ca_and_client_certificate_is_accepted() {
+    let body = business("").replace(
+        "url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+        &tls_section(
+            "amqps://guest:secret@127.0.0.1:5671/%2f",
+            "ca.crt",
+            "client.crt",
+            "client.key",
+        ),
+    );
+    let c = load_str(&body).unwrap();
+    assert_eq!(c.amqp.urls.len(), 1);
+    assert!(c.amqp.tls.cert_file.is_some());
+    assert_eq!(c.amqp.connect_timeout, Duration::from_secs(10));
+}
+
+#[test]
+fn amqps_without_tls_files_is_accepted() {
+    let c = load_str(&business("").replace("amqp://guest", "amqps://guest")).unwrap();
+    assert!(c.amqp.urls[0].expose().starts_with("amqps://"));
+}
+
+#[test]
+fn the_node_list_comes_from_the_environment_comma_separated() {
+    let body = business("").replace("url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\n", "");
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(body.as_bytes()).unwrap();
+    let env = config::Map::from([(
+        "DELAYD_AMQP__URLS".to_string(),
+        "amqp://u:p1@a:5672/%2f,amqp://u:p2@b:5672/%2f".to_string(),
+    )]);
+    let c = load_with_env(f.path(), env).unwrap();
+    let urls: Vec<&str> = c.amqp.urls.iter().map(|u| u.expose()).collect();
+    assert_eq!(urls, ["amqp://u:p1@a:5672/%2f", "amqp://u:p2@b:5672/%2f"]);
+}
+
+#[test]
+fn url_and_urls_together_are_refused() {
+    let e = amqp_err("url = \"amqp://h/%2f\"\nurls = [\"amqp://h/%2f\"]");
+    assert!(
+        e.contains("[amqp] fields \"url\" and \"urls\" are both set"),
+        "{e}"
+    );
+}
+
+#[test]
+fn neither_url_nor_urls_is_refused() {
+    let e = amqp_err("connect_timeout = \"5s\"");
+    assert!(e.contains("[amqp] field \"url\" is required"), "{e}");
+}
+
+#[test]
+fn empty_urls_is_refused() {
+    let e = amqp_err("urls = []");
+    assert!(
+        e.contains("[amqp] field \"urls\" must list at least one node"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_node_list_is_kept_in_order() {
+    let body = business("").replace(
+        "url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"",
+        "urls = [\"amqp://u:p@a:5672/%2f\", \"amqp://u:p@b:5672/%2f\", \"amqp://u:p@c:5672/%2f\"]",
+    );
+    let c = load_str(&body).unwrap();
+    let hosts: Vec<String> = c.amqp.urls.iter().map(|u| u.redacted()).collect();
+    assert_eq!(
+        hosts,
+        [
+            "amqp://u:***@a:5672/%2f",
+            "amqp://u:***@b:5672/%2f",
+            "amqp://u:***@c:5672/%2f"
+        ]
+    );
+    assert_eq!(c.amqp.to_string(), hosts.join(", "));
+}
+
+#[test]
+fn a_node_with_another_scheme_is_named_by_position() {
+    let e = amqp_err("urls = [\"amqp://a/%2f\", \"http://u:pw@b/\"]");
+    assert!(
+        e.contains("[amqp] field \"urls\", entry 2 must start with amqp:// or amqps:// (got http://u:***@b/)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_unparseable_node_url_is_named() {
+    let e = amqp_err("url = \"amqp://u:pw@host:notaport/%2f\"");
+    assert!(
+        e.contains("[amqp] field \"url\" is not a valid AMQP URL"),
+        "{e}"
+    );
+    assert!(!e.contains("pw@"), "{e}");
+}
+
+#[test]
+fn mixing_clear_text_and_tls_nodes_is_refused() {
+    let e = amqp_err("urls = [\"amqp://a/%2f\", \"amqps://b/%2f\"]");
+    assert!(e.contains("mixes amqp:// and amqps://"), "{e}");
+}
+
+#[test]
+fn tls_files_with_a_clear_text_url_are_refused() {
+    let e = amqp_err(&tls_section("amqp://h/%2f", "ca.crt", "", ""));
+    assert!(
+        e.contains("[amqp] field \"tls_ca_file\" is set but") && e.contains("amqps://"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_client_certificate_without_its_key_is_refused() {
+    let e = amqp_err(&tls_section("amqps://h/%2f", "", "client.crt", ""));
+    assert!(
+        e.contains("[amqp] field \"tls_cert_file\" is set without \"tls_key_file\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_key_without_its_client_certificate_is_refused() {
+    let e = amqp_err(&tls_section("amqps://h/%2f", "", "", "client.key"));
+    assert!(
+        e.contains("[amqp] field \"tls_key_file\" is set without \"tls_cert_file\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_unreadable_tls_file_is_named() {
+    let e = amqp_err("url = \"amqps://h/%2f\"\ntls_ca_file = \"/nonexistent/ca.pem\"");
+    assert!(
+        e.contains("[amqp] field \"tls_ca_file\": cannot read /nonexistent/ca.pem"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_ca_file_without_a_certificate_is_refused() {
+    // A key is PEM, but not a certificate.
+    let e = amqp_err(&tls_section("amqps://h/%2f", "client.key", "", ""));
+    assert!(
+        e.contains("[amqp] field \"tls_ca_file\"") && e.contains("holds no PEM certificate"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_key_file_without_a_key_is_refused() {
+    let e = amqp_err(&tls_section(
+        "amqps://h/%2f",
+        "",
+        "client.crt",
+        "client.crt",
+    ));
+    assert!(
+        e.contains("[amqp] field \"tls_key_file\"")
+            && e.contains("no usable unencrypted private key"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_key_that_is_not_the_certificates_is_refused() {
+    let e = amqp_err(&tls_section(
+        "amqps://h/%2f",
+        "",
+        "client.crt",
+        "server.key",
+    ));
+    assert!(e.contains("do not make a usable client certificate"), "{e}");
+}
+
+#[test]
+fn external_login_without_a_client_certificate_is_refused() {
+    let e = amqp_err("url = \"amqps://h/%2f?auth_mechanism=external\"");
+    assert!(
+        e.contains("auth_mechanism=external") && e.contains("tls_cert_file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_zero_or_unparseable_connect_timeout_is_refused() {
+    let e = amqp_err("url = \"amqp://h/%2f\"\nconnect_timeout = \"0s\"");
+    assert!(
+        e.contains("[amqp] field \"connect_timeout\" must be longer than zero"),
+        "{e}"
+    );
+    let e = amqp_err("url = \"amqp://h/%2f\"\nconnect_timeout = \"soon\"");
+    assert!(
+        e.contains("[amqp] field \"connect_timeout\": cannot parse \"soon\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn properties_take_three_values_and_refuse_others() {
+    let b = business("properties = \"bare\"");
+    assert_eq!(
+        load_str(&b).unwrap().businesses[0].properties,
+        Properties::Bare
+    );
+    let e = err_of(&business("properties = \"none\""));
+    assert!(e.contains("properties") && e.contains("no-headers"), "{e}");
+}
+
+#[test]
+fn bad_score_unit_is_refused() {
+    let e = err_of(&business("score_unit = \"minutes\""));
+    assert!(e.contains("score_unit"), "{e}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let e = err_of(&business("batch_size = 0\nscanners = 0\nlease = \"x\""));
+    assert!(
+        e.contains("batch_size") && e.contains("scanners") && e.contains("lease"),
+        "{e}"
+    );
+}
+
+#[test]
+fn shared_key_is_refused() {
+    let body = format!(
+        "{}\n[businesses.other]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+        business("")
+    );
+    assert!(err_of(&body).contains("also used"));
+}
+
+#[test]
+fn member_defaults_to_body() {
+    let c = load_str(&business("")).unwrap();
+    assert_eq!(c.businesses[0].member, MemberMode::Body);
+}
+
+#[test]
+fn member_id_takes_an_optional_dedup_window() {
+    let c = load_str(&business("member = \"id\"")).unwrap();
+    assert_eq!(
+        c.businesses[0].member,
+        MemberMode::Id { dedup_window: None }
+    );
+    let c = load_str(&business("member = \"id\"\ndedup_window = \"1h\"")).unwrap();
+    assert_eq!(
+        c.businesses[0].member.dedup_window(),
+        Some(Duration::from_secs(3600))
+    );
+}
+
+#[test]
+fn unknown_member_mode_is_refused() {
+    let e = err_of(&business("member = \"ids\""));
+    assert!(
+        e.contains(
+            "business \"billing\", field \"member\" must be \"body\" or \"id\" (got \"ids\")"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn dedup_window_without_id_mode_is_refused() {
+    let e = err_of(&business("dedup_window = \"1h\""));
+    assert!(
+        e.contains("business \"billing\", field \"dedup_window\" needs member = \"id\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn unparseable_or_zero_dedup_window_is_refused() {
+    let e = err_of(&business("member = \"id\"\ndedup_window = \"soon\""));
+    assert!(
+        e.contains("field \"dedup_window\": cannot parse \"soon\""),
+        "{e}"
+    );
+    let e = err_of(&business("member = \"id\"\ndedup_window = \"0s\""));
+    assert!(
+        e.contains("field \"dedup_window\" must be longer than zero"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sharded_business_lists_every_shard() {
+    let c = load_str(&business("shards = 3")).unwrap();
+    assert_eq!(c.businesses[0].keys(), vec!["k:0", "k:1", "k:2"]);
+}
+
+#[test]
+fn passwords_are_redacted() {
+    let c = load_str(&business("")).unwrap();
+    let shown = format!("{:?} {}", c.amqp, c.amqp);
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(shown.contains("guest:***@127.0.0.1"), "{shown}");
+    assert_eq!(redact_url("redis://:pw@h:1/0"), "redis://:***@h:1/0");
+    assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+}
+
+fn redis_section(redis: &str) -> String {
+    format!(
+        "[redis]\n{redis}\n[amqp]\nurl = \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n[businesses.billing]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n"
+    )
+}
+
+fn pem_files() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    // A syntactically valid PEM certificate and key (not a usable pair:
+    // validation checks the files' form, the handshake checks the rest).
+    let cert = dir.path().join("c.pem");
+    std::fs::write(
+        &cert,
+        "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let key = dir.path().join("k.pem");
+    std::fs::write(
+        &key,
+        "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let (c, k) = (cert.display().to_string(), key.display().to_string());
+    (dir, c, k)
+}
+
+/// A self-signed certificate and its key, made by `openssl`: validation
+/// checks that the two make a usable client identity.
+fn pem_pair() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args([
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=t",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl is needed by the tests");
+    assert!(ok.success());
+    let (c, k) = (cert.display().to_string(), key.display().to_string());
+    (dir, c, k)
+}
+
+#[test]
+fn redis_mode_defaults_to_standalone_and_refuses_others() {
+    let c = load_str(&business("")).unwrap();
+    assert_eq!(c.redis.mode, RedisMode::Standalone);
+    let e = err_of(&redis_section("mode = \"replicated\"\nurl = \"redis://h\""));
+    assert!(
+        e.contains("[redis] field \"mode\" must be \"standalone\", \"cluster\" or \"sentinel\" (got \"replicated\")"),
+        "{e}"
+    );
+}
+
+#[test]
+fn urls_are_refused_in_standalone_mode() {
+    let e = err_of(&redis_section(
+        "url = \"redis://h\"\nurls = [\"redis://a\"]",
+    ));
+    assert!(
+        e.contains("[redis] field \"urls\" is for mode = \"cluster\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn cluster_and_sentinel_need_urls() {
+    for mode in ["cluster", "sentinel"] {
+        let e = err_of(&redis_section(&format!(
+            "mode = \"{mode}\"\nmaster_name = \"m\""
+        )));
+        assert!(
+            e.contains(&format!(
+                "[redis] field \"urls\" is required for mode = \"{mode}\""
+            )),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn cluster_takes_url_and_urls_as_seeds_and_names_shards_as_everywhere() {
+    let c = load_str(&redis_section(
+        "mode = \"cluster\"\nurl = \"redis://a:7000\"\nurls = [\"redis://b:7000\"]",
+    ))
+    .unwrap();
+    assert_eq!(c.redis.urls.len(), 2);
+    let c = load_str(
+        &redis_section("mode = \"cluster\"\nurls = [\"redis://b:7000\"]")
+            .replace("routing_key = \"r\"", "routing_key = \"r\"\nshards = 3"),
+    )
+    .unwrap();
+    // The names do not depend on the Redis mode; spread is a choice.
+    assert_eq!(c.businesses[0].shard_names, ShardNames::Index);
+    assert_eq!(c.businesses[0].keys()[0], "k:0");
+}
+
+#[test]
+fn redis_url_scheme_is_checked_per_field() {
+    let e = err_of(&redis_section(
+        "mode = \"cluster\"\nurls = [\"redis://a:1\", \"unix:///tmp/r.sock\"]",
+    ));
+    assert!(
+        e.contains("[redis] field \"urls[1]\" must start with redis:// or rediss://"),
+        "{e}"
+    );
+    let e = err_of(&redis_section("url = \"http://h\""));
+    assert!(e.contains("[redis] field \"url\" must start with"), "{e}");
+}
+
+#[test]
+fn insecure_tls_is_refused() {
+    let e = err_of(&redis_section("url = \"rediss://h:6380/#insecure\""));
+    assert!(
+        e.contains("[redis] field \"url\": \"insecure\" would turn off the check"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cluster_refuses_a_database_other_than_0() {
+    let e = err_of(&redis_section(
+        "mode = \"cluster\"\nurls = [\"redis://a:7000/3\"]",
+    ));
+    assert!(
+        e.contains("[redis] field \"urls[0]\": a cluster has only database 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn mixed_tls_and_clear_text_urls_are_refused() {
+    let e = err_of(&redis_section(
+        "mode = \"cluster\"\nurls = [\"rediss://a:7000\", \"redis://b:7000\"]",
+    ));
+    assert!(e.contains("mix rediss:// (TLS) and redis://"), "{e}");
+}
+
+#[test]
+fn sentinel_needs_master_name() {
+    let e = err_of(&redis_section(
+        "mode = \"sentinel\"\nurls = [\"redis://s:26379\"]",
+    ));
+    assert!(
+        e.contains("[redis] field \"master_name\" is required for mode = \"sentinel\""),
+        "{e}"
+    );
+    let c = load_str(&redis_section(
+        "mode = \"sentinel\"\nurls = [\"redis://:pw@s:26379/2\"]\nmaster_name = \"main\"\nsentinel_password = \"spw\"",
+    ))
+    .unwrap();
+    assert_eq!(c.redis.master_name.as_deref(), Some("main"));
+    assert!(!format!("{:?}", c.redis).contains("spw"));
+}
+
+#[test]
+fn master_name_outside_sentinel_mode_is_refused() {
+    let e = err_of(&redis_section("url = \"redis://h\"\nmaster_name = \"m\""));
+    assert!(
+        e.contains(
+            "[redis] field \"master_name\" is for mode = \"sentinel\" (mode is \"standalone\")"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn sentinel_password_outside_sentinel_mode_is_refused() {
+    let e = err_of(&redis_section(
+        "url = \"redis://h\"\nsentinel_password = \"x\"",
+    ));
+    assert!(
+        e.contains("[redis] field \"sentinel_password\" is for mode = \"sentinel\""),
+        "{e}"
+    );
+    assert!(!e.contains("\"x\""), "{e}");
+}
+
+#[test]
+fn tls_files_need_rediss_urls() {
+    let (_d, cert, _) = pem_files();
+    let e = err_of(&redis_section(&format!(
+        "url = \"redis://h\"\ntls_ca_file = \"{cert}\""
+    )));
+    assert!(
+        e.contains("[redis] field \"tls_ca_file\" needs rediss:// URLs"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unreadable_tls_file_is_named() {
+    let e = err_of(&redis_section(
+        "url = \"rediss://h\"\ntls_ca_file = \"/nonexistent/ca.pem\"",
+    ));
+    assert!(
+        e.contains("[redis] field \"tls_ca_file\": cannot read /nonexistent/ca.pem"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tls_file_without_pem_is_refused() {
+    let (_d, cert, key) = pem_files();
+    let e = err_of(&redis_section(&format!(
+        "url = \"rediss://h\"\ntls_ca_file = \"{key}\""
+    )));
+    assert!(
+        e.contains("field \"tls_ca_file\"") && e.contains("holds no PEM certificate"),
+        "{e}"
+    );
+    let e = err_of(&redis_section(&format!(
+        "url = \"rediss://h\"\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{cert}\""
+    )));
+    assert!(
+        e.contains("field \"tls_key_file\"")
+            && e.contains("holds no usable unencrypted private key"),
+        "{e}"
+    );
+}
+
+#[test]
+fn client_cert_and_key_come_together() {
+    let (_d, cert, key) = pem_files();
+    let e = err_of(&redis_section(&format!(
+        "url = \"rediss://h\"\ntls_cert_file = \"{cert}\""
+    )));
+    assert!(
+        e.contains("[redis] field \"tls_cert_file\" is set without \"tls_key_file\""),
+        "{e}"
+    );
+    let e = err_of(&redis_section(&format!(
+        "url = \"rediss://h\"\ntls_key_file = \"{key}\""
+    )));
+    assert!(
+        e.contains("[redis] field \"tls_key_file\" is set without \"tls_cert_file\""),
+        "{e}"
+    );
+    let (_d, cert, key) = pem_pair();
+    let c = load_str(&redis_section(&format!(
+        "url = \"rediss://h\"\ntls_ca_file = \"{cert}\"\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\""
+    )))
+    .unwrap();
+    assert!(c.redis.is_tls() && c.redis.tls.key_file.is_some());
+}
+
+#[test]
+fn hash_tagged_key_with_shards_is_refused_in_cluster_mode() {
+    let body = redis_section("mode = \"cluster\"\nurls = [\"redis://a:7000\"]")
+        .replace("key = \"k\"", "key = \"{k}\"\nshards = 4");
+    let e = err_of(&body);
+    assert!(
+        e.contains("business \"billing\", field \"key\": \"{k}\" has a hash tag"),
+        "{e}"
+    );
+    // One shard, or standalone, is fine.
+    let body = business("shards = 4").replace("key = \"k\"", "key = \"{k}\"");
+    assert!(load_str(&body).is_ok());
+}
+
+#[test]
+fn bad_shard_names_is_refused() {
+    let e = err_of(&business("shard_names = \"hashed\""));
+    assert!(
+        e.contains("business \"billing\", field \"shard_names\" must be \"index\""),
+        "{e}"
+    );
+    let c = load_str(&business("shards = 2\nshard_names = \"spread\"")).unwrap();
+    assert_eq!(c.businesses[0].keys().len(), 2);
+    assert!(c.businesses[0].keys()[1].starts_with("k:{s1."));
+}
+
+#[test]
+fn bad_max_rate_scope_is_refused() {
+    let e = err_of(&business("max_rate = 5\nmax_rate_scope = \"global\""));
+    assert!(
+        e.contains("business \"billing\", field \"max_rate_scope\" must be \"process\" or \"cluster\" (got \"global\")"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cluster_rate_scope_needs_max_rate() {
+    let e = err_of(&business("max_rate_scope = \"cluster\""));
+    assert!(
+        e.contains("field \"max_rate_scope\" = \"cluster\" needs max_rate"),
+        "{e}"
+    );
+    let c = load_str(&business("max_rate = 5\nmax_rate_scope = \"cluster\"")).unwrap();
+    assert_eq!(c.businesses[0].max_rate_scope, RateScope::Cluster);
+    let c = load_str(&business("max_rate = 5\nmax_rate_scope = \"process\"")).unwrap();
+    assert_eq!(c.businesses[0].max_rate_scope, RateScope::Process);
+}
+
+#[test]
+fn redis_section_round_trips_through_toml() {
+    let c = load_str(&redis_section(
+        "mode = \"sentinel\"\nurls = [\"redis://:p\\\"w@s:26379\"]\nmaster_name = \"main\"",
+    ))
+    .unwrap();
+    let again = load_str(&format!(
+        "{}[amqp]\nurl = \"amqp://h\"\n[businesses.b]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+        c.redis.to_toml()
+    ))
+    .unwrap();
+    assert_eq!(again.redis.urls[0].expose(), c.redis.urls[0].expose());
+    assert_eq!(again.redis.master_name.as_deref(), Some("main"));
+}
+fn load_env(body: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(body.as_bytes()).unwrap();
+    let env = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    load_with_env(f.path(), env)
+}
+
+#[test]
+fn environment_values_reach_delayd_byte_for_byte() {
+    let c = load_env(
+        &business(""),
+        &[
+            ("DELAYD_BUSINESSES__BILLING__ROUTING_KEY", "1.10"),
+            ("DELAYD_BUSINESSES__BILLING__KEY", "00123"),
+            ("DELAYD_BUSINESSES__BILLING__EXCHANGE", "true"),
+            ("DELAYD_AMQP__URL", "amqp://guest:0042@127.0.0.1:5672/%2f"),
+            ("DELAYD_BUSINESSES__BILLING__BATCH_SIZE", "50"),
+            ("DELAYD_BUSINESSES__BILLING__PERSISTENT", "false"),
+        ],
+    )
+    .unwrap();
+    let b = c.business("billing").unwrap();
+    assert_eq!(b.routing_key, "1.10");
+    assert_eq!(b.key, "00123");
+    assert_eq!(b.exchange, "true");
+    assert_eq!(
+        c.amqp.urls[0].expose(),
+        "amqp://guest:0042@127.0.0.1:5672/%2f"
+    );
+    assert_eq!(b.batch_size, 50, "numbers still parse from the environment");
+    assert!(!b.persistent, "booleans still parse from the environment");
+}
+
+#[test]
+fn a_node_list_from_the_environment_keeps_commas_in_passwords() {
+    let body = business("").replace("url = \"amqp://guest:secret@127.0.0.1:5672/%2f\"\n", "");
+    for list in [
+        "amqp://u:p,1@a:5672/%2f,amqp://u:p2@b:5672/%2f",
+        "amqp://u:p,1@a:5672/%2f amqp://u:p2@b:5672/%2f",
+        "amqp://u:p,1@a:5672/%2f\namqp://u:p2@b:5672/%2f\n",
+    ] {
+        let c = load_env(&body, &[("DELAYD_AMQP__URLS", list)]).unwrap();
+        let urls: Vec<&str> = c.amqp.urls.iter().map(|u| u.expose()).collect();
+        assert_eq!(
+            urls,
+            ["amqp://u:p,1@a:5672/%2f", "amqp://u:p2@b:5672/%2f"],
+            "{list:?}"
+        );
+    }
+}
+
+#[test]
+fn names_the_broker_cannot_take_are_refused_at_load() {
+    let long = "x".repeat(256);
+    for field in ["exchange", "routing_key", "content_type"] {
+        let body = business(&format!("{field} = \"{long}\""))
+            .replace(&format!("\n{field} = \"e\"\n"), "\n")
+            .replace(&format!("\n{field} = \"r\"\n"), "\n");
+        let e = err_of(&body);
+        assert!(
+            e.contains(&format!(
+                "business \"billing\", field \"{field}\" must be at most 255 bytes (got 256)"
+            )),
+            "{field}: {e}"
+        );
+    }
+    let e = err_of(&business("").replace("[businesses.billing]", &format!("[businesses.{long}]")));
+    assert!(e.contains("at most 255 bytes"), "{e}");
+    // 255 bytes is still fine.
+    let ok = "y".repeat(255);
+    load_str(&business("").replace("routing_key = \"r\"", &format!("routing_key = \"{ok}\"")))
+        .unwrap();
+}
+
+#[test]
+fn durations_beyond_their_stated_maximum_are_refused() {
+    for (field, value) in [
+        ("lease", "300y"),
+        ("lease", "2days"),
+        ("shutdown_timeout", "100000000y"),
+        ("poll_interval", "100000000y"),
+        ("watchdog_interval", "2h"),
+        ("retry_backoff", "10000y"),
+        ("retry_backoff_max", "10000y"),
+    ] {
+        let e = err_of(&business(&format!("{field} = \"{value}\"")));
+        assert!(
+            e.contains(&format!(
+                "business \"billing\", field \"{field}\" must be at most"
+            )),
+            "{field} = {value}: {e}"
+        );
+    }
+    let e = err_of(&business("member = \"id\"\ndedup_window = \"100000000y\""));
+    assert!(e.contains("field \"dedup_window\" must be at most"), "{e}");
+    let e = amqp_err("url = \"amqp://h/%2f\"\nconnect_timeout = \"100000000y\"");
+    assert!(
+        e.contains("[amqp] field \"connect_timeout\" must be at most"),
+        "{e}"
+    );
+}
+
+#[test]
+fn key_families_that_overlap_are_refused() {
+    for other in ["{k}:dead", "{k}:inflight", "{k}:meta", "{k}:body", "{k}"] {
+        let body = format!(
+            "{}\n[businesses.zeta]\nkey = \"{other}\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+            business("")
+        );
+        let e = err_of(&body);
+        assert!(
+            e.contains("\"billing\"") && e.contains("\"zeta\"") && e.contains("overlap"),
+            "{other}: {e}"
+        );
+    }
+    // A shard key of one business is another's key.
+    let body = format!(
+        "{}\n[businesses.zeta]\nkey = \"k:1\"\nexchange = \"e\"\nrouting_key = \"r\"\n",
+        business("shards = 2")
+    );
+    assert!(err_of(&body).contains("overlap"));
+}
+
+#[test]
+fn no_form_of_url_shows_its_password() {
+    for (url, secret) in [
+        ("redis+unix:///run/redis.sock?db=0&pass=s3cr3t", "s3cr3t"),
+        ("redis://127.0.0.1:6379/0?password=s3cr3t", "s3cr3t"),
+        ("redis://:pa/ss@127.0.0.1:6379/0", "pa/ss"),
+        ("redis://user:p?w#d@127.0.0.1/0", "p?w#d"),
+        ("amqp://guest:p@ss@host:5672/%2f", "p@ss"),
+        ("amqp://guest:x,y@host:5672/%2f", "x,y"),
+    ] {
+        let shown = redact_url(url);
+        assert!(!shown.contains(secret), "{url} shown as {shown}");
+        assert!(shown.contains("***"), "{shown}");
+    }
+}
+
+#[test]
+fn a_bad_url_error_does_not_echo_its_password() {
+    for (section, url) in [
+        ("redis", "redis://:pa/ss@127.0.0.1:6379/0"),
+        ("redis", "redis://u:pa ss@127.0.0.1:6379/0"),
+        ("amqp", "amqp://guest:pa/ss@127.0.0.1:5672/%2f"),
+    ] {
+        let body = business("").replace(
+            if section == "redis" {
+                "redis://127.0.0.1:6379/0"
+            } else {
+                "amqp://guest:secret@127.0.0.1:5672/%2f"
+            },
+            url,
+        );
+        match load_str(&body) {
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    !e.contains("pa/ss") && !e.contains("pa ss") && !e.contains("ss@"),
+                    "{e}"
+                );
+            }
+            Ok(c) => {
+                let shown = format!("{:?} {:?}", c.redis, c.amqp);
+                assert!(!shown.contains("pa/ss"), "{shown}");
+            }
+        }
+    }
+}
