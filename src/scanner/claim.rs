@@ -4,88 +4,178 @@
 
 use super::*;
 
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn scan(
-    lane: &Lane,
-    index: usize,
-    broker: &Broker,
-    stop: &CancellationToken,
-    window: &Arc<Semaphore>,
-    tx: &mpsc::UnboundedSender<ToSettle>,
-    drain_deadline: &tokio::sync::OnceCell<tokio::time::Instant>,
-) -> Option<Channel> {
-    let b = &lane.business;
-    let mut channel: Option<Channel> = None;
-    let mut redis_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut amqp_backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
-    let mut topology_backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let mut channel_error_logged = false;
-    let mut wrong_type_logged = false;
-    let mut seq = 0u64;
-    let sleep_or_stop = |d: Duration| async move {
-        tokio::select! {
-            _ = stop.cancelled() => false,
-            _ = tokio::time::sleep(d) => true,
-        }
-    };
+/// Why a turn of the loop ended early, and what comes next.
+pub(super) enum Next {
+    /// Start the next turn at once.
+    Again,
+    /// Sleep this long (or until the stop), then start the next turn.
+    RetryAfter(Duration),
+    /// The scanner is done.
+    Stop,
+}
 
-    while !stop.is_cancelled() {
-        if broker.is_blocked() && broker.ready(stop).await.is_none() {
-            break;
-        }
-        // The exchange is gone or publishing is forbidden: claiming would
-        // only hand members back at round-trip speed. Wait, with backoff,
-        // until the exchange answers a passive declare again.
-        if lane.pause.is_paused() {
-            if !sleep_or_stop(topology_backoff.next_delay()).await {
-                break;
-            }
-            let Some(conn) = broker.ready(stop).await else {
-                break;
-            };
-            match amqp::exchange_exists(&conn, &b.exchange).await {
-                Ok(()) => {
-                    lane.pause.resume(&b.name);
-                    topology_backoff.reset();
-                    channel = None;
-                }
-                Err(_) => continue,
-            }
-        }
-        if channel.as_ref().is_none_or(|c| !c.status().connected()) {
-            channel = None;
-            match broker.channel(stop).await {
-                None => break,
-                Some(Ok(c)) => {
-                    if channel_error_logged {
-                        tracing::info!("channel open again; publishing resumes");
-                    }
-                    channel_error_logged = false;
-                    channel = Some(c);
-                }
-                Some(Err(e)) => {
-                    if !channel_error_logged && broker.health.is_up() {
-                        tracing::warn!(error = %e, "cannot open a channel; retrying");
-                        channel_error_logged = true;
-                    }
-                    if !sleep_or_stop(amqp_backoff.next_delay()).await {
-                        break;
-                    }
-                    continue;
-                }
-            }
-        }
-        let Some(ch) = channel.clone() else { continue };
+/// A step of a turn: its result, or how the turn ends.
+type Step<T> = Result<T, Next>;
 
-        // Take as many window slots as are free, up to a batch, waiting for one.
+/// One scanner's loop and what it keeps between turns.
+pub(super) struct Scanner<'a> {
+    pub lane: &'a Lane,
+    pub index: usize,
+    pub broker: &'a Broker,
+    pub stop: &'a CancellationToken,
+    pub window: &'a Arc<Semaphore>,
+    pub tx: &'a mpsc::UnboundedSender<ToSettle>,
+    pub drain_deadline: &'a tokio::sync::OnceCell<tokio::time::Instant>,
+    channel: Option<Channel>,
+    /// Set by a failed publish: the next turn opens a new channel. The old
+    /// one is kept until then, so a stop during the back-off still lets the
+    /// settler receive the confirms it owes.
+    reopen: bool,
+    /// Set once the pause has been waited on: the next turn asks the broker.
+    pause_waited: bool,
+    redis_backoff: Backoff,
+    amqp_backoff: Backoff,
+    topology_backoff: Backoff,
+    channel_error_logged: bool,
+    wrong_type_logged: bool,
+    seq: u64,
+}
+
+impl<'a> Scanner<'a> {
+    /// A scanner of `lane` that hands what it claims to `tx`.
+    pub fn new(
+        lane: &'a Lane,
+        index: usize,
+        broker: &'a Broker,
+        stop: &'a CancellationToken,
+        window: &'a Arc<Semaphore>,
+        tx: &'a mpsc::UnboundedSender<ToSettle>,
+        drain_deadline: &'a tokio::sync::OnceCell<tokio::time::Instant>,
+    ) -> Self {
+        Scanner {
+            lane,
+            index,
+            broker,
+            stop,
+            window,
+            tx,
+            drain_deadline,
+            channel: None,
+            reopen: false,
+            pause_waited: false,
+            redis_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
+            amqp_backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+            topology_backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
+            channel_error_logged: false,
+            wrong_type_logged: false,
+            seq: 0,
+        }
+    }
+
+    /// Runs turns until the stop; the one place the loop sleeps. Returns the
+    /// channel, which must outlive the settler.
+    pub async fn run(mut self) -> Option<Channel> {
+        while !self.stop.is_cancelled() {
+            match self.turn().await {
+                Ok(()) | Err(Next::Again) => {}
+                Err(Next::Stop) => break,
+                Err(Next::RetryAfter(d)) => {
+                    tokio::select! {
+                        _ = self.stop.cancelled() => break,
+                        _ = tokio::time::sleep(d) => {}
+                    }
+                }
+            }
+        }
+        self.channel
+    }
+
+    /// One turn: claim a batch and publish it, as a list of steps.
+    async fn turn(&mut self) -> Step<()> {
+        self.wait_for_broker().await?;
+        self.wait_out_pause().await?;
+        let ch = self.open_channel().await?;
+        let want = self.window_slots().await?;
+        let (want, granted) = self.rate_budget(want).await?;
+        let (now_ms, members) = self.claim(want, granted).await?;
+        self.publish(&ch, now_ms, members).await
+    }
+
+    /// A blocked broker is waited out here, not mid-batch.
+    async fn wait_for_broker(&self) -> Step<()> {
+        if self.broker.is_blocked() && self.broker.ready(self.stop).await.is_none() {
+            return Err(Next::Stop);
+        }
+        Ok(())
+    }
+
+    /// The exchange is gone or publishing is forbidden: claiming would only
+    /// hand members back at round-trip speed. Wait, with backoff, until the
+    /// exchange answers a passive declare again.
+    async fn wait_out_pause(&mut self) -> Step<()> {
+        if !self.lane.pause.is_paused() {
+            return Ok(());
+        }
+        if !std::mem::take(&mut self.pause_waited) {
+            self.pause_waited = true;
+            return Err(Next::RetryAfter(self.topology_backoff.next_delay()));
+        }
+        let Some(conn) = self.broker.ready(self.stop).await else {
+            return Err(Next::Stop);
+        };
+        match amqp::exchange_exists(&conn, &self.lane.business.exchange).await {
+            Ok(()) => {
+                self.lane.pause.resume(&self.lane.business.name);
+                self.topology_backoff.reset();
+                self.channel = None;
+                Ok(())
+            }
+            Err(_) => {
+                self.pause_waited = true;
+                Err(Next::RetryAfter(self.topology_backoff.next_delay()))
+            }
+        }
+    }
+
+    /// The scanner's channel, opened again when it broke.
+    async fn open_channel(&mut self) -> Step<Channel> {
+        if std::mem::take(&mut self.reopen) {
+            self.channel = None;
+        }
+        if let Some(c) = self.channel.as_ref().filter(|c| c.status().connected()) {
+            return Ok(c.clone());
+        }
+        self.channel = None;
+        match self.broker.channel(self.stop).await {
+            None => Err(Next::Stop),
+            Some(Ok(c)) => {
+                if self.channel_error_logged {
+                    tracing::info!("channel open again; publishing resumes");
+                }
+                self.channel_error_logged = false;
+                self.channel = Some(c.clone());
+                Ok(c)
+            }
+            Some(Err(e)) => {
+                if !self.channel_error_logged && self.broker.health.is_up() {
+                    tracing::warn!(error = %e, "cannot open a channel; retrying");
+                    self.channel_error_logged = true;
+                }
+                Err(Next::RetryAfter(self.amqp_backoff.next_delay()))
+            }
+        }
+    }
+
+    /// Takes as many window slots as are free, up to a batch, waiting for one.
+    async fn window_slots(&self) -> Step<usize> {
         let first = tokio::select! {
-            _ = stop.cancelled() => break,
-            p = window.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = self.stop.cancelled() => return Err(Next::Stop),
+            p = self.window.clone().acquire_owned() => p.map_err(|_| Next::Stop)?,
         };
         first.forget();
         let mut want = 1usize;
-        while want < b.batch_size {
-            match window.try_acquire() {
+        while want < self.lane.business.batch_size {
+            match self.window.try_acquire() {
                 Ok(p) => {
                     p.forget();
                     want += 1;
@@ -93,127 +183,84 @@ pub(super) async fn scan(
                 Err(_) => break,
             }
         }
-        // Tokens granted for this claim; the ones it does not use go back.
-        let mut granted = None;
-        if let Some((limiter, burst)) = &lane.limiter {
-            if want > *burst {
-                window.add_permits(want - *burst);
-                want = *burst;
+        Ok(want)
+    }
+
+    /// Fits `want` to the business's publish-rate budget, when it has one.
+    /// Returns how many to claim and the tokens granted for them (the ones
+    /// the claim does not use go back).
+    async fn rate_budget(&mut self, mut want: usize) -> Step<(usize, Option<usize>)> {
+        let Some((limiter, burst)) = &self.lane.limiter else {
+            return Ok((want, None));
+        };
+        if want > *burst {
+            self.window.add_permits(want - *burst);
+            want = *burst;
+        }
+        let take = tokio::select! {
+            _ = self.stop.cancelled() => None,
+            t = limiter.take(want, *burst) => Some(t),
+        };
+        match take {
+            None => {
+                self.window.add_permits(want);
+                Err(Next::Stop)
             }
-            let take = tokio::select! {
-                _ = stop.cancelled() => None,
-                t = limiter.take(want, *burst) => Some(t),
-            };
-            match take {
-                None => {
-                    window.add_permits(want);
-                    break;
-                }
-                Some(Ok(Take::Granted(n))) => {
-                    window.add_permits(want - n.min(want));
-                    want = n.min(want);
-                    granted = Some(want);
-                }
-                Some(Ok(Take::Wait(d))) => {
-                    window.add_permits(want);
-                    if !sleep_or_stop(d).await {
-                        break;
-                    }
-                    continue;
-                }
-                Some(Err(e)) => {
-                    window.add_permits(want);
-                    lane.redis.down(&e);
-                    if !sleep_or_stop(redis_backoff.next_delay()).await {
-                        break;
-                    }
-                    continue;
-                }
+            Some(Ok(Take::Granted(n))) => {
+                self.window.add_permits(want - n.min(want));
+                let want = n.min(want);
+                Ok((want, Some(want)))
+            }
+            Some(Ok(Take::Wait(d))) => {
+                self.window.add_permits(want);
+                Err(Next::RetryAfter(d))
+            }
+            Some(Err(e)) => {
+                self.window.add_permits(want);
+                self.lane.redis.down(&e);
+                Err(Next::RetryAfter(self.redis_backoff.next_delay()))
             }
         }
+    }
 
-        // From here on, no cancellation until every claimed member is handed over.
+    /// Claims up to `want` members and hands them to the settler; returns
+    /// them with Redis's clock at the claim. From here on, no cancellation
+    /// until every claimed member is handed over.
+    async fn claim(
+        &mut self,
+        want: usize,
+        granted: Option<usize>,
+    ) -> Step<(i64, Vec<(u64, Arc<Claimed>)>)> {
+        let (lane, b) = (self.lane, &self.lane.business);
         let claim = match lane.store.claim(want, b.lease).await {
             Ok(c) => c,
             Err(e) => {
-                window.add_permits(want);
+                self.window.add_permits(want);
                 give_back(lane, granted, 0);
-                if e.is_wrong_type() {
-                    lane.redis.up();
-                    if !wrong_type_logged {
-                        tracing::error!(error = %e, "the key is not a sorted set; producers must ZADD to it. This business waits until the key is fixed; the others go on");
-                        wrong_type_logged = true;
-                    }
-                    if !sleep_or_stop(b.poll_interval.max(Duration::from_secs(1))).await {
-                        break;
-                    }
-                } else {
-                    lane.redis.down(&e);
-                    if !sleep_or_stop(redis_backoff.next_delay()).await {
-                        break;
-                    }
-                }
-                continue;
+                return Err(self.claim_failed(e));
             }
         };
         let claimed_at = Instant::now();
-        if index == 0 {
+        if self.index == 0 {
             lane.lead_claims.fetch_add(1, Ordering::Relaxed);
         }
         lane.redis.up();
-        redis_backoff.reset();
-        if wrong_type_logged {
+        self.redis_backoff.reset();
+        if self.wrong_type_logged {
             tracing::info!("the key is a sorted set again; dispatching resumes");
-            wrong_type_logged = false;
+            self.wrong_type_logged = false;
         }
-        if claim.recovered > 0 {
-            METRICS
-                .recovered
-                .with_label_values(&[&b.name])
-                .inc_by(claim.recovered);
-            tracing::warn!(
-                recovered = claim.recovered,
-                "recovered members whose lease expired (a dispatcher died or stalled); they will be published again"
-            );
-        }
-        if claim.dead_no_body > 0 {
-            METRICS
-                .dead_lettered
-                .with_label_values(&[&b.name, "no body"])
-                .inc_by(claim.dead_no_body);
-            tracing::error!(
-                dead = claim.dead_no_body,
-                reason = "no body",
-                "ids came due with no body in the body hash; moved to the dead set unpublished (schedule body and id in one MULTI)"
-            );
-        }
-        if claim.dead_lease_expired > 0 {
-            METRICS
-                .dead_lettered
-                .with_label_values(&[&b.name, "lease expired"])
-                .inc_by(claim.dead_lease_expired);
-            tracing::error!(
-                dead = claim.dead_lease_expired,
-                max_attempts = b.max_attempts,
-                "members whose lease expired on their last allowed attempt moved to the dead set (a process keeps dying or stalling on them); see delayd dead list"
-            );
-        }
-        if claim.deduplicated > 0 {
-            METRICS
-                .deduplicated
-                .with_label_values(&[&b.name])
-                .inc_by(claim.deduplicated);
-        }
+        report_claim(b, &claim);
         let got = claim.members.len();
-        window.add_permits(want - got);
+        self.window.add_permits(want - got);
         give_back(lane, granted, got);
         if got == 0 && claim.dead_no_body + claim.deduplicated > 0 {
             // The whole batch was dropped, and more may be due behind it.
-            continue;
+            return Err(Next::Again);
         }
         if got == 0 {
-            idle(lane, index, &claim, claimed_at, stop).await;
-            continue;
+            idle(lane, self.index, &claim, claimed_at, self.stop).await;
+            return Err(Next::Again);
         }
         METRICS
             .claimed
@@ -233,38 +280,76 @@ pub(super) async fn scan(
             .members
             .into_iter()
             .map(|c| {
-                seq += 1;
-                (seq, Arc::new(c))
+                self.seq += 1;
+                (self.seq, Arc::new(c))
             })
             .collect();
-        let _ = tx.send(ToSettle::Claimed(info, members.clone()));
-        if stop.is_cancelled() {
+        let now_ms = info.now_ms;
+        let _ = self.tx.send(ToSettle::Claimed(info, members.clone()));
+        if self.stop.is_cancelled() {
             // A claim that Redis answered after the stop (it was frozen, or
             // slow): hand it back unpublished rather than publish it as the
             // process leaves.
-            let _ = tx.send(ToSettle::Unpublished(
-                members.iter().map(|(s, _)| *s).collect(),
-            ));
-            continue;
+            self.hand_back(&members);
+            return Err(Next::Again);
         }
+        Ok((now_ms, members))
+    }
 
+    /// What a failed claim means: a key of the wrong type waits for the
+    /// user to fix it, anything else is Redis being down.
+    fn claim_failed(&mut self, e: crate::store::StoreError) -> Next {
+        let b = &self.lane.business;
+        if e.is_wrong_type() {
+            self.lane.redis.up();
+            if !self.wrong_type_logged {
+                tracing::error!(error = %e, "the key is not a sorted set; producers must ZADD to it. This business waits until the key is fixed; the others go on");
+                self.wrong_type_logged = true;
+            }
+            Next::RetryAfter(b.poll_interval.max(Duration::from_secs(1)))
+        } else {
+            self.lane.redis.down(&e);
+            Next::RetryAfter(self.redis_backoff.next_delay())
+        }
+    }
+
+    /// Tells the settler that `members` were never published.
+    fn hand_back(&self, members: &[(u64, Arc<Claimed>)]) {
+        let _ = self.tx.send(ToSettle::Unpublished(
+            members.iter().map(|(s, _)| *s).collect(),
+        ));
+    }
+
+    /// Publishes a claimed batch and hands each confirm to the settler.
+    async fn publish(
+        &mut self,
+        ch: &Channel,
+        now_ms: i64,
+        members: Vec<(u64, Arc<Claimed>)>,
+    ) -> Step<()> {
+        let (b, broker) = (&self.lane.business, self.broker);
         // Every publish of the batch is started before any is awaited: lapin
         // queues their frames in order and its I/O loop writes them in one
         // go, instead of one wake-up and round trip per message.
-        let key = &lane.store.keys().pending;
+        let key = &self.lane.store.keys().pending;
         let progress = AtomicU64::new(0);
         let publishes = futures::future::join_all(members.iter().map(|(_, c)| {
-            let (progress, ch) = (&progress, &ch);
+            let progress = &progress;
             async move {
-                let r = amqp::publish(ch, b, key, c, claim.now_ms).await;
+                let r = amqp::publish(ch, b, key, c, now_ms).await;
                 progress.fetch_add(1, Ordering::Relaxed);
                 r
             }
         }));
         let blocked = || broker.is_blocked();
-        let results = match publish_or_give_up(publishes, &progress, blocked, stop, drain_deadline)
-            .await
-        {
+        let given_up = publish_or_give_up(
+            publishes,
+            &progress,
+            blocked,
+            self.stop,
+            self.drain_deadline,
+        );
+        let results = match given_up.await {
             Published::All(results) => results,
             Published::Stalled => {
                 // The frames never left: the connection is dead without
@@ -274,11 +359,9 @@ pub(super) async fn scan(
                     members = members.len(),
                     "publishing stalled for {PUBLISH_STALL:?} while the broker was not blocking; handing the batch back and reopening the channel"
                 );
-                let _ = tx.send(ToSettle::Unpublished(
-                    members.iter().map(|(s, _)| *s).collect(),
-                ));
-                channel = None;
-                continue;
+                self.hand_back(&members);
+                self.channel = None;
+                return Err(Next::Again);
             }
             Published::Deadline => {
                 // Stopping, and the broker still blocks: what never left
@@ -288,10 +371,8 @@ pub(super) async fn scan(
                     members = members.len(),
                     "shutdown_timeout reached while the broker still blocks publishing; handing the batch back"
                 );
-                let _ = tx.send(ToSettle::Unpublished(
-                    members.iter().map(|(s, _)| *s).collect(),
-                ));
-                break;
+                self.hand_back(&members);
+                return Err(Next::Stop);
             }
         };
         let mut published = 0u64;
@@ -301,7 +382,7 @@ pub(super) async fn scan(
             match result {
                 Ok(confirm) => {
                     published += 1;
-                    let _ = tx.send(ToSettle::Published(*s, confirm));
+                    let _ = self.tx.send(ToSettle::Published(*s, confirm));
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -309,30 +390,74 @@ pub(super) async fn scan(
                 }
             }
         }
-        if let Some(e) = first_error {
-            let topology = topology_error(&e);
-            if let Some(reason) = &topology {
-                lane.pause.pause(&b.name, reason);
-            } else if !channel_error_logged {
-                tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
-                channel_error_logged = true;
-            }
-            let _ = tx.send(ToSettle::Unpublished(unpublished));
-            // Any other broker error is retried with backoff, not at once:
-            // one that repeats would otherwise spin.
-            if topology.is_none() && !sleep_or_stop(amqp_backoff.next_delay()).await {
-                break;
-            }
-            channel = None;
-        } else {
-            amqp_backoff.reset();
-        }
         METRICS
             .published
             .with_label_values(&[&b.name])
             .inc_by(published);
+        let Some(e) = first_error else {
+            self.amqp_backoff.reset();
+            return Ok(());
+        };
+        let topology = topology_error(&e);
+        if let Some(reason) = &topology {
+            self.lane.pause.pause(&b.name, reason);
+        } else if !self.channel_error_logged {
+            tracing::warn!(error = %e, unpublished = unpublished.len(), "publish failed; handing those members back and reopening the channel");
+            self.channel_error_logged = true;
+        }
+        let _ = self.tx.send(ToSettle::Unpublished(unpublished));
+        self.reopen = true;
+        match topology {
+            Some(_) => Err(Next::Again),
+            // Any other broker error is retried with backoff, not at once:
+            // one that repeats would otherwise spin.
+            None => Err(Next::RetryAfter(self.amqp_backoff.next_delay())),
+        }
     }
-    channel
+}
+
+/// Counts and logs what a claim found besides due members: recovered
+/// leases, ids without a body, leases expired on the last attempt, and
+/// duplicates dropped.
+fn report_claim(b: &Business, claim: &crate::store::Claim) {
+    if claim.recovered > 0 {
+        METRICS
+            .recovered
+            .with_label_values(&[&b.name])
+            .inc_by(claim.recovered);
+        tracing::warn!(
+            recovered = claim.recovered,
+            "recovered members whose lease expired (a dispatcher died or stalled); they will be published again"
+        );
+    }
+    if claim.dead_no_body > 0 {
+        METRICS
+            .dead_lettered
+            .with_label_values(&[&b.name, "no body"])
+            .inc_by(claim.dead_no_body);
+        tracing::error!(
+            dead = claim.dead_no_body,
+            reason = "no body",
+            "ids came due with no body in the body hash; moved to the dead set unpublished (schedule body and id in one MULTI)"
+        );
+    }
+    if claim.dead_lease_expired > 0 {
+        METRICS
+            .dead_lettered
+            .with_label_values(&[&b.name, "lease expired"])
+            .inc_by(claim.dead_lease_expired);
+        tracing::error!(
+            dead = claim.dead_lease_expired,
+            max_attempts = b.max_attempts,
+            "members whose lease expired on their last allowed attempt moved to the dead set (a process keeps dying or stalling on them); see delayd dead list"
+        );
+    }
+    if claim.deduplicated > 0 {
+        METRICS
+            .deduplicated
+            .with_label_values(&[&b.name])
+            .inc_by(claim.deduplicated);
+    }
 }
 
 /// How long handing a batch to lapin may take before the connection is

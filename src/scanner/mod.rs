@@ -126,7 +126,9 @@ pub async fn run(
         // The channel outlives the settler: dropping it closes it, and a
         // closed channel fails the confirms still owed, which would hand
         // back members the broker already has.
-        let channel = scan(&lane, index, &broker, &stop, &window, &tx, &drain_deadline).await;
+        let channel = Scanner::new(&lane, index, &broker, &stop, &window, &tx, &drain_deadline)
+            .run()
+            .await;
         drop(tx);
         if let Err(e) = settler.await {
             tracing::error!(error = %e, "settler task failed; its leases will be recovered");
