@@ -92,16 +92,40 @@ pub(super) async fn run(
     })
 }
 
-/// `INFO commandstats` as command -> (calls, usec).
+/// `INFO commandstats` as command -> (calls, usec), summed over every
+/// master: a cluster answers with one text per node.
 pub(super) async fn commandstats(
     redis: &mut RedisConn,
 ) -> Result<HashMap<String, (u64, u64)>, BenchError> {
-    let text: String = redis::cmd("INFO")
+    let reply: redis::Value = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(redis)
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
-    Ok(parse_commandstats(&text))
+    let mut texts = Vec::new();
+    texts_of(&reply, &mut texts);
+    let mut total: HashMap<String, (u64, u64)> = HashMap::new();
+    for text in texts {
+        for (name, (calls, usec)) in parse_commandstats(&text) {
+            let t = total.entry(name).or_default();
+            t.0 += calls;
+            t.1 += usec;
+        }
+    }
+    Ok(total)
+}
+
+/// The texts in an `INFO` reply: one from a server, one per node (keyed by
+/// its address) from a cluster.
+fn texts_of(v: &redis::Value, out: &mut Vec<String>) {
+    match v {
+        redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => out.push(s.clone()),
+        redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(_, v)| texts_of(v, out)),
+        redis::Value::Array(items) => items.iter().for_each(|v| texts_of(v, out)),
+        _ => {}
+    }
 }
 
 /// Script calls and their Redis time (µs) between two `INFO commandstats`.
