@@ -762,3 +762,40 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_against_a_cluster_with_its_shard_comparison() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    let b = BusinessSpec::random("bench");
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config_redis(dir.path(), &c.section(), &amqp_url(), "off", &[&b]);
+    let (code, out, err) = delayd(&[
+        "bench",
+        "--config",
+        config.to_str().unwrap(),
+        "--messages",
+        "2000",
+        "--rounds",
+        "1",
+        "--rate",
+        "200",
+        "--lateness-secs",
+        "1",
+        "--idle-secs",
+        "1",
+        "--business",
+        "shard_names = \"spread\"",
+        "--compare-shards",
+        "3",
+    ]);
+    assert_eq!(code, 0, "bench failed on a cluster:\n{out}\n{err}");
+    for row in [
+        "delayd / ceiling",
+        "3 shards / one key",
+        "script calls per 1,000 members",
+        "far-future writes at 2000/s",
+    ] {
+        assert!(out.contains(row), "no {row:?} in:\n{out}");
+    }
+}
