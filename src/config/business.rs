@@ -217,23 +217,9 @@ pub(super) fn validate_business(
         ));
     }
 
-    let mut size = |field: &str, v: Option<i64>, default: usize, max: usize| -> usize {
-        match v {
-            None => default,
-            Some(n) if n < 1 => {
-                problems.push(format!(
-                    "business \"{name}\", field \"{field}\" must be at least 1 (got {n})"
-                ));
-                default
-            }
-            Some(n) if n as u64 > max as u64 => {
-                problems.push(format!(
-                    "business \"{name}\", field \"{field}\" must be at most {max} (got {n})"
-                ));
-                default
-            }
-            Some(n) => n as usize,
-        }
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
+    let mut size = |f: &str, v: Option<i64>, default: usize, max: usize| -> usize {
+        size_within(&field(f), v, default as i64, max as i64, problems) as usize
     };
     let scanners = size("scanners", rb.scanners, defaults::SCANNERS, 64);
     let batch_size = size("batch_size", rb.batch_size, defaults::BATCH_SIZE, 10_000);
@@ -253,7 +239,6 @@ pub(super) fn validate_business(
             "business \"{name}\", field \"key\": \"{key}\" has a hash tag, so on a cluster all {shards} shards would share one slot and one master; drop the {{...}} from the key (delayd tags each shard itself)"
         ));
     }
-    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
     // One default in every mode: a producer's key names must not depend on
     // where Redis runs.
     let shard_names = one_of(

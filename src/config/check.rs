@@ -43,6 +43,29 @@ pub(crate) fn check_short_string(place: &str, value: &str, problems: &mut Vec<St
     }
 }
 
+/// A count setting at `place`: unset means `default`, else it must be from
+/// 1 to `max`; anything else is a problem and `default`.
+pub(crate) fn size_within(
+    place: &str,
+    value: Option<i64>,
+    default: i64,
+    max: i64,
+    problems: &mut Vec<String>,
+) -> i64 {
+    match value {
+        None => default,
+        Some(n) if n < 1 => {
+            problems.push(format!("{place} must be at least 1 (got {n})"));
+            default
+        }
+        Some(n) if n > max => {
+            problems.push(format!("{place} must be at most {max} (got {n})"));
+            default
+        }
+        Some(n) => n,
+    }
+}
+
 /// The value of a setting that takes one of a few words: `choices` lists
 /// each word, a note shown beside it in the problem (or ""), and its value;
 /// unset means the first. Anything else is a problem naming every word, and

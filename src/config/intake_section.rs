@@ -63,17 +63,7 @@ pub(super) fn validate_intake(
         problems,
     );
     let mut range = |field: &str, v: Option<i64>, default: i64, max: i64| -> i64 {
-        match v {
-            None => default,
-            Some(n) if n < 1 || n > max => {
-                problems.push(format!(
-                    "{} must be between 1 and {max} (got {n})",
-                    place(field)
-                ));
-                default
-            }
-            Some(n) => n,
-        }
+        size_within(&place(field), v, default, max, problems)
     };
     let prefetch = range("prefetch", raw.prefetch, defaults::PREFETCH as i64, 65_535) as u16;
     let batch_size = range(
