@@ -113,3 +113,25 @@ pub(super) async fn wait_consumed(counter: &Counter, limit: Duration) {
         last = now;
     }
 }
+
+/// Opens a channel and declares the bench's exchange and its queue, bound
+/// by the bench's routing key.
+pub(super) async fn declare_bench_queue(
+    amqp: &Connection,
+    names: &Names,
+) -> Result<lapin::Channel, BenchError> {
+    let ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    crate::amqp::declare_bound_queue(
+        &ch,
+        &names.exchange,
+        &names.queue,
+        &names.routing_key,
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| fail("declare exchange and queue")(e.to_string()))?;
+    Ok(ch)
+}

@@ -22,8 +22,8 @@ use lapin::{BasicProperties, Connection};
 
 use super::report::{median, percentile, row};
 use super::{
-    body_of, fail, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError, BenchState, Counter,
-    Names,
+    body_of, declare_bench_queue, fail, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError,
+    BenchState, Counter, Names,
 };
 use crate::config;
 use crate::redis_conn::RedisConn;
@@ -72,19 +72,7 @@ pub(super) async fn bench(
         (intake.exchange.clone(), intake.queue.clone()),
         (intake.plain_exchange.clone(), intake.plain_queue.clone()),
     ];
-    let ch = amqp
-        .create_channel()
-        .await
-        .map_err(|e| fail("channel")(e.to_string()))?;
-    crate::amqp::declare_bound_queue(
-        &ch,
-        &names.exchange,
-        &names.queue,
-        &names.routing_key,
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| fail("declare target")(e.to_string()))?;
+    let ch = declare_bench_queue(amqp, names).await?;
     crate::amqp::declare_bound_queue(
         &ch,
         &intake.plain_exchange,

@@ -262,19 +262,7 @@ async fn bench(
     amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
-    let ch = amqp
-        .create_channel()
-        .await
-        .map_err(|e| fail("channel")(e.to_string()))?;
-    crate::amqp::declare_bound_queue(
-        &ch,
-        &names.exchange,
-        &names.queue,
-        &names.routing_key,
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| fail("declare exchange and queue")(e.to_string()))?;
+    let ch = declare_bench_queue(amqp, names).await?;
 
     // One consumer for every phase, so the broker does the same work in
     // each; with --no-consumer, only from the common recipe on, and the

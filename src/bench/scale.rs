@@ -11,13 +11,12 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lapin::types::FieldTable;
 use lapin::Connection;
 
 use super::far_writes::{commandstats, script_calls};
 use super::{
-    body_of, fail, idle_commands, rss_kb, start_consumer, start_daemon, stop_child, BenchArgs,
-    BenchError, BenchState, Counter, Names,
+    body_of, declare_bench_queue, fail, idle_commands, rss_kb, start_consumer, start_daemon,
+    stop_child, BenchArgs, BenchError, BenchState, Counter, Names,
 };
 use crate::config;
 use crate::redis_conn::{Redis, RedisConn};
@@ -63,19 +62,7 @@ pub(super) async fn bench(
     amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
-    let ch = amqp
-        .create_channel()
-        .await
-        .map_err(|e| fail("channel")(e.to_string()))?;
-    crate::amqp::declare_bound_queue(
-        &ch,
-        &names.exchange,
-        &names.queue,
-        &names.routing_key,
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| fail("declare exchange and queue")(e.to_string()))?;
+    let _ch = declare_bench_queue(amqp, names).await?;
     let counter = Counter::default();
     start_consumer(amqp, names, &counter).await?;
     let run = Run {
