@@ -164,22 +164,9 @@ pub(super) fn validate_business(
     problems: &mut Vec<String>,
 ) -> Option<Business> {
     let before = problems.len();
-    let mut need = |field: &str, v: Option<String>, allow_empty: bool| -> String {
-        match v {
-            Some(s) if allow_empty || !s.is_empty() => s,
-            Some(_) => {
-                problems.push(format!(
-                    "business \"{name}\", field \"{field}\" must not be empty"
-                ));
-                String::new()
-            }
-            None => {
-                problems.push(format!(
-                    "business \"{name}\", field \"{field}\" is required"
-                ));
-                String::new()
-            }
-        }
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
+    let mut need = |f: &str, v: Option<String>, empty_ok: bool| -> String {
+        required(&field(f), v, empty_ok, problems)
     };
     let key = need("key", rb.key, false);
     // The default exchange is named "", so an empty exchange is legitimate.
@@ -217,7 +204,6 @@ pub(super) fn validate_business(
         ));
     }
 
-    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
     let mut size = |f: &str, v: Option<i64>, default: usize, max: usize| -> usize {
         size_within(&field(f), v, default as i64, max as i64, problems) as usize
     };

@@ -43,6 +43,27 @@ pub(crate) fn check_short_string(place: &str, value: &str, problems: &mut Vec<St
     }
 }
 
+/// A required text setting at `place`: missing is a problem, and so is
+/// empty unless `empty_ok`; both give "".
+pub(crate) fn required(
+    place: &str,
+    value: Option<String>,
+    empty_ok: bool,
+    problems: &mut Vec<String>,
+) -> String {
+    match value {
+        Some(s) if empty_ok || !s.is_empty() => s,
+        Some(_) => {
+            problems.push(format!("{place} must not be empty"));
+            String::new()
+        }
+        None => {
+            problems.push(format!("{place} is required"));
+            String::new()
+        }
+    }
+}
+
 /// A count setting at `place`: unset means `default`, else it must be from
 /// 1 to `max`; anything else is a problem and `default`.
 pub(crate) fn size_within(

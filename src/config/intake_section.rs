@@ -15,26 +15,17 @@ pub(super) fn validate_intake(
     let before = problems.len();
     let place = |field: &str| format!("business \"{name}\", field \"intake.{field}\"");
     let mut named = |field: &str, v: Option<String>| -> String {
-        match v {
-            Some(s) if s.is_empty() => {
-                problems.push(format!("{} must not be empty", place(field)));
-                s
-            }
-            Some(s) => {
-                check_short_string(&place(field), &s, problems);
-                if s.starts_with("amq.") {
-                    problems.push(format!(
-                        "{} \"{s}\" starts with \"amq.\", a prefix the broker reserves for itself",
-                        place(field)
-                    ));
-                }
-                s
-            }
-            None => {
-                problems.push(format!("{} is required", place(field)));
-                String::new()
+        let s = required(&place(field), v, false, problems);
+        if !s.is_empty() {
+            check_short_string(&place(field), &s, problems);
+            if s.starts_with("amq.") {
+                problems.push(format!(
+                    "{} \"{s}\" starts with \"amq.\", a prefix the broker reserves for itself",
+                    place(field)
+                ));
             }
         }
+        s
     };
     let exchange = named("exchange", raw.exchange);
     let queue = named("queue", raw.queue);
