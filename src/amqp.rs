@@ -1,6 +1,7 @@
-//! The RabbitMQ side: one supervised connection per process (to one of the
-//! configured nodes at a time, clear text or TLS), confirm-mode channels for
-//! the scanners, and the message delayd publishes.
+//! The RabbitMQ side: supervised connections (to one of the configured nodes
+//! at a time, clear text or TLS), one for publishing and one for the
+//! intakes' consuming, confirm-mode channels for the scanners, and the
+//! message delayd publishes.
 
 mod nodes;
 
@@ -76,6 +77,38 @@ pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, AmqpErr
     Err(last.unwrap_or(AmqpError::Tls("[amqp] no node configured".into())))
 }
 
+/// What a connection carries. RabbitMQ blocks a connection that publishes
+/// while a resource alarm is raised, and everything else on it with it, so
+/// consuming gets a connection of its own, as RabbitMQ's documentation
+/// advises: the intakes go on draining their queues into Redis during an
+/// alarm, which is what relieves the broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The scanners' publishing: waits while the broker blocks publishers.
+    Publish,
+    /// The intakes' consuming: never publishes, so it is never blocked.
+    Consume,
+}
+
+impl Role {
+    /// The connection's name on the broker (its management UI shows it).
+    fn connection_name(self) -> &'static str {
+        match self {
+            Role::Publish => "delayd",
+            Role::Consume => "delayd intake",
+        }
+    }
+
+    /// The `server` label of `delayd_connection_up` and the name in
+    /// outage lines.
+    fn server(self) -> &'static str {
+        match self {
+            Role::Publish => "amqp",
+            Role::Consume => "amqp_intake",
+        }
+    }
+}
+
 /// A shared, supervised connection: scanners ask it for channels and wait
 /// while it is down or blocked; it reconnects with backoff by itself.
 #[derive(Clone)]
@@ -87,13 +120,20 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Starts the connection supervisor; it runs until `stop` is cancelled.
-    pub fn start(cfg: &AmqpConfig, stop: CancellationToken) -> Result<Self, AmqpError> {
+    /// Starts the supervisor of a connection for `role`; it runs until
+    /// `stop` is cancelled.
+    pub fn start(cfg: &AmqpConfig, role: Role, stop: CancellationToken) -> Result<Self, AmqpError> {
         let nodes = Nodes::new(cfg)?;
-        let health = Health::new("amqp");
+        let health = Health::new(role.server());
         let (conn_tx, conn_rx) = watch::channel(None);
         let (blocked_tx, blocked_rx) = watch::channel(false);
-        tokio::spawn(supervise(nodes, conn_tx, blocked_tx, health.clone(), stop));
+        let watch = Watch {
+            conn_tx,
+            blocked_tx,
+            health: health.clone(),
+            role,
+        };
+        tokio::spawn(supervise(nodes, watch, stop));
         Ok(Self {
             conn: conn_rx,
             blocked: blocked_rx,
@@ -148,16 +188,52 @@ impl Broker {
     }
 }
 
-/// Keeps one connection open, to the nodes in rotation from a random start:
-/// a lost or refusing node is followed at once by the next, and only a full
-/// round of failures waits out a backoff.
-async fn supervise(
-    nodes: Nodes,
+/// What a connection's supervisor tells the rest of the process.
+struct Watch {
     conn_tx: watch::Sender<Option<Arc<Connection>>>,
     blocked_tx: watch::Sender<bool>,
     health: Arc<Health>,
-    stop: CancellationToken,
-) {
+    role: Role,
+}
+
+impl Watch {
+    /// The broker blocked publishing (`Some(reason)`) or unblocked it. Only
+    /// the publishing connection waits for that; RabbitMQ does not block a
+    /// connection that never publishes, so the intakes go on.
+    fn blocked(&self, reason: Option<&str>) {
+        match (self.role, reason) {
+            (Role::Publish, Some(reason)) => {
+                tracing::warn!(%reason, "RabbitMQ blocks publishing (resource alarm); claiming paused");
+                METRICS.amqp_blocked.set(1);
+                self.blocked_tx.send_replace(true);
+            }
+            (Role::Publish, None) => {
+                tracing::info!("RabbitMQ unblocked publishing; claiming resumes");
+                self.unblocked_quietly();
+            }
+            (Role::Consume, Some(reason)) => {
+                tracing::info!(%reason, "RabbitMQ raised a resource alarm; the intakes go on taking messages in");
+            }
+            (Role::Consume, None) => {}
+        }
+    }
+
+    /// A new connection starts unblocked.
+    fn unblocked_quietly(&self) {
+        if self.role == Role::Publish {
+            METRICS.amqp_blocked.set(0);
+        }
+        self.blocked_tx.send_replace(false);
+    }
+}
+
+/// Keeps one connection open, to the nodes in rotation from a random start:
+/// a lost or refusing node is followed at once by the next, and only a full
+/// round of failures waits out a backoff.
+async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
+    let Watch {
+        conn_tx, health, ..
+    } = &watch;
     // Capped at 5 s: with jitter a retry then comes at most 5 s after the
     // broker is back, so delivery resumes within 10 s of a restart.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
@@ -168,7 +244,7 @@ async fn supervise(
         next = (next + 1) % nodes.len();
         let attempt = tokio::select! {
             _ = stop.cancelled() => return,
-            r = nodes.connect(node, "delayd") => r,
+            r = nodes.connect(node, watch.role.connection_name()) => r,
         };
         match attempt {
             Ok(conn) => {
@@ -188,16 +264,8 @@ async fn supervise(
                             return;
                         }
                         ev = events.next() => match ev {
-                            Some(Event::ConnectionBlocked(reason)) => {
-                                tracing::warn!(%reason, "RabbitMQ blocks publishing (resource alarm); claiming paused");
-                                METRICS.amqp_blocked.set(1);
-                                blocked_tx.send_replace(true);
-                            }
-                            Some(Event::ConnectionUnblocked) => {
-                                tracing::info!("RabbitMQ unblocked publishing; claiming resumes");
-                                METRICS.amqp_blocked.set(0);
-                                blocked_tx.send_replace(false);
-                            }
+                            Some(Event::ConnectionBlocked(reason)) => watch.blocked(Some(reason.as_str())),
+                            Some(Event::ConnectionUnblocked) => watch.blocked(None),
                             // Channel errors arrive here too; only a dead
                             // connection needs a new one.
                             Some(Event::Error(e)) if !conn.status().connected() => {
@@ -219,8 +287,7 @@ async fn supervise(
                     }
                 }
                 conn_tx.send_replace(None);
-                METRICS.amqp_blocked.set(0);
-                blocked_tx.send_replace(false);
+                watch.unblocked_quietly();
                 // A connection that lived a while was healthy: the next one
                 // is tried at once (after the failover pause). One the broker
                 // dropped soon after the handshake backs off like a refusal,

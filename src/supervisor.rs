@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tokio::sync::{Notify, OnceCell};
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::Broker;
+use crate::amqp::{Broker, Role};
 use crate::config::{Config, RedisMode};
 use crate::http::HttpState;
 use crate::rate::Limiter;
@@ -94,7 +94,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let redis = Redis::new(&config.redis)?;
     let stop = CancellationToken::new();
     let conn_stop = CancellationToken::new();
-    let broker = Broker::start(&config.amqp, conn_stop.clone())?;
+    let broker = Broker::start(&config.amqp, Role::Publish, conn_stop.clone())?;
     let redis_health = Health::new("redis");
     let deadlines: Vec<Arc<OnceCell<tokio::time::Instant>>> = config
         .businesses
@@ -198,7 +198,12 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             with_intake.push(l.business.clone());
         }
     }
-    let intakes = crate::intake::start(&with_intake, &conn, &broker, &redis_health, &stop);
+    let intakes = if with_intake.is_empty() {
+        Vec::new()
+    } else {
+        let consuming = Broker::start(&config.amqp, Role::Consume, conn_stop.clone())?;
+        crate::intake::start(&with_intake, &conn, &consuming, &redis_health, &stop)
+    };
     let mut businesses: Vec<Arc<crate::config::Business>> = Vec::new();
     for l in &lanes {
         if !businesses.iter().any(|b| Arc::ptr_eq(b, &l.business)) {

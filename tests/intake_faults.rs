@@ -193,3 +193,86 @@ async fn a_rabbitmq_restart_mid_intake_loses_nothing() {
     wait_all(&inbox, &want, Duration::from_secs(90), &d).await;
     del_family(&mut redis().await, &key).await;
 }
+
+/// A resource alarm makes RabbitMQ block every connection that publishes,
+/// and with it everything else that connection carries. The intake only
+/// consumes, on a connection of its own, so while another business's
+/// publishing is blocked it goes on moving what waits in its queue into
+/// Redis (which relieves the broker); once the alarm clears everything is
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = PrivateRabbit::new(dir.path());
+    node.start().await;
+    let amqp = amqp_at(&node.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let (tgt, queue, intake) = ("al-target", "al-q", "al-intake");
+    target(&ch, tgt, queue).await;
+    let inbox = consume(&amqp, queue).await;
+    let key = unique("test:intake-alarm");
+    let delayed = BusinessSpec {
+        name: "delayed".into(),
+        key: key.clone(),
+        exchange: tgt.into(),
+        routing_key: String::new(),
+        extra: format!(
+            "properties = \"standard\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nprefetch = 50\n"
+        ),
+    };
+    // A business of producers that write to Redis: its publishing is what
+    // the alarm blocks.
+    let plain = BusinessSpec {
+        name: "plain".into(),
+        key: unique("test:plain-alarm"),
+        exchange: tgt.into(),
+        routing_key: String::new(),
+        extra: String::new(),
+    };
+    let config = write_config(dir.path(), &redis_url(), &node.url(), &[&delayed, &plain]);
+    // A first run declares the intake's exchange and queue; the messages
+    // then wait in the queue while delayd is stopped.
+    let mut d = Daemon::start(&config);
+    let declared = eventually(Duration::from_secs(30), || {
+        let logs = d.logs();
+        async move { logs.contains("consuming the intake queue") }
+    })
+    .await;
+    assert!(declared, "the intake never consumed; log:\n{}", d.logs());
+    d.signal(15);
+    assert!(d.wait(Duration::from_secs(20)).success());
+    let all = bodies("al", 2000);
+    let want: HashSet<Vec<u8>> = all.iter().cloned().collect();
+    publish_all(node.url(), intake.to_string(), all, Duration::ZERO).await;
+
+    let alarm = Alarm(&node);
+    alarm.raise().await;
+    let mut redis = redis().await;
+    let now = redis_now_ms(&mut redis).await;
+    let due: Vec<(f64, Vec<u8>)> = (0..100)
+        .map(|i| (now as f64, format!("plain-{i}").into_bytes()))
+        .collect();
+    zadd_many(&mut redis, &plain.key, &due).await;
+    let d = Daemon::start(&config);
+    let inflight = family(&key).inflight;
+    let stored = |mut redis: redis::aio::MultiplexedConnection| {
+        let (key, inflight) = (key.clone(), inflight.clone());
+        async move { zcard(&mut redis, &key).await + zcard(&mut redis, &inflight).await }
+    };
+    let taken = eventually(Duration::from_secs(30), || {
+        let n = stored(redis.clone());
+        async move { n.await == 2000 }
+    })
+    .await;
+    assert!(
+        taken,
+        "{} of 2000 taken in during the alarm; log:\n{}",
+        stored(redis.clone()).await,
+        d.tail()
+    );
+    assert!(inbox.bodies().is_empty(), "delivered during the alarm");
+    alarm.clear().await;
+    wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
+    del_family(&mut redis, &key).await;
+    del_family(&mut redis, &plain.key).await;
+}

@@ -619,36 +619,6 @@ async fn returns_are_matched_to_their_own_member() {
         .unwrap();
 }
 
-/// Restores the broker's memory watermark however the test ends.
-struct Alarm<'a>(&'a PrivateRabbit);
-
-impl Alarm<'_> {
-    async fn raise(&self) {
-        self.0
-            .ctl(&["set_vm_memory_high_watermark", "0.000001"])
-            .await;
-    }
-    async fn clear(&self) {
-        self.0.ctl(&["set_vm_memory_high_watermark", "0.4"]).await;
-    }
-}
-
-impl Drop for Alarm<'_> {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(
-            std::env::var_os("DELAYD_TEST_RABBITMQ_NODE_SCRIPT")
-                .unwrap_or_else(|| "deploy/local/rabbitmq-node.sh".into()),
-        )
-        .arg("ctl")
-        .arg(&self.0.dir)
-        .arg(self.0.port.to_string())
-        .args(["set_vm_memory_high_watermark", "0.4"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    }
-}
-
 /// Under a memory alarm RabbitMQ blocks publishers: a batch caught mid-publish
 /// must keep its lease (no other claim may take and publish it again), and a
 /// stop during the alarm must end within shutdown_timeout with the batch back

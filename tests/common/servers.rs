@@ -274,6 +274,35 @@ impl Drop for PrivateRabbit {
     }
 }
 
+/// Restores the broker's memory watermark however the test ends.
+pub struct Alarm<'a>(pub &'a PrivateRabbit);
+
+impl Alarm<'_> {
+    /// Raises a memory alarm: RabbitMQ blocks every connection that publishes.
+    pub async fn raise(&self) {
+        self.0
+            .ctl(&["set_vm_memory_high_watermark", "0.000001"])
+            .await;
+    }
+    /// Clears it.
+    pub async fn clear(&self) {
+        self.0.ctl(&["set_vm_memory_high_watermark", "0.4"]).await;
+    }
+}
+
+impl Drop for Alarm<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new(PrivateRabbit::script())
+            .arg("ctl")
+            .arg(&self.0.dir)
+            .arg(self.0.port.to_string())
+            .args(["set_vm_memory_high_watermark", "0.4"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// Runs `deploy/local/NAME ARGS` with extra environment; its stdout, or a
 /// panic with its stderr. The scripts bound their own waits.
 pub fn run_script(name: &str, args: &[&str], env: &[(&str, String)]) -> String {
