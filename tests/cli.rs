@@ -259,6 +259,89 @@ fn dead_list_of_an_unknown_business_exits_2_and_names_it() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_requeue_and_purge_count_first_then_act_on_one_member_or_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = unique("test:dead-cli");
+    let config = real_config(dir.path(), &key, "unused");
+    let cfg = config.to_str().unwrap();
+    let mut r = redis().await;
+    seed_dead(
+        &mut r,
+        &key,
+        &[
+            ("a", "unroutable"),
+            ("b", "unroutable"),
+            ("c", "no body"),
+            ("d", "too large"),
+        ],
+    )
+    .await;
+    let fam = family(&key);
+    let run = |args: &[&str]| {
+        let mut all = vec!["dead"];
+        all.extend_from_slice(args);
+        let (code, out, err) = delayd(&all);
+        assert_eq!(code, 0, "delayd {all:?}:\n{out}\n{err}");
+        out
+    };
+
+    let out = run(&[
+        "requeue",
+        "-c",
+        cfg,
+        "billing",
+        "--reason",
+        "unroutable",
+        "--dry-run",
+    ]);
+    assert_eq!(
+        out.trim(),
+        "would requeue 2 dead members of business \"billing\", due now"
+    );
+    let out = run(&["purge", "-c", cfg, "billing", "--dry-run"]);
+    assert_eq!(
+        out.trim(),
+        "would purge 4 dead members of business \"billing\""
+    );
+    assert_eq!(
+        zcard(&mut r, &fam.dead).await,
+        4,
+        "a dry run changed nothing"
+    );
+    assert_eq!(zcard(&mut r, &key).await, 0);
+
+    let out = run(&["requeue", "-c", cfg, "billing", "--reason", "unroutable"]);
+    assert_eq!(
+        out.trim(),
+        "requeued 2 dead members of business \"billing\", due now"
+    );
+    let pending: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(pending, ["a", "b"]);
+    let out = run(&["purge", "-c", cfg, "billing", "--member", "d"]);
+    assert_eq!(out.trim(), "purged 1 dead members of business \"billing\"");
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&fam.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(left, ["c"]);
+
+    let (code, _, err) = delayd(&[
+        "dead", "purge", "-c", cfg, "billing", "--member", "c", "--reason", "x",
+    ]);
+    assert_eq!(code, 2, "--member and --reason together are refused: {err}");
+    del_family(&mut r, &key).await;
+}
+
 /// The temporary configs `delayd bench` writes (they hold the URLs).
 fn bench_configs() -> std::collections::HashSet<PathBuf> {
     std::fs::read_dir(std::env::temp_dir())
