@@ -373,7 +373,7 @@ async fn check(cfg: &Config) -> Result<(), Failure> {
     match crate::amqp::Nodes::new(&cfg.amqp) {
         Ok(nodes) => {
             for i in 0..nodes.len() {
-                match nodes.connect(i, "delayd check").await {
+                match nodes.connect(i, "delayd check", None).await {
                     Ok(c) => {
                         println!("amqp      {}: ok", nodes.name(i));
                         amqp.get_or_insert(c);

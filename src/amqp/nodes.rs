@@ -77,7 +77,12 @@ impl Nodes {
     /// that thread and socket behind for every attempt at a server that
     /// accepts and never answers. The socket is therefore shut down too,
     /// which ends lapin's thread.
-    pub async fn connect(&self, i: usize, conn_name: &str) -> Result<Connection, AmqpError> {
+    pub async fn connect(
+        &self,
+        i: usize,
+        conn_name: &str,
+        frame_max: Option<u32>,
+    ) -> Result<Connection, AmqpError> {
         let node = &self.nodes[i % self.nodes.len()];
         let runtime = lapin::runtime::default_runtime()?;
         let socket: Arc<Mutex<Option<std::net::TcpStream>>> = Arc::default();
@@ -90,7 +95,11 @@ impl Nodes {
             async move { open_stream(uri, slot, tls, timeout).await }
         };
         let props = ConnectionProperties::default().with_connection_name(conn_name.into());
-        let attempt = Connection::connector(node.uri.clone(), runtime, open, props);
+        let mut uri = node.uri.clone();
+        if frame_max.is_some() {
+            uri.query.frame_max = frame_max;
+        }
+        let attempt = Connection::connector(uri, runtime, open, props);
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => Err(AmqpError::Connect {
