@@ -62,6 +62,21 @@ const FAILOVER_PAUSE: Duration = Duration::from_secs(2);
 /// it was used, lapin may never answer, which would wedge the scanner: bound it.
 const CHANNEL_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The user delayd logs in as, when the configuration says: the same user
+/// in every URL, and no client certificate (whose EXTERNAL login takes the
+/// user from the certificate).
+pub fn login_user(cfg: &AmqpConfig) -> Option<String> {
+    if cfg.tls.cert_file.is_some() {
+        return None;
+    }
+    let mut users = cfg
+        .urls
+        .iter()
+        .map(|u| parse_uri(u).ok().map(|uri| uri.authority.userinfo.username));
+    let first = users.next()??;
+    users.all(|u| u.as_ref() == Some(&first)).then_some(first)
+}
+
 /// Opens one connection for a command that needs no supervision: to the
 /// first node that answers, trying each once from a random start.
 pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, AmqpError> {

@@ -202,7 +202,15 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         Vec::new()
     } else {
         let consuming = Broker::start(&config.amqp, Role::Consume, conn_stop.clone())?;
-        crate::intake::start(&with_intake, &conn, &consuming, &redis_health, &stop)
+        let own_user = crate::amqp::login_user(&config.amqp).map(Arc::from);
+        crate::intake::start(
+            &with_intake,
+            &conn,
+            &consuming,
+            &redis_health,
+            own_user,
+            &stop,
+        )
     };
     let mut businesses: Vec<Arc<crate::config::Business>> = Vec::new();
     for l in &lanes {

@@ -1,7 +1,8 @@
-//! The intake under faults, on private servers: a Redis restart and a
-//! RabbitMQ restart while messages published with `x-delay` are being taken
-//! in lose none of them. (`kill -9` of delayd mid-intake is in
-//! `tests/intake.rs`.)
+//! The intake where the broker or Redis stand in its way, on private
+//! servers: a Redis restart and a RabbitMQ restart while messages published
+//! with `x-delay` are being taken in lose none of them; a resource alarm
+//! does not stop the intake; a producer's `user_id` does not stop delivery.
+//! (`kill -9` of delayd mid-intake is in `tests/intake.rs`.)
 
 mod common;
 
@@ -275,4 +276,108 @@ async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
     del_family(&mut redis, &key).await;
     del_family(&mut redis, &plain.key).await;
+}
+
+/// Publishes `body` to `exchange` as `user` (password = user name) with
+/// `user_id` set to that user and `x-delay: 200`, confirmed.
+async fn publish_as(node: &PrivateRabbit, user: &str, exchange: &str, body: &[u8]) {
+    let url = format!("amqp://{user}:{user}@127.0.0.1:{}/%2f", node.port);
+    let conn = amqp_at(&url).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), AMQPValue::LongInt(200));
+    let props = BasicProperties::default()
+        .with_headers(h)
+        .with_user_id(ShortString::from(user))
+        .with_message_id(ShortString::from(unique("uid")));
+    let confirm = ch
+        .basic_publish(
+            exchange.into(),
+            "".into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirm.is_ack(), "the intake refused {user}'s publish");
+}
+
+/// RabbitMQ checks `user_id` against the user of the connection that
+/// publishes. A producer logged in as "shop" may set `user_id = "shop"`;
+/// delayd, logged in as "guest", may publish it again only if "guest" has
+/// the `impersonator` tag. By default the intake drops a `user_id` that is
+/// not delayd's own, so the message is still delivered; with
+/// `user_id = "keep"` and an impersonating delayd it arrives as published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_user_id_never_stops_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = PrivateRabbit::new(dir.path());
+    node.start().await;
+    node.ctl(&["add_user", "shop", "shop"]).await;
+    node.ctl(&["set_permissions", "-p", "/", "shop", ".*", ".*", ".*"])
+        .await;
+    let amqp = amqp_at(&node.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let (tgt, queue, intake) = ("uid-target", "uid-q", "uid-intake");
+    target(&ch, tgt, queue).await;
+    let inbox = consume(&amqp, queue).await;
+    let consuming = |d: &Daemon| {
+        let logs = d.logs();
+        async move { logs.contains("consuming the intake queue") }
+    };
+
+    let (config, key) = intake_config(dir.path(), &redis_url(), &node.url(), tgt, intake);
+    let mut d = Daemon::start(&config);
+    assert!(eventually(Duration::from_secs(30), || consuming(&d)).await);
+    publish_as(&node, "shop", intake, b"dropped").await;
+    publish_as(&node, "guest", intake, b"own").await;
+    let want: HashSet<Vec<u8>> = [b"dropped".to_vec(), b"own".to_vec()].into();
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+    let user_of = |body: &[u8]| {
+        let r = inbox.all().into_iter().find(|r| r.body == body).unwrap();
+        r.properties.user_id().as_ref().map(|u| u.to_string())
+    };
+    assert_eq!(
+        user_of(b"dropped"),
+        None,
+        "another user's user_id is dropped"
+    );
+    assert_eq!(
+        user_of(b"own").as_deref(),
+        Some("guest"),
+        "delayd's own is kept"
+    );
+    assert!(
+        d.logs().contains("user_id"),
+        "the drop is logged:\n{}",
+        d.tail()
+    );
+    d.signal(15);
+    assert!(d.wait(Duration::from_secs(20)).success());
+
+    node.ctl(&["set_user_tags", "guest", "administrator", "impersonator"])
+        .await;
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        &format!("queue = \"{intake}.q\"\n"),
+        &format!("queue = \"{intake}.q\"\nuser_id = \"keep\"\n"),
+    );
+    std::fs::write(&config, text).unwrap();
+    let d = Daemon::start(&config);
+    assert!(eventually(Duration::from_secs(30), || consuming(&d)).await);
+    publish_as(&node, "shop", intake, b"kept").await;
+    wait_all(
+        &inbox,
+        &[b"kept".to_vec()].into(),
+        Duration::from_secs(20),
+        &d,
+    )
+    .await;
+    assert_eq!(user_of(b"kept").as_deref(), Some("shop"));
+    del_family(&mut redis().await, &key).await;
 }

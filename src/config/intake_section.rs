@@ -11,7 +11,7 @@ pub(super) fn validate_intake(
     target: &str,
     problems: &mut Vec<String>,
 ) -> Option<crate::intake::Settings> {
-    use crate::intake::settings::{defaults, QueueType, Settings, XDelay};
+    use crate::intake::settings::{defaults, QueueType, Settings, UserId, XDelay};
     let before = problems.len();
     let place = |field: &str| format!("business \"{name}\", field \"intake.{field}\"");
     let mut named = |field: &str, v: Option<String>| -> String {
@@ -53,6 +53,19 @@ pub(super) fn validate_intake(
         ],
         problems,
     );
+    let user_id = one_of(
+        &place("user_id"),
+        raw.user_id.as_deref(),
+        &[
+            ("drop-others", "", UserId::DropOthers),
+            (
+                "keep",
+                "delayd's user needs the impersonator tag",
+                UserId::Keep,
+            ),
+        ],
+        problems,
+    );
     let mut range = |field: &str, v: Option<i64>, default: i64, max: i64| -> i64 {
         size_within(&place(field), v, default, max, problems)
     };
@@ -79,5 +92,6 @@ pub(super) fn validate_intake(
         dead_letter_exchange,
         max_message_size,
         x_delay,
+        user_id,
     })
 }

@@ -90,6 +90,7 @@ pub(super) struct RawIntake {
     pub(super) dead_letter_exchange: Option<String>,
     pub(super) max_message_size: Option<i64>,
     pub(super) x_delay: Option<String>,
+    pub(super) user_id: Option<String>,
 }
 
 /// A node list: an array in the file, or one string from the environment

@@ -17,8 +17,8 @@ use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, Consumer};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Consumer};
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::Broker;
@@ -27,9 +27,9 @@ use crate::redis_conn::RedisConn;
 use crate::telemetry::{Backoff, Health, METRICS};
 
 use super::delay::{self, Due};
-use super::settings::{Settings, XDelay};
+use super::settings::Settings;
 use super::write::{self, Item, Writer};
-use super::{envelope, topology};
+use super::{delivered, envelope, topology};
 
 /// Batches being written at once; with the prefetch, what keeps the broker
 /// delivering while Redis writes.
@@ -45,12 +45,32 @@ pub struct Intake {
     settings: Settings,
     writer: Writer,
     redis: Arc<Health>,
-    /// When an unusable `x-delay` was last logged: at most one line per
-    /// [`INVALID_LOG_EVERY`], the counter says how many.
-    invalid_logged: std::sync::Mutex<Option<Instant>>,
+    /// The user delayd publishes as, when known.
+    own_user: Option<Arc<str>>,
+    /// An unusable `x-delay` is logged at most once per [`LOG_EVERY`]; the
+    /// counter says how many.
+    invalid_logged: Throttle,
+    /// The same for a dropped `user_id`.
+    user_id_logged: Throttle,
 }
 
-const INVALID_LOG_EVERY: Duration = Duration::from_secs(10);
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// When a repeated warning was last logged.
+#[derive(Default)]
+struct Throttle(std::sync::Mutex<Option<Instant>>);
+
+impl Throttle {
+    /// True at most once per [`LOG_EVERY`].
+    fn due(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let due = last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    }
+}
 
 /// Deliveries taken together, with what could be stored.
 struct Batch {
@@ -76,14 +96,21 @@ enum Ended {
 
 impl Intake {
     /// The intake of `business`, if it has one.
-    pub fn new(business: Arc<Business>, conn: RedisConn, redis: Arc<Health>) -> Option<Self> {
+    pub fn new(
+        business: Arc<Business>,
+        conn: RedisConn,
+        redis: Arc<Health>,
+        own_user: Option<Arc<str>>,
+    ) -> Option<Self> {
         let settings = business.intake.clone()?;
         Some(Self {
             writer: Writer::new(conn, &business),
             business,
             settings,
             redis,
-            invalid_logged: std::sync::Mutex::new(None),
+            own_user,
+            invalid_logged: Throttle::default(),
+            user_id_logged: Throttle::default(),
         })
     }
 
@@ -257,7 +284,16 @@ impl Intake {
                     id
                 }
             };
-            let props = self.delivered_properties(&d.properties, &due);
+            let (props, dropped) = delivered::properties(
+                &self.settings,
+                self.own_user.as_deref(),
+                &d.properties,
+                &due,
+            );
+            if let Some(user) = dropped {
+                m.user_id_dropped.with_label_values(&[name]).inc();
+                self.log_user_id_dropped(user.as_str());
+            }
             let refused = match envelope::encode(d.routing_key.as_str(), &props, &d.data) {
                 Err(e) => Some(("unencodable", e.to_string())),
                 Ok(env) => match self.settings.max_message_size {
@@ -286,27 +322,21 @@ impl Intake {
         Ok(batch)
     }
 
-    /// The properties delivered later: the producer's, with `x-delay`
-    /// negated where the settings ask for the plugin's habit.
-    fn delivered_properties(&self, props: &BasicProperties, due: &Due) -> BasicProperties {
-        let (XDelay::Negated, Due::After(ms)) = (self.settings.x_delay, due) else {
-            return props.clone();
-        };
-        let mut headers: FieldTable = props.headers().clone().unwrap_or_default();
-        headers.insert(delay::X_DELAY.into(), AMQPValue::LongLongInt(-ms));
-        props.clone().with_headers(headers)
-    }
-
     fn log_invalid(&self, what: &str) {
-        let mut last = self
-            .invalid_logged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|t| t.elapsed() >= INVALID_LOG_EVERY) {
-            *last = Some(Instant::now());
+        if self.invalid_logged.due() {
             tracing::warn!(
                 value = %what,
                 "x-delay is not a number of milliseconds; published at once, as the delayed-message plugin did (delayd_intake_invalid_delay_total counts them; one line per 10 s)"
+            );
+        }
+    }
+
+    fn log_user_id_dropped(&self, user: &str) {
+        if self.user_id_logged.due() {
+            tracing::warn!(
+                user_id = %user,
+                delayd_user = self.own_user.as_deref().unwrap_or("(from its certificate)"),
+                "user_id names another user than delayd's, and RabbitMQ would refuse delayd's publish of it: delivered without it (delayd_intake_user_id_dropped_total counts them; one line per 10 s). To keep it, give delayd's user the impersonator tag and set user_id = \"keep\""
             );
         }
     }

@@ -17,6 +17,9 @@ pub struct Metrics {
     /// came between an earlier write and its ack, so the message may be
     /// delivered twice (once only if it has a `message_id`).
     pub redelivered: IntCounterVec,
+    /// Messages whose `user_id` named another user than delayd's: dropped,
+    /// since the broker would refuse delayd's publish of it.
+    pub user_id_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -53,6 +56,11 @@ impl Metrics {
             redelivered: counter(
                 "delayd_intake_redelivered_total",
                 "Intake deliveries marked redelivered (possible duplicates)",
+                b,
+            ),
+            user_id_dropped: counter(
+                "delayd_intake_user_id_dropped_total",
+                "Intake messages whose user_id named another user than delayd's, dropped from the delivered message",
                 b,
             ),
         }

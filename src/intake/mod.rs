@@ -16,6 +16,7 @@
 
 mod consumer;
 pub mod delay;
+mod delivered;
 pub mod envelope;
 mod metrics;
 pub mod settings;
@@ -40,16 +41,21 @@ use crate::telemetry::Health;
 
 /// Starts the intake of every business that has one; each task returns
 /// after `stop`, once what it took in is written and acknowledged.
+/// `own_user` is the user delayd publishes as, when known: a producer's
+/// `user_id` naming it is kept.
 pub fn start(
     businesses: &[Arc<Business>],
     conn: &RedisConn,
     broker: &Broker,
     redis: &Arc<Health>,
+    own_user: Option<Arc<str>>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     businesses
         .iter()
-        .filter_map(|b| consumer::Intake::new(b.clone(), conn.clone(), redis.clone()))
+        .filter_map(|b| {
+            consumer::Intake::new(b.clone(), conn.clone(), redis.clone(), own_user.clone())
+        })
         .map(|intake| tokio::spawn(intake.run(broker.clone(), stop.clone())))
         .collect()
 }

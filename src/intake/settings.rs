@@ -28,6 +28,18 @@ pub enum XDelay {
     Negated,
 }
 
+/// What becomes of a producer's `user_id`. RabbitMQ refuses a publish whose
+/// `user_id` is not the publishing connection's user (unless that user has
+/// the `impersonator` tag), and delayd publishes as itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserId {
+    /// Kept when it names delayd's own user, dropped (and counted)
+    /// otherwise, so the message is delivered (the default).
+    DropOthers,
+    /// Kept always: delayd's user must have the `impersonator` tag.
+    Keep,
+}
+
 /// How one business takes in messages published with `x-delay`: the intake
 /// exchange producers publish to, and the queue delayd consumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +61,8 @@ pub struct Settings {
     pub max_message_size: Option<usize>,
     /// The delivered `x-delay` header.
     pub x_delay: XDelay,
+    /// The delivered `user_id`.
+    pub user_id: UserId,
 }
 
 /// A problem for every intake queue two businesses name: each would take

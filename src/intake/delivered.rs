@@ -1,0 +1,146 @@
+//! The properties an intake message is delivered with: the producer's, as
+//! published, except where a setting asks otherwise (`x-delay` negated) or
+//! the broker would refuse them from delayd (another user's `user_id`).
+
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::BasicProperties;
+
+use super::delay::{self, Due};
+use super::settings::{Settings, UserId, XDelay};
+
+/// The delivered properties, and the `user_id` dropped from them, if any.
+pub fn properties(
+    settings: &Settings,
+    own_user: Option<&str>,
+    props: &BasicProperties,
+    due: &Due,
+) -> (BasicProperties, Option<ShortString>) {
+    let mut out = props.clone();
+    if let (XDelay::Negated, Due::After(ms)) = (settings.x_delay, due) {
+        let mut headers: FieldTable = props.headers().clone().unwrap_or_default();
+        headers.insert(delay::X_DELAY.into(), AMQPValue::LongLongInt(-ms));
+        out = out.with_headers(headers);
+    }
+    match props.user_id() {
+        Some(user) if settings.user_id == UserId::DropOthers && own_user != Some(user.as_str()) => {
+            (without_user_id(&out), Some(user.clone()))
+        }
+        _ => (out, None),
+    }
+}
+
+/// `p` with every property but `user_id` (lapin can set a property, not
+/// unset one).
+fn without_user_id(p: &BasicProperties) -> BasicProperties {
+    let mut out = BasicProperties::default();
+    if let Some(v) = p.content_type() {
+        out = out.with_content_type(v.clone());
+    }
+    if let Some(v) = p.content_encoding() {
+        out = out.with_content_encoding(v.clone());
+    }
+    if let Some(v) = p.headers() {
+        out = out.with_headers(v.clone());
+    }
+    if let Some(v) = p.delivery_mode() {
+        out = out.with_delivery_mode(*v);
+    }
+    if let Some(v) = p.priority() {
+        out = out.with_priority(*v);
+    }
+    if let Some(v) = p.correlation_id() {
+        out = out.with_correlation_id(v.clone());
+    }
+    if let Some(v) = p.reply_to() {
+        out = out.with_reply_to(v.clone());
+    }
+    if let Some(v) = p.expiration() {
+        out = out.with_expiration(v.clone());
+    }
+    if let Some(v) = p.message_id() {
+        out = out.with_message_id(v.clone());
+    }
+    if let Some(v) = p.timestamp() {
+        out = out.with_timestamp(*v);
+    }
+    if let Some(v) = p.kind() {
+        out = out.with_type(v.clone());
+    }
+    if let Some(v) = p.app_id() {
+        out = out.with_app_id(v.clone());
+    }
+    if let Some(v) = p.cluster_id() {
+        out = out.with_cluster_id(v.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(user_id: UserId) -> Settings {
+        Settings {
+            exchange: "x".into(),
+            queue: "q".into(),
+            queue_type: super::super::settings::QueueType::Classic,
+            prefetch: 10,
+            batch_size: 10,
+            dead_letter_exchange: None,
+            max_message_size: None,
+            x_delay: XDelay::AsPublished,
+            user_id,
+        }
+    }
+
+    fn every_property(user: &str) -> BasicProperties {
+        let mut h = FieldTable::default();
+        h.insert("x-delay".into(), AMQPValue::LongInt(5));
+        BasicProperties::default()
+            .with_content_type("a/b".into())
+            .with_content_encoding("gzip".into())
+            .with_headers(h)
+            .with_delivery_mode(2)
+            .with_priority(3)
+            .with_correlation_id("c".into())
+            .with_reply_to("r".into())
+            .with_expiration("9".into())
+            .with_message_id("m".into())
+            .with_timestamp(7)
+            .with_type("t".into())
+            .with_user_id(user.into())
+            .with_app_id("a".into())
+            .with_cluster_id("k".into())
+    }
+
+    #[test]
+    fn another_users_user_id_is_dropped_and_nothing_else() {
+        let p = every_property("shop");
+        let (out, dropped) =
+            properties(&settings(UserId::DropOthers), Some("guest"), &p, &Due::Now);
+        assert_eq!(dropped.as_ref().map(|u| u.as_str()), Some("shop"));
+        assert_eq!(out.user_id(), &None);
+        assert_eq!(
+            out.with_user_id("shop".into()),
+            p,
+            "every other property is kept"
+        );
+    }
+
+    #[test]
+    fn delayds_own_user_id_or_keep_leaves_the_properties_as_published() {
+        let p = every_property("guest");
+        let own = properties(&settings(UserId::DropOthers), Some("guest"), &p, &Due::Now);
+        assert_eq!(own, (p.clone(), None));
+        let other = every_property("shop");
+        let kept = properties(&settings(UserId::Keep), Some("guest"), &other, &Due::Now);
+        assert_eq!(kept, (other, None));
+    }
+
+    #[test]
+    fn with_delayds_user_unknown_every_user_id_is_dropped_by_default() {
+        let p = every_property("guest");
+        let (_, dropped) = properties(&settings(UserId::DropOthers), None, &p, &Due::Now);
+        assert!(dropped.is_some());
+    }
+}
