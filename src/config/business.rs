@@ -77,7 +77,7 @@ impl Business {
     }
 }
 
-/// Default values of the optional business fields, shown in the README.
+/// Default values of the optional business fields, shown in docs/configuration.md.
 pub mod defaults {
     /// Scanners per key.
     pub const SCANNERS: usize = 2;

@@ -1,6 +1,6 @@
 //! The validated `[businesses.NAME.intake]` section.
 
-/// Defaults of the optional intake settings, shown in the README.
+/// Defaults of the optional intake settings, shown in docs/configuration.md.
 pub mod defaults {
     /// Unacknowledged intake deliveries the broker may hand delayd at once.
     pub const PREFETCH: u16 = 2000;

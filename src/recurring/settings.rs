@@ -9,7 +9,7 @@ use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 use serde::Deserialize;
 
-/// Defaults of the optional schedule settings, shown in the README.
+/// Defaults of the optional schedule settings, shown in docs/configuration.md.
 pub mod defaults {
     /// Occurrences missed while no instance ran: the latest one is delivered.
     pub const CATCH_UP: &str = "last";
