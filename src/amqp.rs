@@ -63,16 +63,14 @@ const FAILOVER_PAUSE: Duration = Duration::from_secs(2);
 const CHANNEL_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The user delayd logs in as, when the configuration says: the same user
-/// in every URL, and no client certificate (whose EXTERNAL login takes the
+/// in every URL, none of them logging in by certificate (EXTERNAL takes the
 /// user from the certificate).
 pub fn login_user(cfg: &AmqpConfig) -> Option<String> {
-    if cfg.tls.cert_file.is_some() {
-        return None;
-    }
-    let mut users = cfg
-        .urls
-        .iter()
-        .map(|u| parse_uri(u).ok().map(|uri| uri.authority.userinfo.username));
+    let mut users = cfg.urls.iter().map(|u| {
+        let uri = parse_uri(u).ok()?;
+        let external = uri.query.auth_mechanism == Some(lapin::uri::SASLMechanism::External);
+        (!external).then_some(uri.authority.userinfo.username)
+    });
     let first = users.next()??;
     users.all(|u| u.as_ref() == Some(&first)).then_some(first)
 }
@@ -577,6 +575,39 @@ pub async fn declare_bound_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn amqp(urls: &[&str]) -> AmqpConfig {
+        AmqpConfig {
+            urls: urls
+                .iter()
+                .map(|u| crate::config::SecretUrl::new(*u))
+                .collect(),
+            tls: Default::default(),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn login_user_is_the_urls_one_user_unless_a_certificate_logs_in() {
+        assert_eq!(
+            login_user(&amqp(&["amqp://shop:pw@h/%2f"])).as_deref(),
+            Some("shop")
+        );
+        assert_eq!(
+            login_user(&amqp(&["amqp://h/%2f"])).as_deref(),
+            Some("guest")
+        );
+        let two = ["amqp://a:pw@h1/%2f", "amqp://a:pw@h2/%2f"];
+        assert_eq!(login_user(&amqp(&two)).as_deref(), Some("a"));
+        assert_eq!(
+            login_user(&amqp(&["amqp://a:pw@h1/%2f", "amqp://b:pw@h2/%2f"])),
+            None
+        );
+        assert_eq!(
+            login_user(&amqp(&["amqps://h/%2f?auth_mechanism=external"])),
+            None
+        );
+    }
 
     #[test]
     fn message_id_is_stable_and_distinguishes_inputs() {
