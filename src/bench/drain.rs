@@ -71,15 +71,7 @@ pub(super) async fn delayd_drain(
             crate::keys::helper_key(&fam.pending, "staging"),
             crate::keys::helper_key(&fam.pending, "body-staging"),
         ] {
-            let b: Option<u64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(k)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(redis)
-                .await
-                .map_err(|e| fail("redis")(e.to_string()))?;
-            bytes += b.unwrap_or(0);
+            bytes += memory_usage(redis, &k, 0).await?;
         }
     }
     let per_task = bytes as f64 / staged as f64;

@@ -22,8 +22,8 @@ use lapin::{BasicProperties, Connection};
 
 use super::report::{median, percentile, row};
 use super::{
-    body_of, declare_bench_queue, fail, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError,
-    BenchState, Counter, Names,
+    body_of, declare_bench_queue, fail, memory_usage, rss_kb, start_consumer, wall_ms_f, BenchArgs,
+    BenchError, BenchState, Counter, Names,
 };
 use crate::config;
 use crate::redis_conn::RedisConn;
@@ -555,15 +555,7 @@ async fn memory_per_task(redis: &mut RedisConn, fams: &[KeyFamily]) -> Result<f6
     let mut bytes = 0u64;
     for f in fams {
         for k in [&f.pending, &f.body] {
-            let b: Option<u64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(k)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(redis)
-                .await
-                .map_err(|e| fail("redis")(e.to_string()))?;
-            bytes += b.unwrap_or(0);
+            bytes += memory_usage(redis, k, 0).await?;
         }
     }
     Ok(bytes as f64)

@@ -132,6 +132,24 @@ fn fail(context: &str) -> impl Fn(String) -> BenchError + '_ {
     move |e| BenchError::Runtime(format!("bench: {context}: {e}"))
 }
 
+/// `MEMORY USAGE key SAMPLES samples`: the bytes Redis holds for `key`
+/// (0 when it does not exist). `samples = 0` counts every element.
+async fn memory_usage(
+    redis: &mut crate::redis_conn::RedisConn,
+    key: &str,
+    samples: u64,
+) -> Result<u64, BenchError> {
+    let bytes: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(samples)
+        .query_async(redis)
+        .await
+        .map_err(|e| fail("redis")(e.to_string()))?;
+    Ok(bytes.unwrap_or(0))
+}
+
 /// Runs the benchmark and prints one table.
 pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let cfg = config::load(&args.config)?;

@@ -15,8 +15,8 @@ use lapin::Connection;
 
 use super::far_writes::{commandstats, script_calls};
 use super::{
-    body_of, declare_bench_queue, fail, idle_commands, rss_kb, start_consumer, start_daemon,
-    stop_child, BenchArgs, BenchError, BenchState, Counter, Names,
+    body_of, declare_bench_queue, fail, idle_commands, memory_usage, rss_kb, start_consumer,
+    start_daemon, stop_child, BenchArgs, BenchError, BenchState, Counter, Names,
 };
 use crate::config;
 use crate::redis_conn::{Redis, RedisConn};
@@ -239,15 +239,7 @@ async fn memory(redis: &mut RedisConn, fam: &KeyFamily, id_mode: bool) -> Result
     }
     let mut total = 0;
     for key in keys {
-        let bytes: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(key)
-            .arg("SAMPLES")
-            .arg(10_000)
-            .query_async(redis)
-            .await
-            .map_err(|e| fail("redis")(e.to_string()))?;
-        total += bytes.unwrap_or(0);
+        total += memory_usage(redis, key, 10_000).await?;
     }
     Ok(total)
 }
