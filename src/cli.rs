@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, Business, Config, RedisMode};
-use crate::redis_conn::{Master, Redis, RedisConn};
+use crate::config::{self, Business, Config};
+use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{KeyFamily, Store, Totals};
 
 mod by_id;
+mod check;
+mod dead;
 mod recurring;
 
 /// Command-line interface of `delayd`.
@@ -70,59 +72,10 @@ enum Command {
     /// Look at and act on dead members.
     Dead {
         #[command(subcommand)]
-        action: DeadAction,
+        action: dead::DeadAction,
     },
     /// Measure the broker's ceiling, delayd's drain rate, lateness and idle cost.
     Bench(crate::bench::BenchArgs),
-}
-
-#[derive(Debug, Subcommand)]
-enum DeadAction {
-    /// List dead members, oldest first, with their reason and age.
-    List(DeadArgs),
-    /// Move dead members back to pending, due now, attempts reset.
-    Requeue(DeadActArgs),
-    /// Delete dead members.
-    Purge(DeadActArgs),
-}
-
-/// Which dead members `requeue` and `purge` act on: all (oldest first) by
-/// default.
-#[derive(Debug, Args)]
-struct DeadActArgs {
-    #[command(flatten)]
-    dead: DeadArgs,
-    /// Only this member (the id in id mode, the body in body mode).
-    #[arg(long, conflicts_with = "reason")]
-    member: Option<String>,
-    /// Only the members whose reason contains this text.
-    #[arg(long)]
-    reason: Option<String>,
-    /// Print how many members would be acted on, and change nothing.
-    #[arg(long)]
-    dry_run: bool,
-}
-
-impl DeadActArgs {
-    fn filter(&self) -> crate::tasks::dead::Filter {
-        use crate::tasks::dead::Filter;
-        match (&self.member, &self.reason) {
-            (Some(m), _) => Filter::Member(m.as_bytes().to_vec()),
-            (None, Some(r)) => Filter::Reason(r.clone()),
-            (None, None) => Filter::All,
-        }
-    }
-}
-
-#[derive(Debug, Args)]
-struct DeadArgs {
-    #[command(flatten)]
-    config: ConfigArg,
-    /// The business whose dead set to use.
-    business: String,
-    /// At most this many members (list defaults to 100, requeue and purge to all).
-    #[arg(long)]
-    limit: Option<usize>,
 }
 
 /// A command's failure, with the exit code it maps to.
@@ -206,7 +159,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
                 other => Failure::runtime(other.to_string()),
             })
         }
-        Command::Check(c) => check(&config::load(&c.config)?).await,
+        Command::Check(c) => check::run(&config::load(&c.config)?).await,
         Command::Inspect { config: c, json } => inspect(&config::load(&c.config)?, json).await,
         Command::Schedule(a) => by_id::schedule(a).await,
         Command::Get(a) => by_id::get(a).await,
@@ -217,7 +170,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             config: c,
             business,
         } => shards(&config::load(&c.config)?, &business),
-        Command::Dead { action } => dead(action).await,
+        Command::Dead { action } => dead::run(action).await,
         Command::Recurring(a) => recurring::recurring(a),
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),
@@ -253,253 +206,6 @@ fn shards(cfg: &Config, business: &str) -> Result<(), Failure> {
         println!("{k}\t{}", crate::keys::slot(&k));
     }
     Ok(())
-}
-
-/// For a cluster: which master serves each shard, and a warning when the
-/// shards do not spread (a master with none, or one with most of them).
-fn placement(b: &Business, masters: &[Master]) -> (Vec<String>, Vec<String>) {
-    let keys = b.keys();
-    let mut lines = Vec::new();
-    let mut per_master = vec![0usize; masters.len()];
-    for (i, k) in keys.iter().enumerate() {
-        let slot = crate::keys::slot(k);
-        let owner = masters.iter().position(|m| m.serves(slot));
-        if let Some(o) = owner {
-            per_master[o] += 1;
-        }
-        lines.push(format!(
-            "shard {i} \"{k}\" -> slot {slot} -> {}",
-            owner
-                .map(|o| masters[o].addr.to_string())
-                .unwrap_or_else(|| "no master (slot not served)".into())
-        ));
-    }
-    let mut warnings = Vec::new();
-    if keys.len() > 1 && masters.len() > 1 {
-        let idle: Vec<String> = masters
-            .iter()
-            .zip(&per_master)
-            .filter(|(_, n)| **n == 0)
-            .map(|(m, _)| m.addr.to_string())
-            .collect();
-        if !idle.is_empty() && keys.len() >= masters.len() {
-            warnings.push(format!(
-                "master(s) {} hold no shard of this business; with shard_names = \"spread\" and shards a multiple of the masters each gets its share",
-                idle.join(", ")
-            ));
-        }
-        for (m, n) in masters.iter().zip(&per_master) {
-            if *n * 2 > keys.len() {
-                warnings.push(format!(
-                    "master {} holds {n} of {} shards",
-                    m.addr,
-                    keys.len()
-                ));
-            }
-        }
-    }
-    (lines, warnings)
-}
-
-async fn check(cfg: &Config) -> Result<(), Failure> {
-    let mut failed = false;
-    println!(
-        "config    {}: ok, {} businesses",
-        cfg.path.display(),
-        cfg.businesses.len()
-    );
-    let mut masters: Vec<Master> = Vec::new();
-    let redis = match redis_and_conn(cfg).await {
-        Ok((redis, c)) => {
-            let found = c.masters(&redis).await.unwrap_or_default();
-            let mut notes = Vec::new();
-            let mut all_on = !found.is_empty();
-            for m in &found {
-                let flags = match c.subscriber(&redis, m) {
-                    Ok(client) => match tokio::time::timeout(
-                        crate::redis_conn::CONNECT_TIMEOUT,
-                        client.get_multiplexed_async_connection(),
-                    )
-                    .await
-                    {
-                        Ok(Ok(mut n)) => {
-                            if let Some(risk) = crate::store::eviction_risk(&mut n).await {
-                                println!("redis     {}: WARNING: {risk}", m.addr);
-                            }
-                            crate::store::keyspace_flags(&mut n).await
-                        }
-                        _ => None,
-                    },
-                    Err(_) => None,
-                };
-                match flags.as_deref() {
-                    Some(f) if crate::store::flags_notify_zsets(f) => {}
-                    Some(f) => {
-                        all_on = false;
-                        notes.push(format!("{} has \"{f}\"", m.addr));
-                    }
-                    None => {
-                        all_on = false;
-                        notes.push(format!("{} unknown (CONFIG not allowed)", m.addr));
-                    }
-                }
-            }
-            let mode = if all_on {
-                "keyspace notifications on (millisecond wake-ups)".to_string()
-            } else {
-                format!(
-                    "keyspace notifications off or unknown ({}): idle scanners poll every poll_interval; CONFIG SET notify-keyspace-events Kz turns them on",
-                    notes.join(", ")
-                )
-            };
-            let topology = if cfg.redis.mode == RedisMode::Cluster {
-                format!(", {} masters", found.len())
-            } else {
-                String::new()
-            };
-            println!("redis     {}: ok{topology}, {mode}", cfg.redis.describe());
-            masters = found;
-            Some(c)
-        }
-        Err(f) => {
-            println!("redis     {}: FAILED: {}", cfg.redis.describe(), f.message);
-            failed = true;
-            None
-        }
-    };
-    // Every node is tried: a cluster node that cannot be reached, or that
-    // refuses delayd's certificate, fails when delayd fails over to it.
-    let mut amqp = None;
-    match crate::amqp::Nodes::new(&cfg.amqp) {
-        Ok(nodes) => {
-            for i in 0..nodes.len() {
-                match nodes.connect(i, "delayd check", None).await {
-                    Ok(c) => {
-                        println!("amqp      {}: ok", nodes.name(i));
-                        amqp.get_or_insert(c);
-                    }
-                    Err(e) => {
-                        println!("amqp      FAILED: {e}");
-                        failed = true;
-                    }
-                }
-            }
-        }
-        Err(e) => {
-            println!("amqp      {}: FAILED: {e}", cfg.amqp);
-            failed = true;
-        }
-    }
-    for b in &cfg.businesses {
-        let mut notes = Vec::new();
-        if let Some(conn) = &redis {
-            for k in b.keys() {
-                let mut c = conn.clone();
-                match redis::cmd("TYPE")
-                    .arg(&k)
-                    .query_async::<String>(&mut c)
-                    .await
-                {
-                    Ok(t) if t == "zset" || t == "none" => {}
-                    Ok(t) => {
-                        failed = true;
-                        notes.push(format!(
-                            "key \"{k}\" is a {t}, not a sorted set: producers must ZADD to it"
-                        ));
-                    }
-                    Err(e) => {
-                        failed = true;
-                        notes.push(format!("key \"{k}\": {e}"));
-                    }
-                }
-            }
-        }
-        if let Some(conn) = &redis {
-            match crate::unread::find(conn, b).await {
-                Ok(found) if found.is_empty() => {}
-                Ok(found) if b.ignore_unread_keys => {
-                    println!(
-                        "business  {}: WARNING: {}",
-                        b.name,
-                        crate::unread::describe(b, &found)
-                    );
-                }
-                Ok(found) => {
-                    failed = true;
-                    notes.push(crate::unread::describe(b, &found));
-                }
-                Err(e) => {
-                    failed = true;
-                    notes.push(format!("cannot look for unread keys: {e}"));
-                }
-            }
-        }
-        if let Some(conn) = &amqp {
-            match crate::amqp::exchange_exists(conn, &b.exchange).await {
-                Ok(()) => {}
-                Err(e) => {
-                    failed = true;
-                    notes.push(format!(
-                        "exchange \"{}\" is not usable ({e}): declare it on the broker or fix the name",
-                        b.exchange
-                    ));
-                }
-            }
-        }
-        if notes.is_empty() && redis.is_some() && amqp.is_some() {
-            println!(
-                "business  {}: ok, key \"{}\"{} -> exchange \"{}\", routing key \"{}\"",
-                b.name,
-                b.key,
-                if b.shards > 1 {
-                    format!(" ({} shards)", b.shards)
-                } else {
-                    String::new()
-                },
-                b.exchange,
-                b.routing_key
-            );
-        } else if notes.is_empty() {
-            println!(
-                "business  {}: not checked (a server is unreachable)",
-                b.name
-            );
-        } else {
-            println!("business  {}: FAILED: {}", b.name, notes.join("; "));
-        }
-        if let (Some(intake), Some(conn)) = (&b.intake, &amqp) {
-            match crate::intake::topology::check(conn, intake).await {
-                Ok(summary) => println!("intake    {}: ok, {summary}", b.name),
-                Err(e) => {
-                    failed = true;
-                    println!("intake    {}: FAILED: {e}", b.name);
-                }
-            }
-        }
-        if cfg.redis.mode == RedisMode::Cluster && redis.is_some() && notes.is_empty() {
-            let (lines, warnings) = placement(b, &masters);
-            for l in lines {
-                println!("          {l}");
-            }
-            for w in warnings {
-                println!("business  {}: WARNING: {w}", b.name);
-            }
-            if b.shards > 1 && b.shard_names == crate::keys::ShardNames::Index {
-                println!(
-                    "business  {}: note: on a cluster, shard_names = \"spread\" gives each shard its own slot range, so the shards spread over the masters (producers then write the names `delayd shards {}` prints)",
-                    b.name, b.name
-                );
-            }
-        }
-    }
-    if let Some(c) = amqp {
-        let _ = c.close(200, "check done".into()).await;
-    }
-    if failed {
-        Err(Failure::runtime("check failed; see the lines above"))
-    } else {
-        Ok(())
-    }
 }
 
 fn human_ms(ms: Option<i64>) -> String {
@@ -569,77 +275,6 @@ pub fn escape_bytes(b: &[u8]) -> String {
         .flat_map(|&c| std::ascii::escape_default(c))
         .map(char::from)
         .collect()
-}
-
-async fn dead(action: DeadAction) -> Result<(), Failure> {
-    use crate::tasks::dead::{self as dead_set, Action};
-    let (act, action) = match action {
-        DeadAction::List(a) => return dead_list(a).await,
-        DeadAction::Requeue(a) => (a, Action::Requeue),
-        DeadAction::Purge(a) => (a, Action::Purge),
-    };
-    let cfg = config::load(&act.dead.config.config)?;
-    let b = cfg.business(&act.dead.business).map_err(Failure::usage)?;
-    let conn = redis_conn(&cfg).await?;
-    let stores = stores(&conn, b);
-    let filter = act.filter();
-    let limit = act.dead.limit.unwrap_or(usize::MAX);
-    let (done, verb) = if act.dry_run {
-        let mut n = dead_set::count(&stores, &filter).await?;
-        n.count = n.count.min(limit as u64);
-        let verb = match action {
-            Action::Requeue => "would requeue",
-            Action::Purge => "would purge",
-        };
-        (n, verb)
-    } else {
-        let n = dead_set::apply(&stores, &filter, action, limit).await?;
-        let verb = match action {
-            Action::Requeue => "requeued",
-            Action::Purge => "purged",
-        };
-        (n, verb)
-    };
-    let due = if action == Action::Requeue {
-        ", due now"
-    } else {
-        ""
-    };
-    let partial = if done.partial {
-        " (the reason search stopped early: more may match)"
-    } else {
-        ""
-    };
-    println!(
-        "{verb} {} dead members of business \"{}\"{due}{partial}",
-        done.count, b.name
-    );
-    Ok(())
-}
-
-/// `delayd dead list`: the oldest dead members, over every shard.
-async fn dead_list(args: DeadArgs) -> Result<(), Failure> {
-    let cfg = config::load(&args.config.config)?;
-    let b = cfg.business(&args.business).map_err(Failure::usage)?;
-    let conn = redis_conn(&cfg).await?;
-    let stores = stores(&conn, b);
-    // --limit bounds the whole business, however many shards it has.
-    let (now, members) = crate::tasks::dead::list(&stores, args.limit.unwrap_or(100)).await?;
-    for m in &members {
-        let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
-        println!(
-            "{}\tdied {} ago\t{}",
-            escape_bytes(&m.member),
-            humantime::format_duration(Duration::from_secs(age.as_secs())),
-            m.reason
-        );
-    }
-    eprintln!(
-        "{} dead members shown for business \"{}\"",
-        members.len(),
-        b.name
-    );
-    Ok(())
 }
 
 #[cfg(test)]
