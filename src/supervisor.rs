@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{Notify, OnceCell};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{Broker, Role};
@@ -95,19 +96,113 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     let stop = CancellationToken::new();
     let conn_stop = CancellationToken::new();
     let broker = Broker::start(&config.amqp, Role::Publish, conn_stop.clone())?;
+    // The intakes' own connection (see `Role::Consume`), where one is configured.
+    let consuming = config
+        .businesses
+        .iter()
+        .any(|b| b.intake.is_some())
+        .then(|| Broker::start(&config.amqp, Role::Consume, conn_stop.clone()))
+        .transpose()?;
     let redis_health = Health::new("redis");
-    let deadlines: Vec<Arc<OnceCell<tokio::time::Instant>>> = config
+    let deadlines: Vec<Deadline> = config
         .businesses
         .iter()
         .map(|_| Arc::new(OnceCell::new()))
         .collect();
+    let signal_task = spawn_signal_watch(&config, &stop, &deadlines)?;
+    tracing::info!(
+        redis = %config.redis.describe(),
+        amqp = %config.amqp,
+        businesses = config.businesses.len(),
+        "delayd starting"
+    );
+    // Served before Redis is reached, so /readyz can say why it is not.
+    let http = serve_http(&config, &redis_health, &broker).await?;
+    let Some(conn) = connect_redis(&redis, &redis_health, &stop).await else {
+        conn_stop.cancel();
+        return Ok(());
+    };
+    if let Err(e) = refuse_unread_keys(&config, &conn).await {
+        stop.cancel();
+        conn_stop.cancel();
+        signal_task.abort();
+        return Err(e);
+    }
+    let lanes = lanes(&config, &conn, &redis_health);
+    if let Some(http) = &http {
+        http.connected(
+            conn.clone(),
+            lanes
+                .iter()
+                .map(|l| (l.business.name.clone(), l.store.clone()))
+                .collect(),
+        );
+    }
+    tokio::spawn(watch_keyspace(
+        redis.clone(),
+        conn.clone(),
+        lanes.clone(),
+        stop.clone(),
+    ));
+    for lane in &lanes {
+        tokio::spawn(scanner::sweep(lane.clone(), stop.clone()));
+    }
+    let businesses = distinct_businesses(&lanes);
+    // Intakes start once their businesses' scanners can deliver.
+    let intakes = match &consuming {
+        Some(consuming) => {
+            let with_intake: Vec<_> = businesses
+                .iter()
+                .filter(|b| b.intake.is_some())
+                .cloned()
+                .collect();
+            let own_user = crate::amqp::login_user(&config.amqp).map(Arc::from);
+            crate::intake::start(
+                &with_intake,
+                &conn,
+                consuming,
+                &redis_health,
+                own_user,
+                &stop,
+            )
+        }
+        None => Vec::new(),
+    };
+    let writers = crate::recurring::writer::start(&businesses, &conn, &stop);
+    let scanners = spawn_scanners(&config, &lanes, &broker, &stop, &deadlines);
+    tracing::info!(
+        lanes = lanes.len(),
+        scanners = scanners.len(),
+        "dispatching; SIGTERM or SIGINT stops cleanly"
+    );
+    for t in scanners.into_iter().chain(intakes).chain(writers) {
+        let _ = t.await;
+    }
+    conn_stop.cancel();
+    signal_task.abort();
+    // Give the broker connections a moment to close politely.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// When a business's stop must end: set by the first signal, read by its
+/// scanners.
+type Deadline = Arc<OnceCell<tokio::time::Instant>>;
+
+/// Watches SIGTERM, SIGINT and SIGHUP (see `watch_signals`).
+fn spawn_signal_watch(
+    config: &Config,
+    stop: &CancellationToken,
+    deadlines: &[Deadline],
+) -> Result<JoinHandle<()>, RunError> {
     let signals = signal_hook_tokio::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
     ])
     .map_err(RunError::Signals)?;
-    let signal_task = tokio::spawn(watch_signals(
+    Ok(tokio::spawn(watch_signals(
         signals,
         stop.clone(),
         config
@@ -116,44 +211,37 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             .map(|b| b.shutdown_timeout)
             .zip(deadlines.iter().cloned())
             .collect(),
-    ));
+    )))
+}
 
-    tracing::info!(
-        redis = %config.redis.describe(),
-        amqp = %config.amqp,
-        businesses = config.businesses.len(),
-        "delayd starting"
-    );
-    // Served before Redis is reached, so /readyz can say why it is not.
-    let mut http = None;
-    if let Some(listen) = config.http_listen {
-        let state = HttpState::new(redis_health.clone(), broker.health.clone(), &config);
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| RunError::Http(listen, e))?;
-        http = Some(state.clone());
-        tokio::spawn(async move {
-            if let Err(e) = crate::http::serve(listener, state).await {
-                tracing::error!(%listen, error = %e, "HTTP server stopped");
-            }
-        });
-    }
-    let Some(conn) = connect_redis(&redis, &redis_health, &stop).await else {
-        conn_stop.cancel();
-        return Ok(());
+/// Binds the HTTP listener, unless it is off, and serves it from now on.
+async fn serve_http(
+    config: &Config,
+    redis_health: &Arc<Health>,
+    broker: &Broker,
+) -> Result<Option<Arc<HttpState>>, RunError> {
+    let Some(listen) = config.http_listen else {
+        return Ok(None);
     };
+    let state = HttpState::new(redis_health.clone(), broker.health.clone(), config);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| RunError::Http(listen, e))?;
+    let serving = state.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::http::serve(listener, serving).await {
+            tracing::error!(%listen, error = %e, "HTTP server stopped");
+        }
+    });
+    Ok(Some(state))
+}
 
-    if let Err(e) = refuse_unread_keys(&config, &conn).await {
-        stop.cancel();
-        conn_stop.cancel();
-        signal_task.abort();
-        return Err(e);
-    }
-
+/// One lane per key a business reads (its shards, or `K`).
+fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<Arc<Lane>> {
     let mut lanes = Vec::new();
     for b in &config.businesses {
         let business = Arc::new(b.clone());
-        let limiter = Limiter::for_business(b, &conn);
+        let limiter = Limiter::for_business(b, conn);
         for key in b.keys() {
             lanes.push(Arc::new(Lane {
                 business: business.clone(),
@@ -170,57 +258,30 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             }));
         }
     }
+    lanes
+}
 
-    if let Some(http) = &http {
-        http.connected(
-            conn.clone(),
-            lanes
-                .iter()
-                .map(|l| (l.business.name.clone(), l.store.clone()))
-                .collect(),
-        );
-    }
-
-    tokio::spawn(watch_keyspace(
-        redis.clone(),
-        conn.clone(),
-        lanes.clone(),
-        stop.clone(),
-    ));
-
-    for lane in &lanes {
-        tokio::spawn(scanner::sweep(lane.clone(), stop.clone()));
-    }
-    // Intakes start once their businesses' scanners can deliver.
-    let mut with_intake: Vec<Arc<crate::config::Business>> = Vec::new();
-    for l in &lanes {
-        if l.business.intake.is_some() && !with_intake.iter().any(|b| Arc::ptr_eq(b, &l.business)) {
-            with_intake.push(l.business.clone());
-        }
-    }
-    let intakes = if with_intake.is_empty() {
-        Vec::new()
-    } else {
-        let consuming = Broker::start(&config.amqp, Role::Consume, conn_stop.clone())?;
-        let own_user = crate::amqp::login_user(&config.amqp).map(Arc::from);
-        crate::intake::start(
-            &with_intake,
-            &conn,
-            &consuming,
-            &redis_health,
-            own_user,
-            &stop,
-        )
-    };
+/// Each business once, as its lanes share it.
+fn distinct_businesses(lanes: &[Arc<Lane>]) -> Vec<Arc<crate::config::Business>> {
     let mut businesses: Vec<Arc<crate::config::Business>> = Vec::new();
-    for l in &lanes {
+    for l in lanes {
         if !businesses.iter().any(|b| Arc::ptr_eq(b, &l.business)) {
             businesses.push(l.business.clone());
         }
     }
-    let writers = crate::recurring::writer::start(&businesses, &conn, &stop);
+    businesses
+}
+
+/// `scanners` claim-and-publish loops per lane, each supervised.
+fn spawn_scanners(
+    config: &Config,
+    lanes: &[Arc<Lane>],
+    broker: &Broker,
+    stop: &CancellationToken,
+    deadlines: &[Deadline],
+) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
-    for lane in &lanes {
+    for lane in lanes {
         let bi = config
             .businesses
             .iter()
@@ -236,20 +297,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             )));
         }
     }
-    tracing::info!(
-        lanes = lanes.len(),
-        scanners = tasks.len(),
-        "dispatching; SIGTERM or SIGINT stops cleanly"
-    );
-    for t in tasks.into_iter().chain(intakes).chain(writers) {
-        let _ = t.await;
-    }
-    conn_stop.cancel();
-    signal_task.abort();
-    // Give the broker connection a moment to close politely.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    tracing::info!("stopped cleanly");
-    Ok(())
+    tasks
 }
 
 /// Restarts a scanner that panicked, with backoff; a clean return means stop.
