@@ -102,22 +102,39 @@ impl Browser {
         panic!("{css}: still {seen:?} after 15 s");
     }
 
+    /// The first element matching `css` once it is shown and enabled: the
+    /// page renders its view after reading the URL, so an element can be in
+    /// the document before it can take a click or keys. Panics after 15 s.
+    async fn interactable(&self, css: &str) -> fantoccini::elements::Element {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(15) {
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                let shown = e.is_displayed().await.unwrap_or(false);
+                if shown && e.is_enabled().await.unwrap_or(false) {
+                    return e;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{css}: not shown and enabled after 15 s");
+    }
+
     async fn click(&self, css: &str) {
-        self.wait_text(css, |_| true).await;
-        self.client
-            .find(Locator::Css(css))
+        self.interactable(css)
             .await
-            .unwrap()
             .click()
             .await
             .unwrap_or_else(|e| panic!("click {css}: {e}"));
     }
 
     async fn type_into(&self, css: &str, text: &str) {
-        self.wait_text(css, |_| true).await;
-        let e = self.client.find(Locator::Css(css)).await.unwrap();
-        e.clear().await.unwrap();
-        e.send_keys(text).await.unwrap();
+        let e = self.interactable(css).await;
+        e.clear()
+            .await
+            .unwrap_or_else(|err| panic!("clear {css}: {err}"));
+        e.send_keys(text)
+            .await
+            .unwrap_or_else(|err| panic!("type into {css}: {err}"));
     }
 
     /// Ends the session; the driver goes when `self` drops.
