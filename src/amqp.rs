@@ -112,11 +112,11 @@ impl Role {
         }
     }
 
-    /// The largest frame to ask for, where not the broker's. lapin keeps 32
-    /// frames of buffer each way per connection (4 MiB each at RabbitMQ's
-    /// 128 KiB); deliveries in and acks out fit 32 KiB frames, so the
-    /// intake's connection holds a quarter of that (a body above 32 KiB
-    /// simply arrives in several frames).
+    /// The largest frame to ask for, where not the broker's (a `frame_max`
+    /// in the URL wins). lapin keeps 32 frames of buffer each way per
+    /// connection (4 MiB each at RabbitMQ's 128 KiB); deliveries in and acks
+    /// out fit 32 KiB frames, so the intake's connection holds a quarter of
+    /// that (a body above 32 KiB simply arrives in several frames).
     fn frame_max(self) -> Option<u32> {
         match self {
             Role::Publish => None,

@@ -96,7 +96,8 @@ impl Nodes {
         };
         let props = ConnectionProperties::default().with_connection_name(conn_name.into());
         let mut uri = node.uri.clone();
-        if frame_max.is_some() {
+        // A frame_max the URL sets is the user's: it stands.
+        if uri.query.frame_max.is_none() {
             uri.query.frame_max = frame_max;
         }
         let attempt = Connection::connector(uri, runtime, open, props);
