@@ -195,36 +195,6 @@ async fn publish_to(ch: &Channel, exchange: &str, rk: &str, body: &[u8], props: 
     assert!(ok.is_ack(), "the broker nacked a publish to {exchange}");
 }
 
-/// Waits until `queue` exists with a consumer (delayd's); panics after 20 s.
-async fn wait_consumed_queue(amqp: &Connection, queue: &str, d: &Daemon) {
-    let ok = eventually(Duration::from_secs(20), || async {
-        let ch = amqp.create_channel().await.unwrap();
-        let q = ch
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        match q {
-            Ok(q) => {
-                let _ = ch.close(200, "ok".into()).await;
-                q.consumer_count() > 0
-            }
-            Err(_) => false,
-        }
-    })
-    .await;
-    assert!(
-        ok,
-        "delayd did not consume {queue} within 20s:\n{}",
-        d.tail()
-    );
-}
-
 /// A body that says which delay it was published with: the plugin suite's
 /// `term_to_binary(V)`.
 fn body_of(i: usize, delay: i32) -> Vec<u8> {

@@ -128,6 +128,9 @@ async fn a_redis_restart_mid_intake_loses_nothing() {
     let inbox = consume(&amqp, &queue).await;
     let (config, _) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
     let d = Daemon::start(&config);
+    // Producers switch once the intake queue is bound and consumed, as the
+    // migration guide says: before, the exchange may route to no queue yet.
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     let all = bodies("rr", 1500);
     let want: HashSet<Vec<u8>> = all.iter().cloned().collect();
     let publisher = tokio::spawn(publish_all(
@@ -174,6 +177,7 @@ async fn a_rabbitmq_restart_mid_intake_loses_nothing() {
     consume_into(&amqp, queue, &inbox, true).await;
     let (config, key) = intake_config(dir.path(), &redis_url(), &node.url(), tgt, intake);
     let d = Daemon::start(&config);
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     let all = bodies("br", 1500);
     let want: HashSet<Vec<u8>> = all.iter().cloned().collect();
     let publisher = tokio::spawn(publish_all(
@@ -234,12 +238,7 @@ async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     // A first run declares the intake's exchange and queue; the messages
     // then wait in the queue while delayd is stopped.
     let mut d = Daemon::start(&config);
-    let declared = eventually(Duration::from_secs(30), || {
-        let logs = d.logs();
-        async move { logs.contains("consuming the intake queue") }
-    })
-    .await;
-    assert!(declared, "the intake never consumed; log:\n{}", d.logs());
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     d.signal(15);
     assert!(d.wait(Duration::from_secs(20)).success());
     let all = bodies("al", 2000);
@@ -327,14 +326,10 @@ async fn a_producers_user_id_never_stops_delivery() {
     let (tgt, queue, intake) = ("uid-target", "uid-q", "uid-intake");
     target(&ch, tgt, queue).await;
     let inbox = consume(&amqp, queue).await;
-    let consuming = |d: &Daemon| {
-        let logs = d.logs();
-        async move { logs.contains("consuming the intake queue") }
-    };
 
     let (config, key) = intake_config(dir.path(), &redis_url(), &node.url(), tgt, intake);
     let mut d = Daemon::start(&config);
-    assert!(eventually(Duration::from_secs(30), || consuming(&d)).await);
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     publish_as(&node, "shop", intake, b"dropped").await;
     publish_as(&node, "guest", intake, b"own").await;
     let want: HashSet<Vec<u8>> = [b"dropped".to_vec(), b"own".to_vec()].into();
@@ -369,7 +364,7 @@ async fn a_producers_user_id_never_stops_delivery() {
     );
     std::fs::write(&config, text).unwrap();
     let d = Daemon::start(&config);
-    assert!(eventually(Duration::from_secs(30), || consuming(&d)).await);
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     publish_as(&node, "shop", intake, b"kept").await;
     wait_all(
         &inbox,

@@ -202,29 +202,46 @@ async fn missing_client_certificate_is_refused_with_a_clear_error() {
 async fn expired_server_certificate_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let c = certs();
-    let port = free_port(46000..49000, &[]);
-    // Any TLS server will do: the client gives up at the certificate.
-    let mut server = std::process::Command::new("openssl")
-        .args(["s_server", "-quiet", "-accept"])
-        .arg(port.to_string())
-        .arg("-cert")
-        .arg(c.join("expired.crt"))
-        .arg("-key")
-        .arg(c.join("expired.key"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("cannot start openssl s_server");
-    let up = eventually(Duration::from_secs(10), || async {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    })
-    .await;
-    let url = format!("amqps://guest:guest@127.0.0.1:{port}/%2f");
-    let result = up.then(|| check(dir.path(), &amqp_section(&url, Some("ca.crt"), true)));
-    let _ = server.kill();
-    let _ = server.wait();
-    let (code, out) = result.expect("openssl s_server did not listen");
+    // Any TLS server will do: the client gives up at the certificate. A
+    // port taken between picking and binding makes s_server exit: try
+    // another.
+    let mut result = None;
+    let mut why = String::new();
+    for _ in 0..3 {
+        let port = free_port(46000..49000, &[]);
+        let log = dir.path().join(format!("s_server-{port}.log"));
+        let mut server = std::process::Command::new("openssl")
+            .args(["s_server", "-quiet", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("-cert")
+            .arg(c.join("expired.crt"))
+            .arg("-key")
+            .arg(c.join("expired.key"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("cannot start openssl s_server");
+        let up = eventually(Duration::from_secs(20), || {
+            let listening = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            let exited = matches!(server.try_wait(), Ok(Some(_)));
+            async move { listening || exited }
+        })
+        .await
+            && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        if up {
+            let url = format!("amqps://guest:guest@127.0.0.1:{port}/%2f");
+            result = Some(check(dir.path(), &amqp_section(&url, Some("ca.crt"), true)));
+        } else {
+            why = std::fs::read_to_string(&log).unwrap_or_default();
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+        if result.is_some() {
+            break;
+        }
+    }
+    let (code, out) = result.unwrap_or_else(|| panic!("openssl s_server did not listen: {why}"));
     assert_eq!(code, 1, "{out}");
     assert!(amqp_line(&out).contains("certificate has expired"), "{out}");
 }

@@ -25,10 +25,27 @@ pub enum Found {
 /// Makes sure the intake exchange and queue exist and the queue is bound:
 /// each is declared, as the settings say, only where a passive declare
 /// finds nothing. Each passive declare gets a channel of its own, since a
-/// missing name closes the channel it was asked on.
+/// missing name closes the channel it was asked on. The queue comes first
+/// and the binding right after the exchange: a new exchange routes what
+/// producers publish to it nowhere until its queue is bound, so that
+/// window is one round trip.
 pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), lapin::Error> {
-    if exchange(conn, &s.exchange).await? == Found::Missing {
+    if queue(conn, &s.queue).await? == Found::Missing {
         let ch = conn.create_channel().await?;
+        ch.queue_declare(
+            s.queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            queue_arguments(s),
+        )
+        .await?;
+        let _ = ch.close(200, "ok".into()).await;
+    }
+    let exchange_missing = exchange(conn, &s.exchange).await? == Found::Missing;
+    let ch = conn.create_channel().await?;
+    if exchange_missing {
         ch.exchange_declare(
             s.exchange.as_str().into(),
             ExchangeKind::Fanout,
@@ -37,19 +54,6 @@ pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), lapin::Error>
                 ..Default::default()
             },
             FieldTable::default(),
-        )
-        .await?;
-        let _ = ch.close(200, "ok".into()).await;
-    }
-    let ch = conn.create_channel().await?;
-    if queue(conn, &s.queue).await? == Found::Missing {
-        ch.queue_declare(
-            s.queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            queue_arguments(s),
         )
         .await?;
     }

@@ -226,3 +226,33 @@ pub async fn bind_and_consume(
     declare(ch, &b.exchange, queue, &b.routing_key).await;
     consume(conn, queue).await
 }
+
+/// Waits until `queue` exists with a consumer (delayd's); panics after 20 s.
+pub async fn wait_consumed_queue(amqp: &Connection, queue: &str, d: &Daemon) {
+    let ok = eventually(Duration::from_secs(20), || async {
+        let ch = amqp.create_channel().await.unwrap();
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match q {
+            Ok(q) => {
+                let _ = ch.close(200, "ok".into()).await;
+                q.consumer_count() > 0
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(
+        ok,
+        "delayd did not consume {queue} within 20s:\n{}",
+        d.tail()
+    );
+}
