@@ -168,8 +168,10 @@ pub async fn consume_into(conn: &Connection, queue: &str, inbox: &Inbox, ack: bo
     });
 }
 
-/// Messages waiting in `queue` (a passive declare: the queue must exist).
-pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
+/// `queue` as a passive declare sees it (its message and consumer counts),
+/// or the broker's refusal (it does not exist). Each declare gets a channel
+/// of its own, since a refusal closes the channel it was asked on.
+async fn passive_queue(conn: &Connection, queue: &str) -> Result<lapin::Queue, lapin::Error> {
     let ch = conn.create_channel().await.unwrap();
     let q = ch
         .queue_declare(
@@ -180,10 +182,14 @@ pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
             },
             FieldTable::default(),
         )
-        .await
-        .unwrap();
+        .await?;
     let _ = ch.close(200, "ok".into()).await;
-    q.message_count()
+    Ok(q)
+}
+
+/// Messages waiting in `queue` (a passive declare: the queue must exist).
+pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
+    passive_queue(conn, queue).await.unwrap().message_count()
 }
 
 /// Extracts the members of every message, sorted, and the count of each.
@@ -230,24 +236,9 @@ pub async fn bind_and_consume(
 /// Waits until `queue` exists with a consumer (delayd's); panics after 20 s.
 pub async fn wait_consumed_queue(amqp: &Connection, queue: &str, d: &Daemon) {
     let ok = eventually(Duration::from_secs(20), || async {
-        let ch = amqp.create_channel().await.unwrap();
-        let q = ch
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        match q {
-            Ok(q) => {
-                let _ = ch.close(200, "ok".into()).await;
-                q.consumer_count() > 0
-            }
-            Err(_) => false,
-        }
+        passive_queue(amqp, queue)
+            .await
+            .is_ok_and(|q| q.consumer_count() > 0)
     })
     .await;
     assert!(
