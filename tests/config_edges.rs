@@ -28,6 +28,47 @@ fn a_300_byte_exchange_is_refused_at_load_with_one_line_not_a_panic() {
     }
 }
 
+#[test]
+fn an_environment_value_that_is_not_utf8_is_refused_with_one_line_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let b = BusinessSpec::random("envbytes");
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let bad = std::ffi::OsStr::from_bytes(b"secret\xff<b>");
+    let run = |name: &str| {
+        let out = std::process::Command::new(daemon_bin())
+            .args(["check", "--config", config.to_str().unwrap()])
+            .env(name, bad)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    // Ours: refused by name, value unshown.
+    let (code, out, err) = run("DELAYD_AMQP__URL");
+    assert_eq!(code, Some(2), "{out}\n{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("environment variable DELAYD_AMQP__URL is not valid UTF-8"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("secret") && !err.contains("panicked"),
+        "{err}"
+    );
+    // Not ours: no concern of delayd's, and no panic either.
+    let (code, out, err) = run("SOME_OTHER_VARIABLE");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        out.contains("config") && out.contains(": ok"),
+        "{code:?}\n{out}\n{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routing_key_from_the_environment_reaches_the_broker_as_written() {
     let mut b = BusinessSpec::random("envrk");

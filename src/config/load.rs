@@ -5,7 +5,11 @@ use super::*;
 
 /// Reads, layers and validates the configuration at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    load_with_env(path, delayd_env())
+    let env = delayd_env().map_err(|reason| ConfigError::Parse {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    load_with_env(path, env)
 }
 
 /// [`load`] with the given `DELAYD_*` variables instead of the process's.
@@ -45,17 +49,27 @@ pub(crate) fn load_with_env(
 /// The `DELAYD_*` variables that address a config section. Others with the
 /// same prefix are not ours: Kubernetes, for one, injects `DELAYD_PORT` and
 /// `DELAYD_SERVICE_HOST` for a Service named `delayd`.
-pub(super) fn delayd_env() -> config::Map<String, String> {
+pub(super) fn delayd_env() -> Result<config::Map<String, String>, String> {
     const SECTIONS: [&str; 5] = ["REDIS__", "AMQP__", "HTTP__", "LOG__", "BUSINESSES__"];
-    std::env::vars()
-        .filter(|(k, _)| {
-            k.strip_prefix("DELAYD_").is_some_and(|rest| {
-                SECTIONS
-                    .iter()
-                    .any(|s| rest.to_ascii_uppercase().starts_with(s))
-            })
-        })
-        .collect()
+    let mut ours = config::Map::new();
+    // `vars_os`: a variable that is not UTF-8 (ours or anyone's) must not
+    // panic; only ours is refused, by name, its value unshown (a secret).
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let is_ours = name.strip_prefix("DELAYD_").is_some_and(|rest| {
+            SECTIONS
+                .iter()
+                .any(|s| rest.to_ascii_uppercase().starts_with(s))
+        });
+        if !is_ours {
+            continue;
+        }
+        let value = value.into_string().map_err(|_| {
+            format!("environment variable {name} is not valid UTF-8; set it to text")
+        })?;
+        ours.insert(name.to_string(), value);
+    }
+    Ok(ours)
 }
 
 pub(super) fn one_line(s: &str) -> String {
