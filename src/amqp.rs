@@ -10,7 +10,7 @@ pub use nodes::{parse_uri, Nodes};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
@@ -488,6 +488,20 @@ pub async fn publish(
             props,
         )
         .await
+}
+
+/// Returns once lapin has finished handling the confirm frame it may be
+/// handling on `channel`; nothing is awaited.
+///
+/// lapin completes every delivery tag of one `basic.ack` or `basic.nack`
+/// (a `multiple` one covers many) while holding the channel's lock of
+/// confirms, and `wait_for_confirms` takes that lock on its first poll:
+/// once it has, every confirm that frame completes has resolved, the one
+/// carrying a pinned `basic.return` among them. The future is dropped after
+/// that one poll (it would wait for the last publish's confirm, which the
+/// settler reads from the confirms themselves).
+pub fn confirm_frames_done(channel: &Channel) {
+    let _ = channel.wait_for_confirms().now_or_never();
 }
 
 /// Whether the broker's return `ret` is the message published for

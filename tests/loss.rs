@@ -507,116 +507,229 @@ async fn a_member_whose_lease_keeps_expiring_ends_in_the_dead_set_with_its_reaso
 /// (`all-with-x`: plain `all` ignores headers that start with `x-`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returns_are_matched_to_their_own_member() {
-    let mut b = BusinessSpec::random("returns");
-    b.extra = "max_attempts = 1\nbatch_size = 64".into();
+    let flow = ReturnsFlow {
+        groups: 40,
+        per_group: 30,
+        extra: "max_attempts = 1\nbatch_size = 64",
+        settle_within: Duration::from_secs(30),
+    };
+    flow.run_and_check("returns").await;
+}
+
+/// An exchange with no queue at the broker's pace, both cores kept busy:
+/// RabbitMQ returns each message and acks whole runs of them with one
+/// `multiple` ack, and lapin pins the waiting returns on that ack's tags
+/// in no fixed order, so a member's own ack often resolves before the
+/// confirm carrying its return. Every member still ends dead (one attempt),
+/// none deleted as delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_always_wins_over_the_ack_it_rides_with_under_load() {
+    let mut b = BusinessSpec::random("returns_load");
+    b.extra = "max_attempts = 1\nbatch_size = 2000\nwindow = 8000\nscanners = 4".into();
     let dir = tempfile::tempdir().unwrap();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
-    ch.exchange_declare(
-        b.exchange.as_str().into(),
-        lapin::ExchangeKind::Headers,
-        lapin::options::ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    let queue = unique("q");
-    ch.queue_declare(
-        queue.as_str().into(),
-        lapin::options::QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_exchange(&ch, &b.exchange).await;
     let mut redis = redis().await;
     let now = redis_now_ms(&mut redis).await;
-    // 40 due times, 30 members each; every even due time is routed.
-    let mut routed = HashSet::new();
-    let mut unroutable = HashSet::new();
-    let mut items = Vec::new();
-    for g in 0..40i64 {
-        let due = now - 10_000 + g;
-        if g % 2 == 0 {
-            let mut args = FieldTable::default();
-            args.insert(
-                "x-match".into(),
-                AMQPValue::LongString(LongString::from("all-with-x")),
-            );
-            args.insert("x-delayd-due".into(), AMQPValue::LongLongInt(due));
-            ch.queue_bind(
-                queue.as_str().into(),
-                b.exchange.as_str().into(),
-                "".into(),
-                Default::default(),
-                args,
+    let items: Vec<(f64, Vec<u8>)> = (0..20_000)
+        .map(|i| {
+            (
+                (now - 60_000 + i / 100) as f64,
+                format!("nr-{i:05}").into_bytes(),
             )
-            .await
-            .unwrap();
-        }
-        for i in 0..30 {
-            let m = format!("ret-{g}-{i}").into_bytes();
-            if g % 2 == 0 {
-                routed.insert(m.clone())
-            } else {
-                unroutable.insert(m.clone())
-            };
-            items.push((due as f64, m));
-        }
-    }
-    let inbox = consume(&amqp, &queue).await;
+        })
+        .collect();
+    let total = items.len() as u64;
     zadd_many(&mut redis, &b.key, &items).await;
+    let busy = CpuHog::start(2, Duration::from_secs(120));
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let d = Daemon::start(&config);
     let f = family(&b.key);
-    let settled = eventually(Duration::from_secs(30), || {
-        let inbox = inbox.clone();
-        let mut r = redis.clone();
-        let (key, dead) = (b.key.clone(), f.dead.clone());
-        async move {
-            zcard(&mut r, &key).await == 0
-                && zcard(&mut r, &family(&key).inflight).await == 0
-                && zcard(&mut r, &dead).await + inbox.len() as u64 >= 1200
-        }
-    })
-    .await;
-    inbox.settle(Duration::from_millis(500)).await;
-    assert!(settled, "not settled within 30s; log:\n{}", d.logs());
-    let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
-    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&f.dead)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let dead: HashSet<Vec<u8>> = dead.into_iter().collect();
-    let lost: Vec<_> = unroutable.difference(&dead).collect();
-    assert!(
-        lost.is_empty(),
-        "{} unroutable members neither dead nor pending (deleted as delivered)",
-        lost.len()
+    let settled =
+        eventually(Duration::from_secs(120), || {
+            let mut r = redis.clone();
+            let key = b.key.clone();
+            async move {
+                zcard(&mut r, &key).await == 0 && zcard(&mut r, &family(&key).inflight).await == 0
+            }
+        })
+        .await;
+    drop(busy);
+    let dead = zcard(&mut redis, &f.dead).await;
+    let orphans = d
+        .logs()
+        .matches("a returned message matches no member")
+        .count();
+    assert!(settled, "not settled within 120 s; log:\n{}", d.tail());
+    assert_eq!(
+        dead,
+        total,
+        "{} unroutable members deleted as delivered ({orphans} returns matched no member)",
+        total - dead
     );
-    let wrongly_dead: Vec<_> = routed.intersection(&dead).collect();
-    assert!(
-        wrongly_dead.is_empty(),
-        "{} routed members were taken for returned",
-        wrongly_dead.len()
-    );
-    assert_eq!(got, routed, "every routed member arrived");
-    assert_eq!(inbox.len(), routed.len(), "and exactly once");
     del_family(&mut redis, &b.key).await;
-    ch.queue_delete(queue.as_str().into(), Default::default())
-        .await
-        .unwrap();
     ch.exchange_delete(b.exchange.as_str().into(), Default::default())
         .await
         .unwrap();
+}
+
+/// Spins `threads` threads until dropped (or `limit` passes), so the
+/// daemon's I/O and settling threads are descheduled at random points.
+struct CpuHog(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl CpuHog {
+    fn start(threads: usize, limit: Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for _ in 0..threads {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let until = Instant::now() + limit;
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            });
+        }
+        Self(stop)
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Due times in groups of members, every even group routed (bound by its
+/// `x-delayd-due` on a headers exchange) and every odd one unroutable.
+struct ReturnsFlow {
+    groups: i64,
+    per_group: usize,
+    extra: &'static str,
+    settle_within: Duration,
+}
+
+impl ReturnsFlow {
+    async fn run_and_check(&self, name: &str) {
+        let mut b = BusinessSpec::random(name);
+        b.extra = self.extra.into();
+        let dir = tempfile::tempdir().unwrap();
+        let amqp = amqp_at(&amqp_url()).await;
+        let ch = amqp.create_channel().await.unwrap();
+        ch.exchange_declare(
+            b.exchange.as_str().into(),
+            lapin::ExchangeKind::Headers,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let queue = unique("q");
+        ch.queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        let mut redis = redis().await;
+        let now = redis_now_ms(&mut redis).await;
+        let mut routed = HashSet::new();
+        let mut unroutable = HashSet::new();
+        let mut items = Vec::new();
+        for g in 0..self.groups {
+            let due = now - 100_000 + g;
+            if g % 2 == 0 {
+                let mut args = FieldTable::default();
+                args.insert(
+                    "x-match".into(),
+                    AMQPValue::LongString(LongString::from("all-with-x")),
+                );
+                args.insert("x-delayd-due".into(), AMQPValue::LongLongInt(due));
+                ch.queue_bind(
+                    queue.as_str().into(),
+                    b.exchange.as_str().into(),
+                    "".into(),
+                    Default::default(),
+                    args,
+                )
+                .await
+                .unwrap();
+            }
+            for i in 0..self.per_group {
+                let m = format!("ret-{g}-{i}").into_bytes();
+                if g % 2 == 0 {
+                    routed.insert(m.clone())
+                } else {
+                    unroutable.insert(m.clone())
+                };
+                items.push((due as f64, m));
+            }
+        }
+        let total = items.len() as u64;
+        let inbox = consume(&amqp, &queue).await;
+        zadd_many(&mut redis, &b.key, &items).await;
+        let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+        let d = Daemon::start(&config);
+        let f = family(&b.key);
+        // Settled once nothing is pending or in flight: a member deleted as
+        // delivered is then in neither the dead set nor the inbox.
+        let settled = eventually(self.settle_within, || {
+            let mut r = redis.clone();
+            let key = b.key.clone();
+            async move {
+                zcard(&mut r, &key).await == 0 && zcard(&mut r, &family(&key).inflight).await == 0
+            }
+        })
+        .await;
+        inbox.settle(Duration::from_millis(500)).await;
+        let accounted = zcard(&mut redis, &f.dead).await + inbox.len() as u64;
+        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+        let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+            .arg(&f.dead)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let dead: HashSet<Vec<u8>> = dead.into_iter().collect();
+        let lost: Vec<_> = unroutable.difference(&dead).collect();
+        assert!(
+            lost.is_empty(),
+            "{} of {} unroutable members neither dead nor pending (deleted as delivered); {accounted} of {total} accounted for; log:\n{}",
+            lost.len(),
+            unroutable.len(),
+            d.logs()
+        );
+        assert!(
+            settled,
+            "not settled within {:?}; log:\n{}",
+            self.settle_within,
+            d.logs()
+        );
+        let wrongly_dead: Vec<_> = routed.intersection(&dead).collect();
+        assert!(
+            wrongly_dead.is_empty(),
+            "{} routed members were taken for returned",
+            wrongly_dead.len()
+        );
+        assert_eq!(got, routed, "every routed member arrived");
+        assert_eq!(inbox.len(), routed.len(), "and exactly once");
+        del_family(&mut redis, &b.key).await;
+        ch.queue_delete(queue.as_str().into(), Default::default())
+            .await
+            .unwrap();
+        ch.exchange_delete(b.exchange.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
 }
 
 /// Under a memory alarm RabbitMQ blocks publishers: a batch caught mid-publish

@@ -375,15 +375,12 @@ impl<'a> Scanner<'a> {
                 return Err(Next::Stop);
             }
         };
-        let mut published = 0u64;
+        let mut confirms = Vec::with_capacity(members.len());
         let mut unpublished = Vec::new();
         let mut first_error = None;
         for ((s, _), result) in members.iter().zip(results) {
             match result {
-                Ok(confirm) => {
-                    published += 1;
-                    let _ = self.tx.send(ToSettle::Published(*s, confirm));
-                }
+                Ok(confirm) => confirms.push((*s, confirm)),
                 Err(e) => {
                     first_error.get_or_insert(e);
                     unpublished.push(*s);
@@ -393,7 +390,10 @@ impl<'a> Scanner<'a> {
         METRICS
             .published
             .with_label_values(&[&b.name])
-            .inc_by(published);
+            .inc_by(confirms.len() as u64);
+        if !confirms.is_empty() {
+            let _ = self.tx.send(ToSettle::Published(confirms, ch.clone()));
+        }
         let Some(e) = first_error else {
             self.amqp_backoff.reset();
             return Ok(());

@@ -87,8 +87,8 @@ struct ClaimInfo {
 struct Holding {
     claimed: Arc<Claimed>,
     claim: Arc<ClaimInfo>,
-    /// Published, its confirm still owed.
-    published: bool,
+    /// Published, its confirm still owed: the id of the channel it went on.
+    published: Option<u16>,
     /// A return that carried this member's body: whatever its confirm says,
     /// the broker did not route it.
     returned: Option<String>,
@@ -100,8 +100,8 @@ enum ToSettle {
     /// settler extends the leases of members stuck in a blocked publish
     /// and hands them back at the stop deadline.
     Claimed(Arc<ClaimInfo>, Vec<(u64, Arc<Claimed>)>),
-    /// Published; the confirm is owed.
-    Published(u64, lapin::PublisherConfirm),
+    /// Published on this channel; the confirms are owed.
+    Published(Vec<(u64, lapin::PublisherConfirm)>, Channel),
     /// Claimed but never published (the channel broke mid-batch, the
     /// publish stalled, or the stop deadline passed).
     Unpublished(Vec<u64>),

@@ -14,8 +14,7 @@ pub(super) async fn settle(
     drain_deadline: Arc<tokio::sync::OnceCell<tokio::time::Instant>>,
 ) {
     let b = lane.business.clone();
-    let mut held: HashMap<u64, Holding> = HashMap::new();
-    let mut confirms = FuturesUnordered::new();
+    let mut owed = Owed::default();
     let mut open = true;
     let lease_check = (b.lease / 3).max(Duration::from_millis(100));
     let mut extend_tick = tokio::time::interval(lease_check);
@@ -23,7 +22,7 @@ pub(super) async fn settle(
     let mut batch = Batch::default();
 
     loop {
-        if !open && held.is_empty() {
+        if !open && owed.held.is_empty() {
             break;
         }
         let deadline = drain_deadline.get().copied();
@@ -31,39 +30,32 @@ pub(super) async fn settle(
             biased;
             // First, so a steady stream of confirms cannot starve it.
             _ = extend_tick.tick() => {
-                extend(&lane, &held, lease_check).await;
+                extend(&lane, &owed.held, lease_check).await;
             }
             _ = sleep_until_opt(deadline) => {
                 if open {
                     // The scanner hands back what it still publishes.
                     while let Ok(msg) = rx.try_recv() {
-                        take(&mut held, &mut confirms, &mut batch, msg);
+                        owed.take(&mut batch, msg);
                     }
                 }
-                settle_at_deadline(&lane, &mut held, &mut confirms, &mut batch).await;
+                settle_at_deadline(&lane, &mut owed, &mut batch).await;
                 break;
             }
             msg = rx.recv(), if open => match msg {
                 Some(ToSettle::Unpublished(seqs)) => {
                     let n = seqs.len();
-                    take(&mut held, &mut confirms, &mut batch, ToSettle::Unpublished(seqs));
+                    owed.take(&mut batch, ToSettle::Unpublished(seqs));
                     flush(&lane, &mut batch, deadline).await;
                     window.add_permits(n);
                 }
-                Some(msg) => take(&mut held, &mut confirms, &mut batch, msg),
+                Some(msg) => owed.take(&mut batch, msg),
                 None => open = false,
             },
-            Some((seq, result)) = confirms.next(), if !confirms.is_empty() => {
-                // Everything already resolved joins this batch.
-                let mut ready = vec![(seq, result)];
-                while ready.len() < 4096 {
-                    match confirms.next().now_or_never() {
-                        Some(Some(r)) => ready.push(r),
-                        _ => break,
-                    }
-                }
+            Some(first) = owed.confirms.next(), if !owed.confirms.is_empty() => {
+                let ready = owed.gather(Some(first));
                 let done = ready.len();
-                settle_confirms(&lane, &mut held, &mut batch, ready);
+                settle_confirms(&lane, &mut owed.held, &mut batch, ready);
                 // The window bounds what the broker owes us; writing the
                 // outcomes to Redis is a separate stage, so the scanner may
                 // publish again while they are written.
@@ -80,17 +72,13 @@ pub(super) async fn settle(
 /// handed back; and a hand-back sent to a Redis that does not answer could
 /// run after the broker confirms those members too, so then they stay in
 /// flight and are recovered after their lease.
-pub(super) async fn settle_at_deadline(
-    lane: &Lane,
-    held: &mut HashMap<u64, Holding>,
-    confirms: &mut Confirms,
-    batch: &mut Batch,
-) {
-    settle_ready(lane, held, confirms, batch);
+pub(super) async fn settle_at_deadline(lane: &Lane, owed: &mut Owed, batch: &mut Batch) {
+    owed.settle_ready(lane, batch);
     flush(lane, batch, Some(tokio::time::Instant::now())).await;
     // Confirms that came in while those writes waited.
-    settle_ready(lane, held, confirms, batch);
+    owed.settle_ready(lane, batch);
     flush(lane, batch, Some(tokio::time::Instant::now())).await;
+    let held = &mut owed.held;
     if held.is_empty() {
         return;
     }
@@ -114,62 +102,137 @@ pub(super) async fn settle_at_deadline(
     flush(lane, batch, Some(tokio::time::Instant::now())).await;
 }
 
-/// Settles every confirm that has already resolved.
-pub(super) fn settle_ready(
-    lane: &Lane,
-    held: &mut HashMap<u64, Holding>,
-    confirms: &mut Confirms,
-    batch: &mut Batch,
-) {
-    let mut ready = Vec::new();
-    while let Some(Some(r)) = confirms.next().now_or_never() {
-        ready.push(r);
-    }
-    if !ready.is_empty() {
-        settle_confirms(lane, held, batch, ready);
-    }
-}
-
 pub(super) type Confirms =
     FuturesUnordered<futures::future::BoxFuture<'static, (u64, lapin::Result<Confirmation>)>>;
 
-/// Takes one message from the scanner into the settler's state.
-pub(super) fn take(
-    held: &mut HashMap<u64, Holding>,
-    confirms: &mut Confirms,
-    batch: &mut Batch,
-    msg: ToSettle,
-) {
-    match msg {
-        ToSettle::Claimed(claim, members) => {
-            if let Some(r) = &claim.record {
-                batch.records.insert(r.clone(), members.len());
+/// A confirm that has resolved, with the member's sequence number.
+pub(super) type Resolved = (u64, lapin::Result<Confirmation>);
+
+/// What the settler holds: every member from its claim until it is
+/// settled, the confirms the broker owes, and the channels they are owed on.
+#[derive(Default)]
+pub(super) struct Owed {
+    pub(super) held: HashMap<u64, Holding>,
+    pub(super) confirms: Confirms,
+    /// By channel id; a reopened channel replaces the one it succeeds.
+    channels: HashMap<u16, Channel>,
+}
+
+impl Owed {
+    /// Takes one message from the scanner into the settler's state.
+    pub(super) fn take(&mut self, batch: &mut Batch, msg: ToSettle) {
+        match msg {
+            ToSettle::Claimed(claim, members) => {
+                if let Some(r) = &claim.record {
+                    batch.records.insert(r.clone(), members.len());
+                }
+                for (seq, claimed) in members {
+                    self.held.insert(
+                        seq,
+                        Holding {
+                            claimed,
+                            claim: claim.clone(),
+                            published: None,
+                            returned: None,
+                        },
+                    );
+                }
             }
-            for (seq, claimed) in members {
-                held.insert(
-                    seq,
-                    Holding {
-                        claimed,
-                        claim: claim.clone(),
-                        published: false,
-                        returned: None,
-                    },
-                );
+            ToSettle::Published(confirms, channel) => {
+                let id = channel.id();
+                for (seq, confirm) in confirms {
+                    if let Some(h) = self.held.get_mut(&seq) {
+                        h.published = Some(id);
+                        self.confirms
+                            .push(Box::pin(async move { (seq, confirm.await) }));
+                    }
+                }
+                self.channels.insert(id, channel);
             }
-        }
-        ToSettle::Published(seq, confirm) => {
-            if let Some(h) = held.get_mut(&seq) {
-                h.published = true;
-                confirms.push(Box::pin(async move { (seq, confirm.await) }));
-            }
-        }
-        ToSettle::Unpublished(seqs) => {
-            for seq in seqs {
-                if let Some(h) = held.remove(&seq) {
-                    batch.add(h, Outcome::Release);
+            ToSettle::Unpublished(seqs) => {
+                for seq in seqs {
+                    if let Some(h) = self.held.remove(&seq) {
+                        batch.add(h, Outcome::Release);
+                    }
                 }
             }
         }
+    }
+
+    /// Every confirm resolved so far (`first` among them), gathered so that
+    /// a return is always seen with the ack of the member it carries.
+    ///
+    /// The broker sends a message's `basic.return` before its ack, but
+    /// lapin pins each waiting return on whichever confirm it completes
+    /// next, and completes the tags of one `multiple` ack in no fixed order:
+    /// the confirm carrying a member's return may resolve just after the
+    /// member's own ack. So after each round of resolved confirms, wait
+    /// until lapin has finished the confirm frames being handled on their
+    /// channels ([`amqp::confirm_frames_done`]) and take what those
+    /// resolved too; stop when a round brings nothing new. That ends, as
+    /// the window bounds the confirms owed and nothing more is published
+    /// until this returns.
+    pub(super) fn gather(&mut self, first: Option<Resolved>) -> Vec<Resolved> {
+        let (held, channels) = (&self.held, &self.channels);
+        let channel_of = |seq: &u64| held.get(seq).and_then(|h| h.published);
+        let frames_done = |id: u16| {
+            if let Some(ch) = channels.get(&id) {
+                amqp::confirm_frames_done(ch);
+            }
+        };
+        let ready = gather(&mut self.confirms, first, channel_of, frames_done);
+        self.forget_idle_channels();
+        ready
+    }
+
+    /// Settles every confirm that has already resolved.
+    pub(super) fn settle_ready(&mut self, lane: &Lane, batch: &mut Batch) {
+        let ready = self.gather(None);
+        if !ready.is_empty() {
+            settle_confirms(lane, &mut self.held, batch, ready);
+        }
+    }
+
+    /// Drops channels no held member awaits a confirm on, so a closed
+    /// channel is not kept alive by the settler.
+    fn forget_idle_channels(&mut self) {
+        if self.channels.len() > 1 {
+            let used: Vec<u16> = self.held.values().filter_map(|h| h.published).collect();
+            self.channels.retain(|id, _| used.contains(id));
+        }
+    }
+}
+
+/// [`Owed::gather`], over any confirms: `channel_of` names the channel a
+/// member was published on, `frames_done` waits until the confirm frames
+/// being handled on one have been.
+fn gather(
+    confirms: &mut Confirms,
+    first: Option<Resolved>,
+    channel_of: impl Fn(&u64) -> Option<u16>,
+    mut frames_done: impl FnMut(u16),
+) -> Vec<Resolved> {
+    let mut ready: Vec<Resolved> = first.into_iter().collect();
+    let mut seen = 0;
+    drain_resolved(confirms, &mut ready);
+    while seen < ready.len() {
+        let mut done = Vec::new();
+        for (seq, _) in &ready[seen..] {
+            if let Some(id) = channel_of(seq).filter(|id| !done.contains(id)) {
+                done.push(id);
+                frames_done(id);
+            }
+        }
+        seen = ready.len();
+        drain_resolved(confirms, &mut ready);
+    }
+    ready
+}
+
+/// Moves every confirm that has resolved into `ready`.
+fn drain_resolved(confirms: &mut Confirms, ready: &mut Vec<Resolved>) {
+    while let Some(Some(r)) = confirms.next().now_or_never() {
+        ready.push(r);
     }
 }
 
@@ -202,7 +265,7 @@ pub(super) fn settle_confirms(
     lane: &Lane,
     held: &mut HashMap<u64, Holding>,
     batch: &mut Batch,
-    ready: Vec<(u64, lapin::Result<Confirmation>)>,
+    ready: Vec<Resolved>,
 ) {
     let mut resolved = Vec::with_capacity(ready.len());
     let mut returns = Vec::new();
@@ -243,7 +306,7 @@ pub(super) fn settle_confirms(
             }
         }
         for h in held.values_mut() {
-            if h.published && is_it(h) {
+            if h.published.is_some() && is_it(h) {
                 h.returned = Some(reason.clone());
                 found = true;
             }
@@ -269,5 +332,51 @@ pub(super) async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => futures::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::message::{BasicReturnMessage, Delivery};
+
+    fn returned(body: &[u8]) -> BasicReturnMessage {
+        BasicReturnMessage {
+            delivery: Delivery::mock(0, "ex".into(), "rk".into(), false, body.to_vec()),
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+        }
+    }
+
+    /// lapin completed member 1's ack first, and the confirm carrying
+    /// member 1's return (member 2's, in the same `multiple` ack) only once
+    /// it finished that frame: the two are gathered together, so the
+    /// return is seen before member 1 could be settled as delivered.
+    #[tokio::test]
+    async fn a_confirm_carrying_a_return_that_resolves_after_its_members_ack_is_gathered_with_it() {
+        let mut confirms = Confirms::new();
+        confirms.push(Box::pin(async { (1, Ok(Confirmation::Ack(None))) }));
+        let (frame_done, carrier) = futures::channel::oneshot::channel::<()>();
+        confirms.push(Box::pin(async move {
+            let _ = carrier.await;
+            (2, Ok(Confirmation::Ack(Some(returned(b"member-1")))))
+        }));
+        let first = confirms.next().await;
+        assert_eq!(first.as_ref().map(|r| r.0), Some(1));
+        let mut frame_done = Some(frame_done);
+        let ready = gather(
+            &mut confirms,
+            first,
+            |_| Some(7),
+            |id| {
+                assert_eq!(id, 7);
+                if let Some(tx) = frame_done.take() {
+                    let _ = tx.send(());
+                }
+            },
+        );
+        let seqs: Vec<u64> = ready.iter().map(|r| r.0).collect();
+        assert_eq!(seqs, vec![1, 2], "the carrier is gathered with the ack");
+        assert!(confirms.is_empty());
     }
 }
