@@ -155,7 +155,8 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             crate::supervisor::run(cfg).await.map_err(|e| match e {
                 crate::supervisor::RunError::Amqp(_)
                 | crate::supervisor::RunError::Redis(_)
-                | crate::supervisor::RunError::UnreadKeys(_) => Failure::usage(e.to_string()),
+                | crate::supervisor::RunError::UnreadKeys(_)
+                | crate::supervisor::RunError::IntakeExchange(..) => Failure::usage(e.to_string()),
                 other => Failure::runtime(other.to_string()),
             })
         }

@@ -34,6 +34,9 @@ pub enum RunError {
     /// Members wait under key names a business does not read.
     #[error("{0}")]
     UnreadKeys(String),
+    /// An intake exchange exists with a type delayd cannot consume through.
+    #[error("business \"{0}\": {1}")]
+    IntakeExchange(String, String),
     /// The HTTP listener could not bind.
     #[error("[http] listen {0}: {1}; choose a free address or set listen = \"off\"")]
     Http(std::net::SocketAddr, std::io::Error),
@@ -53,6 +56,36 @@ async fn refuse_unread_keys(config: &Config, conn: &RedisConn) -> Result<(), Run
             Ok(found) => return Err(RunError::UnreadKeys(crate::unread::describe(b, &found))),
             Err(e) => {
                 tracing::warn!(business = %b.name, error = %e, "could not look for members under key names this business does not read");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long `run` waits for the broker to look at the intake exchanges
+/// before it starts anyway (each intake checks again before consuming).
+const INTAKE_CHECK_WAIT: Duration = Duration::from_secs(10);
+
+/// Refuses to start on an intake exchange that exists with another type
+/// than fanout, with the line `delayd check` prints. A broker that is not
+/// reachable yet does not hold up the start: each intake makes the same
+/// check before it consumes, and waits while it fails.
+async fn refuse_wrong_intake_exchanges(
+    config: &Config,
+    consuming: &Broker,
+    stop: &CancellationToken,
+) -> Result<(), RunError> {
+    let Ok(Some(conn)) = tokio::time::timeout(INTAKE_CHECK_WAIT, consuming.ready(stop)).await
+    else {
+        return Ok(());
+    };
+    for b in &config.businesses {
+        let Some(intake) = &b.intake else { continue };
+        match crate::intake::topology::refusal(&conn, intake).await {
+            Ok(None) => {}
+            Ok(Some(line)) => return Err(RunError::IntakeExchange(b.name.clone(), line)),
+            Err(e) => {
+                tracing::warn!(business = %b.name, error = %e, "could not look at the intake exchange; the intake checks it again before consuming");
             }
         }
     }
@@ -122,7 +155,14 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         conn_stop.cancel();
         return Ok(());
     };
-    if let Err(e) = refuse_unread_keys(&config, &conn).await {
+    let preflight = async {
+        refuse_unread_keys(&config, &conn).await?;
+        match &consuming {
+            Some(c) => refuse_wrong_intake_exchanges(&config, c, &stop).await,
+            None => Ok(()),
+        }
+    };
+    if let Err(e) = preflight.await {
         stop.cancel();
         conn_stop.cancel();
         signal_task.abort();

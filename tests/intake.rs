@@ -653,24 +653,49 @@ async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
     t.cleanup().await;
 }
 
-/// A second publish with the same message_id replaces the schedule: one
-/// delivery, of the second body, at the second time.
+/// Two different messages published with one `message_id` (another body,
+/// another delay) are both delivered, as the plugin delivered them; the
+/// second is kept under a derived id and counted. An identical re-publish
+/// is absorbed (delivered once) and counted too.
 #[tokio::test]
-async fn a_republish_with_the_same_message_id_replaces_the_schedule() {
+async fn a_reused_message_id_never_drops_a_different_message() {
     let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let d = t.start().await;
+    let port = free_port(20000..30000, &[]);
+    let listen = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with_env(&t.config, &[("DELAYD_HTTP__LISTEN", listen.as_str())]);
+    wait_consumed_queue(&t.amqp, &t.queue, &d).await;
     let id = unique("same");
     let with_id =
         |ms| delayed(AMQPValue::LongInt(ms)).with_message_id(ShortString::from(id.as_str()));
-    t.publish("", b"first", with_id(60_000)).await;
+    t.publish("", b"first", with_id(1_500)).await;
     t.publish("", b"second", with_id(300)).await;
-    wait_n(&t.inbox, 1, Duration::from_secs(5), &d).await;
+    t.publish("", b"second", with_id(300)).await;
+    wait_n(&t.inbox, 2, Duration::from_secs(10), &d).await;
     t.inbox.settle(Duration::from_millis(700)).await;
-    let got = t.inbox.all();
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].body, b"second");
-    let mut r = t.redis.clone();
-    assert_eq!(zcard(&mut r, &t.key).await, 0, "the first schedule is gone");
+    let got: Vec<Vec<u8>> = t.inbox.all().into_iter().map(|r| r.body).collect();
+    assert_eq!(
+        got,
+        vec![b"second".to_vec(), b"first".to_vec()],
+        "both, each at its own time, the identical one once"
+    );
+    let ids: Vec<Option<String>> = t
+        .inbox
+        .all()
+        .iter()
+        .map(|r| r.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![Some(id.clone()), Some(id.clone())],
+        "both keep the producer's message_id"
+    );
+    let (_, metrics) = http_get(port, "/metrics").expect("metrics answer");
+    for counter in [
+        "delayd_intake_id_reused_total{business=\"delayed\"} 1",
+        "delayd_intake_absorbed_total{business=\"delayed\"} 1",
+    ] {
+        assert!(metrics.contains(counter), "{counter} in:\n{metrics}");
+    }
     drop(d);
     t.cleanup().await;
 }
@@ -712,6 +737,35 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
     let _ = ch
         .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
         .await;
+    t.cleanup().await;
+}
+
+/// Without a dead-letter exchange, a message over max_message_size is never
+/// dropped: it is kept in the business's dead set with its reason, and
+/// the messages around it are delivered.
+#[tokio::test]
+async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "max_message_size = 1000").await;
+    let d = t.start().await;
+    t.publish_delayed("", b"small-1", 0).await;
+    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
+    t.publish_delayed("", b"small-2", 0).await;
+    wait_n(&t.inbox, 2, Duration::from_secs(5), &d).await;
+    let mut r = t.redis.clone();
+    let dead = family(&t.key).dead;
+    let kept = eventually(Duration::from_secs(5), || {
+        let mut r = r.clone();
+        let dead = dead.clone();
+        async move { zcard(&mut r, &dead).await == 1 }
+    })
+    .await;
+    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    let config = t.config.to_str().unwrap();
+    let (code, out, err) = delayd(&["dead", "list", "--config", config, &t.name]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("more than max_message_size = 1000"), "{out}");
+    assert_eq!(zcard(&mut r, &t.key).await, 0);
+    drop(d);
     t.cleanup().await;
 }
 
@@ -837,6 +891,44 @@ async fn check_reports_the_intake_topology_and_refuses_a_direct_intake_exchange(
         "{}",
         f.line
     );
+    t.cleanup().await;
+}
+
+/// `run` refuses to start on an intake exchange that exists with another
+/// type than fanout (a direct exchange routes nothing to the "#" binding;
+/// the plugin's own exchange would deliver every message a second time),
+/// with the line `check` prints; it consumes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_an_intake_exchange_that_is_not_fanout() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let ch = t.amqp.create_channel().await.unwrap();
+    ch.exchange_declare(
+        t.exchange.as_str().into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let mut d = Daemon::start(&t.config);
+    let status = tokio::task::block_in_place(|| d.wait(Duration::from_secs(30)));
+    assert_eq!(status.code(), Some(2), "{}", d.logs());
+    let logs = d.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("intake exchange"))
+        .unwrap_or_else(|| panic!("no line about the intake exchange:\n{logs}"));
+    assert!(
+        line.contains(&format!("\"{}\" is direct, not fanout", t.exchange))
+            && line.contains("delete it"),
+        "{line}"
+    );
+    assert!(!logs.contains("consuming the intake queue"), "{logs}");
+    let f = assert_check_fails(&t.config);
+    assert!(f.line.contains("is direct, not fanout"), "{}", f.line);
     t.cleanup().await;
 }
 

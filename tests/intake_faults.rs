@@ -376,3 +376,180 @@ async fn a_producers_user_id_never_stops_delivery() {
     assert_eq!(user_of(b"kept").as_deref(), Some("shop"));
     del_family(&mut redis().await, &key).await;
 }
+
+/// Redis at its `maxmemory` under `noeviction` (what a growing backlog
+/// reaches, and clears as deliveries drain) refuses the intake's writes
+/// with OOM. That can clear, so it is no reason to reject: taking in
+/// pauses, the messages wait in the intake queue, the pause shows in a
+/// metric, and once Redis has room every message is stored, none rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = PrivateRedis::new(dir.path());
+    tokio::task::block_in_place(|| server.start());
+    let mut r = server.conn().await;
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let (tgt, queue, intake) = (unique("oom-target"), unique("oom-q"), unique("oom-intake"));
+    target(&ch, &tgt, &queue).await;
+    let inbox = consume(&amqp, &queue).await;
+    let (config, key) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
+    let port = free_port(30000..35000, &[]);
+    let listen = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with_env(&config, &[("DELAYD_HTTP__LISTEN", listen.as_str())]);
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
+    // Room for a few hundred of the messages below (each its own
+    // `message_id`), no more.
+    let used: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let used: u64 = used
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let limit = used + 300_000;
+    for (k, v) in [
+        ("maxmemory-policy", "noeviction".to_string()),
+        ("maxmemory", limit.to_string()),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let all: Vec<Vec<u8>> = (0..1000)
+        .map(|i| {
+            let mut b = format!("oom-{i:05}-").into_bytes();
+            b.resize(250, b'x');
+            b
+        })
+        .collect();
+    let want: HashSet<Vec<u8>> = all.iter().cloned().collect();
+    publish_all(amqp_url(), intake.clone(), all, Duration::ZERO).await;
+    let full = eventually(Duration::from_secs(20), || async {
+        d.logs().contains("OOM")
+    })
+    .await;
+    assert!(full, "Redis never refused a write; log:\n{}", d.tail());
+    let paused = eventually(Duration::from_secs(10), || async {
+        http_get(port, "/metrics").is_some_and(|(_, m)| {
+            m.lines().any(|l| {
+                l.strip_prefix("delayd_intake_waiting_for_redis{business=\"delayed\"} ")
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|v| v > 0)
+            })
+        })
+    })
+    .await;
+    assert!(
+        zcard(&mut r, &key).await < 1000,
+        "Redis had room for all: the test did not fill it"
+    );
+    // Room again, as when deliveries drain a backlog.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
+    assert!(paused, "the pause was in the metric");
+    assert!(d.logs().contains("taking in paused"), "{}", d.tail());
+    let (_, metrics) = http_get(port, "/metrics").expect("metrics answer");
+    assert!(
+        !metrics.contains("delayd_intake_rejected_total{"),
+        "nothing rejected:\n{metrics}"
+    );
+    assert_eq!(queue_depth(&amqp, &format!("{intake}.q")).await, 0);
+    drop(d);
+    let _ = ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .queue_delete(
+            format!("{intake}.q").as_str().into(),
+            QueueDeleteOptions::default(),
+        )
+        .await;
+    for x in [&tgt, &intake] {
+        let _ = ch
+            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+/// Redis away for longer than RabbitMQ's `consumer_timeout`: the broker
+/// closes the intake's channel and hands its unacknowledged deliveries out
+/// again. The batch delayd was still trying to write on the closed channel
+/// is dropped, not written: only the redelivered copies are stored, so
+/// messages without a `message_id` (ids delayd assigns) arrive once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_channel_closed_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = PrivateRabbit::new(dir.path());
+    node.advanced_config("[{rabbit, [{consumer_timeout, 2000}]}].");
+    node.start().await;
+    let mut server = PrivateRedis::new(dir.path());
+    tokio::task::block_in_place(|| server.start());
+    let amqp = amqp_at(&node.url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let (tgt, queue, intake) = ("ct-target", "ct-q", "ct-intake");
+    target(&ch, tgt, queue).await;
+    let inbox = consume(&amqp, queue).await;
+    let (config, _) = intake_config(dir.path(), &server.url(), &node.url(), tgt, intake);
+    let d = Daemon::start(&config);
+    wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
+    tokio::task::block_in_place(|| server.stop());
+    let producer = amqp.create_channel().await.unwrap();
+    producer
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let all = bodies("ct", 50);
+    for body in &all {
+        let mut h = FieldTable::default();
+        h.insert("x-delay".into(), AMQPValue::LongInt(0));
+        producer
+            .basic_publish(
+                intake.into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default().with_headers(h),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    // RabbitMQ looks at consumer timeouts about once a minute; then it
+    // closes the channel and delayd consumes on a new one.
+    let timed_out = eventually(Duration::from_secs(150), || async {
+        d.logs().matches("consuming the intake queue").count() >= 2
+    })
+    .await;
+    assert!(
+        timed_out,
+        "the broker never closed the channel; log:\n{}",
+        d.tail()
+    );
+    tokio::task::block_in_place(|| server.start());
+    let want: HashSet<Vec<u8>> = all.iter().cloned().collect();
+    wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
+    inbox.settle(Duration::from_secs(2)).await;
+    let twice: Vec<_> = counts(&inbox)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(b, n)| (String::from_utf8_lossy(&b).into_owned(), n))
+        .collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+}

@@ -52,6 +52,8 @@ pub struct Intake {
     invalid_logged: Throttle,
     /// The same for a dropped `user_id`.
     user_id_logged: Throttle,
+    /// The same for Redis refusing the intake's writes.
+    refused_logged: Throttle,
 }
 
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -81,11 +83,60 @@ struct Batch {
 
 /// How a batch's write ended.
 enum Written {
-    /// Stored, except these items (index, reason), which Redis refused.
-    Done(Batch, Vec<(usize, String)>),
-    /// Not (all) stored when the stop came: left unacknowledged, so the
-    /// broker hands the deliveries out again.
+    /// Stored, every item of it.
+    Done(Batch),
+    /// Not (all) stored when the stop came or the channel closed: left
+    /// unacknowledged, so the broker hands the deliveries out again.
     Abandoned,
+}
+
+/// One batch counted in `delayd_intake_waiting_for_redis` from its first
+/// refused write until it is written or given up (when dropped): several
+/// batches are written at once, so the gauge counts them.
+struct Waiting<'a> {
+    business: &'a str,
+    counted: std::cell::Cell<bool>,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(business: &'a str) -> Self {
+        Self {
+            business,
+            counted: std::cell::Cell::new(false),
+        }
+    }
+
+    fn begin(&self) {
+        if !self.counted.replace(true) {
+            METRICS
+                .intake
+                .waiting
+                .with_label_values(&[self.business])
+                .inc();
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.counted.get() {
+            METRICS
+                .intake
+                .waiting
+                .with_label_values(&[self.business])
+                .dec();
+        }
+    }
+}
+
+/// Where a delivery goes when it cannot be stored to be published as it came.
+enum Unstorable {
+    /// It can: its envelope.
+    No(Vec<u8>),
+    /// Stored in the business's dead set, with this reason.
+    ToDeadSet(Vec<u8>, String),
+    /// Rejected to the dead-letter exchange (reason label, detail).
+    ToDeadLetterExchange(&'static str, String),
 }
 
 /// Why a channel's consuming ended.
@@ -111,6 +162,7 @@ impl Intake {
             own_user,
             invalid_logged: Throttle::default(),
             user_id_logged: Throttle::default(),
+            refused_logged: Throttle::default(),
         })
     }
 
@@ -229,6 +281,11 @@ impl Intake {
                             reading = false;
                             continue;
                         }
+                        None if !ch.status().connected() => {
+                            lost = Some("the broker closed the channel".into());
+                            reading = false;
+                            continue;
+                        }
                         None => {
                             lost = Some("the broker cancelled the consumer (queue deleted?)".into());
                             reading = false;
@@ -244,7 +301,7 @@ impl Intake {
                     }
                     match self.prepare(ch, deliveries).await {
                         Ok(batch) if batch.items.is_empty() => {}
-                        Ok(batch) => writes.push_back(self.write(batch, stop.clone())),
+                        Ok(batch) => writes.push_back(self.write(batch, ch.clone(), stop.clone())),
                         Err(e) => {
                             lost = Some(e);
                             reading = false;
@@ -294,32 +351,68 @@ impl Intake {
                 m.user_id_dropped.with_label_values(&[name]).inc();
                 self.log_user_id_dropped(user.as_str());
             }
-            let refused = match envelope::encode(d.routing_key.as_str(), &props, &d.data) {
-                Err(e) => Some(("unencodable", e.to_string())),
-                Ok(env) => match self.settings.max_message_size {
-                    Some(max) if env.len() > max => Some((
-                        "too large",
-                        format!(
-                            "{} bytes stored, more than max_message_size = {max}",
-                            env.len()
-                        ),
-                    )),
-                    _ => {
-                        batch.items.push(Item {
-                            id,
-                            due,
-                            envelope: env,
-                        });
-                        batch.tags.push(d.delivery_tag);
-                        None
-                    }
-                },
+            let (envelope, dead) = match self.unstorable(&d, &props) {
+                Unstorable::No(env) => (env, None),
+                Unstorable::ToDeadSet(env, reason) => (env, Some(reason)),
+                Unstorable::ToDeadLetterExchange(reason, detail) => {
+                    self.reject(ch, d.delivery_tag, reason, &detail).await?;
+                    continue;
+                }
             };
-            if let Some((reason, detail)) = refused {
-                self.reject(ch, d.delivery_tag, reason, &detail).await?;
-            }
+            batch.items.push(Item {
+                id,
+                due,
+                envelope,
+                dead,
+            });
+            batch.tags.push(d.delivery_tag);
         }
         Ok(batch)
+    }
+
+    /// Whether a delivery can be stored to be published as it came, and
+    /// where it goes when not: a message over `max_message_size` is
+    /// rejected to the dead-letter exchange the settings name (declared by
+    /// delayd, so it exists), or else kept in the business's dead set with
+    /// its reason; never dropped.
+    fn unstorable(&self, d: &Delivery, props: &lapin::BasicProperties) -> Unstorable {
+        let env = match envelope::encode(d.routing_key.as_str(), props, &d.data) {
+            Ok(env) => env,
+            Err(e) => {
+                let bare = lapin::BasicProperties::default();
+                let env = envelope::encode("", &bare, &d.data).unwrap_or_default();
+                return self.dead_end(
+                    env,
+                    "unencodable",
+                    format!("its properties cannot be kept ({e}); stored with the body only"),
+                );
+            }
+        };
+        match self.settings.max_message_size {
+            Some(max) if env.len() > max => {
+                let detail = format!(
+                    "{} bytes stored, more than max_message_size = {max}",
+                    env.len()
+                );
+                self.dead_end(env, "too large", detail)
+            }
+            _ => Unstorable::No(env),
+        }
+    }
+
+    fn dead_end(&self, env: Vec<u8>, reason: &'static str, detail: String) -> Unstorable {
+        match &self.settings.dead_letter_exchange {
+            Some(_) => Unstorable::ToDeadLetterExchange(reason, detail),
+            None => {
+                METRICS
+                    .intake
+                    .rejected
+                    .with_label_values(&[&self.business.name, reason])
+                    .inc();
+                tracing::error!(reason, %detail, "intake message cannot be published as it came; kept in the business's dead set with its reason (see `delayd dead list`)");
+                Unstorable::ToDeadSet(env, format!("intake: {reason}: {detail}"))
+            }
+        }
     }
 
     fn log_invalid(&self, what: &str) {
@@ -356,47 +449,40 @@ impl Intake {
         tracing::error!(
             reason,
             detail,
-            dead_letter_exchange = self.settings.dead_letter_exchange.as_deref().unwrap_or("(the queue's own, if any)"),
-            "intake message cannot be stored; rejected (requeue = false) to the intake queue's dead-lettering"
+            dead_letter_exchange = self.settings.dead_letter_exchange.as_deref().unwrap_or_default(),
+            "intake message cannot be stored; rejected (requeue = false) to the dead-letter exchange"
         );
         ch.basic_reject(tag, BasicRejectOptions { requeue: false })
             .await
             .map_err(|e| format!("rejecting a delivery: {e}"))
     }
 
-    /// Writes a batch, retrying while Redis is away, until it is stored or
-    /// the stop comes. A refusal for want of memory is final for the items
-    /// it names: they are rejected, not retried.
-    async fn write(&self, batch: Batch, stop: CancellationToken) -> Written {
-        let mut refused = Vec::new();
+    /// Writes a batch, retrying while Redis is away or refuses (out of
+    /// memory, read-only, loading, a failover), until it is stored, the
+    /// stop comes or the channel the deliveries came on closes. None of
+    /// these is a reason to reject: until written, the deliveries stay
+    /// unacknowledged in the broker, and reading stops once
+    /// [`WRITES_IN_FLIGHT`] batches wait, so the queue holds the rest.
+    /// Once the channel is gone the broker has requeued them, and writing
+    /// them now would store them a second time.
+    async fn write(&self, batch: Batch, ch: Channel, stop: CancellationToken) -> Written {
+        let waiting = Waiting::new(&self.business.name);
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-        let mut wrong_type_logged = false;
         for (shard, items) in self.writer.calls(&batch.items) {
             loop {
+                if !ch.status().connected() {
+                    return Written::Abandoned;
+                }
                 let e = match self.writer.write(shard, &items, &batch.items).await {
-                    Ok(_) => {
+                    Ok(stored) => {
                         self.redis.up();
+                        self.stored(stored);
                         break;
                     }
                     Err(e) => e,
                 };
-                if write::is_out_of_memory(&e) {
-                    self.redis.up();
-                    refused.extend(
-                        items
-                            .iter()
-                            .map(|&i| (i, format!("Redis is out of memory ({e})"))),
-                    );
-                    break;
-                }
-                if e.is_wrong_type() {
-                    if !wrong_type_logged {
-                        tracing::error!(error = %e, "the business's key is not a sorted set (or its body hash not a hash); intake messages wait in the queue until it is fixed");
-                        wrong_type_logged = true;
-                    }
-                } else {
-                    self.redis.down(&e);
-                }
+                waiting.begin();
+                self.refused(&e);
                 // Only between attempts: a call Redis may be running is
                 // never given up half-way.
                 tokio::select! {
@@ -405,29 +491,52 @@ impl Intake {
                 }
             }
         }
-        Written::Done(batch, refused)
+        Written::Done(batch)
+    }
+
+    /// Counts what a write absorbed and renamed.
+    fn stored(&self, stored: write::Stored) {
+        let name = self.business.name.as_str();
+        let m = &METRICS.intake;
+        m.absorbed
+            .with_label_values(&[name])
+            .inc_by(stored.absorbed);
+        m.id_reused
+            .with_label_values(&[name])
+            .inc_by(stored.renamed);
+    }
+
+    /// Reports a write Redis refused or did not answer: a metric at once,
+    /// one log line per [`LOG_EVERY`].
+    fn refused(&self, e: &crate::store::StoreError) {
+        let name = self.business.name.as_str();
+        METRICS.intake.waiting.with_label_values(&[name]).set(1);
+        METRICS
+            .intake
+            .write_retries
+            .with_label_values(&[name])
+            .inc();
+        if e.is_wrong_type() {
+            self.redis.up();
+        } else {
+            self.redis.down(e);
+        }
+        if self.refused_logged.due() {
+            tracing::warn!(
+                error = %e,
+                "Redis does not store intake messages now; taking in paused, they wait in the intake queue unacknowledged, and the write is retried with backoff (delayd_intake_waiting_for_redis; one line per 10 s)"
+            );
+        }
     }
 
     /// Acknowledges what a write stored, with one `multiple` ack when
-    /// nothing before it was left unwritten, after rejecting what Redis refused.
+    /// nothing before it was left unwritten.
     async fn settle(&self, ch: &Channel, written: Written, gap: &mut bool) -> Result<(), String> {
-        let Written::Done(batch, refused) = written else {
+        let Written::Done(batch) = written else {
             *gap = true;
             return Ok(());
         };
-        let mut stored = vec![true; batch.tags.len()];
-        for (i, why) in &refused {
-            stored[*i] = false;
-            self.reject(ch, batch.tags[*i], "redis refused", why)
-                .await?;
-        }
-        let acked: Vec<u64> = batch
-            .tags
-            .iter()
-            .zip(&stored)
-            .filter(|(_, s)| **s)
-            .map(|(t, _)| *t)
-            .collect();
+        let acked = batch.tags;
         let Some(&last) = acked.last() else {
             return Ok(());
         };

@@ -1,6 +1,6 @@
 //! The intake's counters, registered with the process's other metrics.
 
-use prometheus::{IntCounterVec, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 
 /// Counters of what the intake took in, per business.
 pub struct Metrics {
@@ -8,9 +8,20 @@ pub struct Metrics {
     pub received: IntCounterVec,
     /// Messages written to Redis and acknowledged.
     pub stored: IntCounterVec,
-    /// Messages rejected (dead-lettered by the intake queue, or dropped if
-    /// it has no dead-letter exchange), by reason.
+    /// Messages that cannot be published as they came (over
+    /// `max_message_size`, unencodable), by reason: rejected to the
+    /// dead-letter exchange, or kept in the business's dead set.
     pub rejected: IntCounterVec,
+    /// Batches waiting while Redis refuses or does not answer the intake's
+    /// writes: above 0, taking in is paused and messages wait in the queue.
+    pub waiting: IntGaugeVec,
+    /// Intake writes Redis refused or did not answer, each retried.
+    pub write_retries: IntCounterVec,
+    /// Re-publishes (same id, same message) absorbed into the stored one.
+    pub absorbed: IntCounterVec,
+    /// Different messages published with an id already stored: kept too,
+    /// under a derived id.
+    pub id_reused: IntCounterVec,
     /// Messages whose `x-delay` is not a number: published at once.
     pub invalid_delay: IntCounterVec,
     /// Deliveries the broker marked redelivered: a crash or a lost channel
@@ -32,7 +43,31 @@ impl Metrics {
             r.register(Box::new(c.clone())).expect("unique metric");
             c
         };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGaugeVec::new(prometheus::Opts::new(name, help), b).expect("valid metric");
+            r.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
         Self {
+            waiting: gauge(
+                "delayd_intake_waiting_for_redis",
+                "Intake batches waiting while Redis refuses or does not answer their writes (above 0: taking in paused)",
+            ),
+            write_retries: counter(
+                "delayd_intake_write_retries_total",
+                "Intake writes Redis refused or did not answer, retried with backoff",
+                b,
+            ),
+            absorbed: counter(
+                "delayd_intake_absorbed_total",
+                "Intake messages identical to one already stored under their message_id, absorbed",
+                b,
+            ),
+            id_reused: counter(
+                "delayd_intake_id_reused_total",
+                "Intake messages whose message_id names another stored message, kept under a derived id",
+                b,
+            ),
             received: counter(
                 "delayd_intake_received_total",
                 "Deliveries taken from the intake queue",
@@ -45,7 +80,7 @@ impl Metrics {
             ),
             rejected: counter(
                 "delayd_intake_rejected_total",
-                "Intake messages rejected to the intake queue's dead-lettering",
+                "Intake messages that cannot be published as they came: rejected to the dead-letter exchange or kept in the dead set",
                 &["business", "reason"],
             ),
             invalid_delay: counter(

@@ -29,7 +29,13 @@ pub enum Found {
 /// and the binding right after the exchange: a new exchange routes what
 /// producers publish to it nowhere until its queue is bound, so that
 /// window is one round trip.
-pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), lapin::Error> {
+pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), Refused> {
+    if let Some(line) = refusal(conn, s).await? {
+        return Err(Refused::Exchange(line));
+    }
+    if let Some(dlx) = &s.dead_letter_exchange {
+        declare_dead_letter_target(conn, dlx).await?;
+    }
     if queue(conn, &s.queue).await? == Found::Missing {
         let ch = conn.create_channel().await?;
         ch.queue_declare(
@@ -58,6 +64,39 @@ pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), lapin::Error>
         .await?;
     }
     bind(&ch, s).await?;
+    let _ = ch.close(200, "ok".into()).await;
+    Ok(())
+}
+
+/// Why [`ensure`] did not make the intake ready.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// The intake exchange exists with another type: see [`refusal`].
+    #[error("{0}")]
+    Exchange(String),
+    /// The broker failed or refused a declare.
+    #[error("{0}")]
+    Broker(#[from] lapin::Error),
+}
+
+/// Declares the dead-letter exchange the settings name, when missing
+/// (durable fanout), so that what the intake rejects reaches a place that
+/// exists rather than being dropped by the broker.
+async fn declare_dead_letter_target(conn: &Connection, dlx: &str) -> Result<(), lapin::Error> {
+    if dlx.is_empty() || exchange(conn, dlx).await? == Found::Exists(None) {
+        return Ok(());
+    }
+    let ch = conn.create_channel().await?;
+    ch.exchange_declare(
+        dlx.into(),
+        ExchangeKind::Fanout,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(())
 }
@@ -179,24 +218,41 @@ pub async fn exchange_type_if_not_fanout(
     }
 }
 
+/// Why the intake exchange cannot be used, when it exists with another
+/// type than fanout: the line `delayd check` prints and `delayd run`
+/// refuses to start with. delayd binds its queue with [`BINDING_KEY`]; any
+/// other type routes some or all publishes nowhere, and the plugin's own
+/// exchange would deliver each message a second time.
+pub async fn refusal(conn: &Connection, s: &Settings) -> Result<Option<String>, lapin::Error> {
+    if exchange(conn, &s.exchange).await? == Found::Missing {
+        return Ok(None);
+    }
+    Ok(match exchange_type_if_not_fanout(conn, &s.exchange).await? {
+        None => None,
+        Some(t) if t == "x-delayed-message" => Some(format!(
+            "intake exchange \"{}\" is the delayed-message plugin's own exchange: both the plugin and delayd would deliver every message; delete it (or name the intake otherwise) as docs/migrating-from-the-delayed-message-plugin.md shows",
+            s.exchange
+        )),
+        Some(t) => Some(format!(
+            "intake exchange \"{}\" is {t}, not fanout: delayd binds its queue with \"{BINDING_KEY}\" and would miss publishes; delete it so delayd declares a durable fanout exchange, or name the intake otherwise",
+            s.exchange
+        )),
+    })
+}
+
 /// What `delayd check` says of an intake's topology: `Ok` with a summary,
 /// or `Err` with what stops the intake from working and what to do.
 pub async fn check(conn: &Connection, s: &Settings) -> Result<String, String> {
     let broker = |e: lapin::Error| format!("cannot inspect the intake on the broker: {e}");
+    if let Some(line) = refusal(conn, s).await.map_err(broker)? {
+        return Err(line);
+    }
     let exchange_note = match exchange(conn, &s.exchange).await.map_err(broker)? {
-        Found::Missing => format!("exchange \"{}\" missing (delayd run declares it, durable fanout)", s.exchange),
-        Found::Exists(_) => match exchange_type_if_not_fanout(conn, &s.exchange).await.map_err(broker)? {
-            None => format!("exchange \"{}\" (fanout)", s.exchange),
-            Some(t) if t == "topic" => format!("exchange \"{}\" (topic)", s.exchange),
-            Some(t) if t == "x-delayed-message" => return Err(format!(
-                "intake exchange \"{}\" is the delayed-message plugin's own exchange: delayd consumes a plain exchange; delete it (or pick another name) as docs/migrating-from-the-delayed-message-plugin.md shows",
-                s.exchange
-            )),
-            Some(t) => return Err(format!(
-                "intake exchange \"{}\" is {t}: delayd binds its queue with \"{BINDING_KEY}\", which only a fanout or topic exchange matches for every routing key; use a fanout exchange",
-                s.exchange
-            )),
-        },
+        Found::Missing => format!(
+            "exchange \"{}\" missing (delayd run declares it, durable fanout)",
+            s.exchange
+        ),
+        Found::Exists(_) => format!("exchange \"{}\" (fanout)", s.exchange),
     };
     let queue_note = match queue(conn, &s.queue).await.map_err(broker)? {
         Found::Missing => format!(

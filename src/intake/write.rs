@@ -23,6 +23,20 @@ pub struct Item {
     pub due: Due,
     /// What `{K}:body` holds for it.
     pub envelope: Vec<u8>,
+    /// Why it goes straight to the dead set (it can never be published as
+    /// it is), if it does.
+    pub dead: Option<String>,
+}
+
+/// What one call stored.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    /// Redis's clock when it stored them, epoch ms.
+    pub at_ms: i64,
+    /// Re-publishes of a message already stored under its id.
+    pub absorbed: u64,
+    /// Different messages with an id already taken, stored under a derived id.
+    pub renamed: u64,
 }
 
 /// Stores intake messages of one business, each on the shard its id hashes to.
@@ -50,31 +64,47 @@ impl Writer {
         split(&self.keys, batch)
     }
 
-    /// Runs one call made by [`Writer::calls`]: Redis's clock when stored.
+    /// Runs one call made by [`Writer::calls`].
     pub async fn write(
         &self,
         shard: usize,
         items: &[usize],
         batch: &[Item],
-    ) -> Result<i64, StoreError> {
+    ) -> Result<Stored, StoreError> {
         let keys = KeyFamily::new(&self.keys[shard]);
         let mut inv = scripts::INTAKE.prepare_invoke();
         inv.key(&keys.pending)
             .key(&keys.body)
+            .key(&keys.dead)
+            .key(&keys.reasons)
             .arg(self.unit.millis());
         for &i in items {
             let item = &batch[i];
-            let when = match item.due {
-                Due::After(ms) => format!("+{ms}"),
-                Due::At(ms) => format!("@{ms}"),
-                Due::Now | Due::Invalid(_) => "0".to_string(),
-            };
             inv.arg(item.id.as_slice())
-                .arg(when)
+                .arg(item.when())
                 .arg(item.envelope.as_slice());
         }
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async::<i64>(&mut conn).await?)
+        let (at_ms, absorbed, renamed) = inv.invoke_async(&mut conn).await?;
+        Ok(Stored {
+            at_ms,
+            absorbed,
+            renamed,
+        })
+    }
+}
+
+impl Item {
+    /// When it is due, as `intake.lua` reads it.
+    fn when(&self) -> String {
+        if let Some(reason) = &self.dead {
+            return format!("!{reason}");
+        }
+        match self.due {
+            Due::After(ms) => format!("+{ms}"),
+            Due::At(ms) => format!("@{ms}"),
+            Due::Now | Due::Invalid(_) => "0".to_string(),
+        }
     }
 }
 
@@ -105,12 +135,6 @@ fn split(keys: &[String], batch: &[Item]) -> Vec<(usize, Vec<usize>)> {
     out
 }
 
-/// True when Redis refused the write for want of memory (`maxmemory`
-/// reached under `noeviction`): retrying will not help soon.
-pub fn is_out_of_memory(e: &StoreError) -> bool {
-    matches!(e, StoreError::Redis(r) if r.code() == Some("OOM") || r.to_string().contains("OOM "))
-}
-
 /// An id for a message without a `message_id`: 48 bits of the time it
 /// arrived (ms) and 48 random bits, in 24 hex digits, so ids sort by
 /// arrival and two never meet.
@@ -132,6 +156,7 @@ mod tests {
             id: id.as_bytes().to_vec(),
             due: Due::Now,
             envelope: vec![0; size],
+            dead: None,
         }
     }
 

@@ -1,41 +1,75 @@
 -- intake.lua: store messages taken from an intake queue (id mode): each
--- id's envelope in the body hash and the id in K at its due time, together,
--- so no claim ever sees an id without its body. A message whose id is
--- already stored replaces it (a re-publish with the same message_id moves
--- the schedule); within one call the later message wins.
+-- id's envelope in the body hash and the id in K at its due time (or in the
+-- dead set with its reason), together, so no claim ever sees an id without
+-- its body.
+-- An id whose body hash entry holds the same envelope is a re-publish of
+-- the same message (or the broker's redelivery of one delayd already
+-- stored): absorbed, its schedule unchanged. An id that holds another
+-- envelope names a different message: it is stored too, under the id
+-- followed by '#' and 16 hex digits of the envelope's SHA-1, so that both
+-- are delivered and a redelivery of the second is absorbed in turn.
 -- KEYS[1] pending ZSET K (score = due, in score units)
 -- KEYS[2] body HASH (task id -> envelope)
+-- KEYS[3] dead ZSET {K}:dead (score = when it died, epoch ms)
+-- KEYS[4] reasons HASH {K}:reasons (task id -> why it died)
 -- ARGV[1] milliseconds per score unit (1 or 1000)
 -- ARGV[2], ARGV[3], ARGV[4], ... three values per message: the id; when it
---         is due: '0' (now), '+<ms>' (this long after now) or '@<ms>' (at
---         this epoch ms, now if past); the envelope
--- Returns Redis's clock when it stored them, epoch ms. Due times are on
+--         is due: '0' (now), '+<ms>' (this long after now), '@<ms>' (at
+--         this epoch ms, now if past), or '!<reason>' (straight to the dead
+--         set, never published); the envelope
+-- Returns {Redis's clock when it stored them (epoch ms), messages absorbed
+-- as re-publishes, messages stored under a derived id}. Due times are on
 -- that clock, like every claim's "now", and never past 2^53 ms.
-local err = wrong_type(KEYS[1])
+local err = wrong_type(KEYS[1]) or wrong_type(KEYS[3])
 if err then return err end
 local now = now_ms()
 local unit = tonumber(ARGV[1])
 local LATEST = 9007199254740992
 local CHUNK = 1000
-local bodies, scores = {}, {}
-for i = 2, #ARGV, 3 do
-  local id, when = ARGV[i], ARGV[i + 1]
-  local due = now
-  local sign, ms = string.sub(when, 1, 1), tonumber(string.sub(when, 2))
-  if sign == '+' and ms then
-    due = now + ms
-  elseif sign == '@' and ms then
-    due = math.max(now, ms)
+local scores = {}
+local absorbed, renamed = 0, 0
+
+-- Stores `envelope` under `id`, or under the derived id when `id` holds
+-- another message; nil when the same message is there already.
+local function store(id, envelope)
+  if redis.call('HSETNX', KEYS[2], id, envelope) == 1 then
+    return id
   end
-  due = math.min(due, LATEST)
-  bodies[#bodies + 1] = id
-  bodies[#bodies + 1] = ARGV[i + 2]
-  scores[#scores + 1] = score_of(due, unit)
-  scores[#scores + 1] = id
+  if redis.call('HGET', KEYS[2], id) == envelope then
+    absorbed = absorbed + 1
+    return nil
+  end
+  local derived = id .. '#' .. string.sub(redis.sha1hex(envelope), 1, 16)
+  if redis.call('HSETNX', KEYS[2], derived, envelope) == 0 then
+    absorbed = absorbed + 1
+    return nil
+  end
+  renamed = renamed + 1
+  return derived
 end
-for i = 1, #bodies, CHUNK * 2 do
-  local j = math.min(#bodies, i + CHUNK * 2 - 1)
-  redis.call('HSET', KEYS[2], unpack(bodies, i, j))
+
+for i = 2, #ARGV, 3 do
+  local when = ARGV[i + 1]
+  local id = store(ARGV[i], ARGV[i + 2])
+  local sign, rest = string.sub(when, 1, 1), string.sub(when, 2)
+  if id and sign == '!' then
+    redis.call('ZADD', KEYS[3], now, id)
+    redis.call('HSET', KEYS[4], id, rest)
+  elseif id then
+    local due = now
+    local ms = tonumber(rest)
+    if sign == '+' and ms then
+      due = now + ms
+    elseif sign == '@' and ms then
+      due = math.max(now, ms)
+    end
+    due = math.min(due, LATEST)
+    scores[#scores + 1] = score_of(due, unit)
+    scores[#scores + 1] = id
+  end
+end
+for i = 1, #scores, CHUNK * 2 do
+  local j = math.min(#scores, i + CHUNK * 2 - 1)
   redis.call('ZADD', KEYS[1], unpack(scores, i, j))
 end
-return now
+return {now, absorbed, renamed}
