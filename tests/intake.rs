@@ -975,3 +975,97 @@ async fn the_migration_guide_steps_lose_nothing() {
     }
     del_family(&mut redis().await, &key).await;
 }
+
+/// A message lapin cannot read (a header key, a short-string property or a
+/// routing key that is not UTF-8, which RabbitMQ passes on) goes
+/// to the intake's dead-letter exchange as published, with a reason in the
+/// log; the intake keeps its connection and delivers what follows.
+#[tokio::test]
+async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on() {
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let dlx = unique("dlx");
+    let dlq = unique("dlq");
+    declare_target(&ch, &dlx, ExchangeKind::Fanout, &dlq, &[""]).await;
+    let t = Intake::new(
+        ExchangeKind::Direct,
+        &[""],
+        "",
+        &format!("dead_letter_exchange = \"{dlx}\""),
+    )
+    .await;
+    let d = t.start().await;
+    let mut raw = RawAmqp::connect(&amqp_url()).await;
+    let bad_key = Table::default()
+        .field(b"x-delay", b'I', &0i32.to_be_bytes())
+        .field(b"tenant-\xff", b'S', &long_bytes(b"eu"));
+    let bad_key = RawProps {
+        headers: Some(bad_key),
+        delivery_mode: Some(2),
+        ..Default::default()
+    };
+    raw.publish(&t.exchange, b"", &bad_key.encode(), b"bad key")
+        .await;
+    let bad_type = RawProps {
+        content_type: Some(b"text/\xc3(".to_vec()),
+        ..Default::default()
+    };
+    raw.publish(&t.exchange, b"", &bad_type.encode(), b"bad content_type")
+        .await;
+    raw.publish(
+        &t.exchange,
+        b"eu.\xff",
+        &RawProps::default().encode(),
+        b"bad routing key",
+    )
+    .await;
+    t.publish_delayed("", b"after", 0).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    assert_eq!(t.inbox.all()[0].body, b"after");
+
+    let first = raw.get_within(&dlq, Duration::from_secs(10)).await;
+    assert_eq!(first.body, b"bad key");
+    let headers = headers_of(&first.properties).expect("headers");
+    assert!(
+        headers
+            .iter()
+            .any(|f| f.key == b"tenant-\xff" && f.value == long_bytes(b"eu")),
+        "the key is dead-lettered as published: {headers:?}"
+    );
+    let second = raw.get_within(&dlq, Duration::from_secs(10)).await;
+    assert_eq!(second.body, b"bad content_type");
+    assert_eq!(
+        &second.properties[2..10],
+        b"\x07text/\xc3(",
+        "content_type as published"
+    );
+    let third = raw.get_within(&dlq, Duration::from_secs(10)).await;
+    assert_eq!(
+        (third.body.as_slice(), third.routing_key.as_slice()),
+        (&b"bad routing key"[..], &b"eu.\xff"[..])
+    );
+    let logs = d.logs();
+    // Each reason names the field, its bytes escaped (and quoted again by
+    // the log line).
+    for reason in [
+        r#"reason="unreadable" detail="lapin cannot read it: header key \"tenant-\\xff\" is not UTF-8""#,
+        r#"detail="lapin cannot read it: content_type \"text/\\xc3(\" is not UTF-8""#,
+        r#"detail="lapin cannot read it: routing_key \"eu.\\xff\" is not UTF-8""#,
+    ] {
+        assert!(logs.contains(reason), "{reason}:\n{}", d.tail());
+    }
+    assert_eq!(
+        logs.matches("consuming the intake queue").count(),
+        1,
+        "the intake kept its channel:\n{}",
+        d.tail()
+    );
+    drop(d);
+    let _ = ch
+        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+    t.cleanup().await;
+}

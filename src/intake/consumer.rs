@@ -21,7 +21,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::Broker;
+use crate::amqp::{unreadable, Broker};
 use crate::config::Business;
 use crate::redis_conn::RedisConn;
 use crate::telemetry::{Backoff, Health, METRICS};
@@ -270,6 +270,12 @@ impl Intake {
         for d in deliveries {
             if d.redelivered {
                 m.redelivered.with_label_values(&[name]).inc();
+            }
+            if let Some(why) = unreadable::reason(&d.properties) {
+                let detail = format!("lapin cannot read it: {why}");
+                self.reject(ch, d.delivery_tag, "unreadable", &detail)
+                    .await?;
+                continue;
             }
             let due = delay::due_of(d.properties.headers().as_ref());
             if let Due::Invalid(what) = &due {
