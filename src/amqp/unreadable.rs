@@ -187,18 +187,24 @@ impl Frames {
         }
         let pending = self.pending.remove(&channel);
         let props = payload.get(12..)?;
-        if pending.is_none() && parse_properties(props).is_ok() {
+        // lapin wants the properties to fill the frame exactly.
+        let whole =
+            |r: &Result<(&[u8], BasicProperties), _>| matches!(r, Ok((rest, _)) if rest.is_empty());
+        if pending.is_none() && whole(&parse_properties(props)) {
             return None;
         }
         let mut reasons = pending.unwrap_or_default();
         let mut fixed = props.to_vec();
         fix_properties(&mut fixed, &mut reasons);
         let parsed = match parse_properties(fixed.as_slice()) {
-            Ok((_, p)) => p,
-            Err(_) => {
-                if reasons.is_empty() {
-                    reasons.push("its properties are not valid AMQP".into());
+            Ok((rest, p)) => {
+                if !rest.is_empty() {
+                    reasons.push("its properties are followed by stray bytes".into());
                 }
+                p
+            }
+            Err(_) => {
+                reasons.push("its properties are not valid AMQP".into());
                 BasicProperties::default()
             }
         };
@@ -450,6 +456,18 @@ mod tests {
         let p = props_of(&out);
         assert_eq!(p.headers().as_ref().unwrap().inner().len(), 1);
         assert!(reason(&p).unwrap().contains("type code 'Z'"));
+    }
+
+    #[test]
+    fn stray_bytes_after_the_properties_are_a_reason_too() {
+        let (mut f, mut out) = (Frames::default(), Vec::new());
+        f.feed(&header_frame(b"\x80\0\x01a!"), &mut out);
+        let p = props_of(&out);
+        assert_eq!(p.content_type().as_ref().unwrap().as_str(), "a");
+        assert_eq!(
+            reason(&p).unwrap(),
+            "its properties are followed by stray bytes"
+        );
     }
 
     #[test]
