@@ -4,6 +4,7 @@
 //! message delayd publishes.
 
 mod nodes;
+pub mod unreadable;
 
 pub use nodes::{parse_uri, Nodes};
 
@@ -82,7 +83,7 @@ pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, AmqpErr
     let start = rand::random_range(0..nodes.len());
     let mut last = None;
     for i in start..start + nodes.len() {
-        match nodes.connect(i, name, None).await {
+        match nodes.connect(i, name, None, false).await {
             Ok(c) => return Ok(c),
             Err(e) => last = Some(e),
         }
@@ -269,7 +270,7 @@ async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
         next = (next + 1) % nodes.len();
         let attempt = tokio::select! {
             _ = stop.cancelled() => return,
-            r = nodes.connect(node, watch.role.connection_name(), watch.role.frame_max()) => r,
+            r = nodes.connect(node, watch.role.connection_name(), watch.role.frame_max(), watch.role == Role::Consume) => r,
         };
         match attempt {
             Ok(conn) => {

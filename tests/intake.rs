@@ -1067,3 +1067,524 @@ async fn the_migration_guide_steps_lose_nothing() {
     }
     del_family(&mut redis().await, &key).await;
 }
+
+/// A message lapin cannot read (a header key, a short-string property or a
+/// routing key that is not UTF-8, which RabbitMQ passes on) goes
+/// to the intake's dead-letter exchange as published, with a reason in the
+/// log; the intake keeps its connection and delivers what follows.
+#[tokio::test]
+async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on() {
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let dlx = unique("dlx");
+    let dlq = unique("dlq");
+    declare_target(&ch, &dlx, ExchangeKind::Fanout, &dlq, &[""]).await;
+    let t = Intake::new(
+        ExchangeKind::Direct,
+        &[""],
+        "",
+        &format!("dead_letter_exchange = \"{dlx}\""),
+    )
+    .await;
+    let d = t.start().await;
+    let mut raw = RawAmqp::connect(&amqp_url()).await;
+    let bad_key = Table::default()
+        .field(b"x-delay", b'I', &0i32.to_be_bytes())
+        .field(b"tenant-\xff", b'S', &long_bytes(b"eu"));
+    let bad_key = RawProps {
+        headers: Some(bad_key),
+        delivery_mode: Some(2),
+        ..Default::default()
+    };
+    raw.publish(&t.exchange, b"", &bad_key.encode(), b"bad key")
+        .await;
+    let bad_type = RawProps {
+        content_type: Some(b"text/\xc3(".to_vec()),
+        ..Default::default()
+    };
+    raw.publish(&t.exchange, b"", &bad_type.encode(), b"bad content_type")
+        .await;
+    raw.publish(
+        &t.exchange,
+        b"eu.\xff",
+        &RawProps::default().encode(),
+        b"bad routing key",
+    )
+    .await;
+    t.publish_delayed("", b"after", 0).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    assert_eq!(t.inbox.all()[0].body, b"after");
+
+    let first = raw.get_within(&dlq, Duration::from_secs(10)).await;
+    assert_eq!(first.body, b"bad key");
+    let headers = headers_of(&first.properties).expect("headers");
+    assert!(
+        headers
+            .iter()
+            .any(|f| f.key == b"tenant-\xff" && f.value == long_bytes(b"eu")),
+        "the key is dead-lettered as published: {headers:?}"
+    );
+    let second = raw.get_within(&dlq, Duration::from_secs(10)).await;
+    assert_eq!(second.body, b"bad content_type");
+    assert_eq!(
+        &second.properties[2..10],
+        b"\x07text/\xc3(",
+        "content_type as published"
+    );
+    let third = raw.get_within(&dlq, Duration::from_secs(10)).await;
+    assert_eq!(
+        (third.body.as_slice(), third.routing_key.as_slice()),
+        (&b"bad routing key"[..], &b"eu.\xff"[..])
+    );
+    let logs = d.logs();
+    // Each reason names the field, its bytes escaped (and quoted again by
+    // the log line).
+    for reason in [
+        r#"reason="unreadable" detail="lapin cannot read it: header key \"tenant-\\xff\" is not UTF-8""#,
+        r#"detail="lapin cannot read it: content_type \"text/\\xc3(\" is not UTF-8""#,
+        r#"detail="lapin cannot read it: routing_key \"eu.\\xff\" is not UTF-8""#,
+    ] {
+        assert!(logs.contains(reason), "{reason}:\n{}", d.tail());
+    }
+    assert_eq!(
+        logs.matches("consuming the intake queue").count(),
+        1,
+        "the intake kept its channel:\n{}",
+        d.tail()
+    );
+    drop(d);
+    let _ = ch
+        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+    t.cleanup().await;
+}
+
+/// What a 0-9-1 consumer receives of a message published through the
+/// intake, next to what RabbitMQ delivers of the same publish through a
+/// plain exchange, both read as bytes.
+struct BothWays {
+    t: Intake,
+    d: Daemon,
+    raw: RawAmqp,
+    plain: String,
+    plain_queue: String,
+    /// A second queue on the target, read as bytes (the inbox's consumer
+    /// would take the message from the first).
+    target_queue: String,
+}
+
+impl BothWays {
+    async fn new() -> Self {
+        let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+        let ch = t.amqp.create_channel().await.unwrap();
+        let plain = unique("plain");
+        let plain_queue = unique("plain-q");
+        declare_target(&ch, &plain, ExchangeKind::Direct, &plain_queue, &[""]).await;
+        let target_queue = unique("target-raw");
+        declare_target(&ch, &t.target, ExchangeKind::Direct, &target_queue, &[""]).await;
+        let d = t.start().await;
+        let raw = RawAmqp::connect(&amqp_url()).await;
+        BothWays {
+            t,
+            d,
+            raw,
+            plain,
+            plain_queue,
+            target_queue,
+        }
+    }
+
+    /// Publishes `headers` (with `x-delay: 0` first) both ways; returns the
+    /// property bytes delivered through delayd and through RabbitMQ alone.
+    async fn publish(&mut self, headers: Table) -> (Vec<u8>, Vec<u8>) {
+        let mut table = Table::default().field(b"x-delay", b'I', &0i32.to_be_bytes());
+        table.0.extend_from_slice(&headers.0);
+        let props = RawProps {
+            headers: Some(table),
+            delivery_mode: Some(2),
+            ..Default::default()
+        }
+        .encode();
+        self.raw.publish(&self.plain, b"", &props, b"typed").await;
+        self.raw
+            .publish(&self.t.exchange, b"", &props, b"typed")
+            .await;
+        let plain = self
+            .raw
+            .get_within(&self.plain_queue, Duration::from_secs(5))
+            .await;
+        let delayed = self
+            .raw
+            .get_within(&self.target_queue, Duration::from_secs(10))
+            .await;
+        assert_eq!(delayed.body, b"typed");
+        (delayed.properties, plain.properties)
+    }
+
+    async fn cleanup(self) {
+        let ch = self.t.amqp.create_channel().await.unwrap();
+        for q in [&self.plain_queue, &self.target_queue] {
+            let _ = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = ch
+            .exchange_delete(self.plain.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+        drop(self.d);
+        self.t.cleanup().await;
+    }
+}
+
+/// The headers as the intake delivers them, per the migration guide: keys
+/// sorted (bytewise), the last of duplicate keys kept, `L` sent as `l`, a
+/// boolean as 0 or 1; nested tables alike, arrays in order.
+fn as_the_intake_delivers(fields: &[Field]) -> Vec<Field> {
+    let mut sorted = std::collections::BTreeMap::new();
+    for f in fields {
+        let (kind, value) = normalized(f.kind, &f.value);
+        sorted.insert(f.key.clone(), (kind, value));
+    }
+    sorted
+        .into_iter()
+        .map(|(key, (kind, value))| Field { key, kind, value })
+        .collect()
+}
+
+fn normalized(kind: u8, value: &[u8]) -> (u8, Vec<u8>) {
+    match kind {
+        b'L' => (b'l', value.to_vec()),
+        b't' => (b't', vec![(value[0] != 0) as u8]),
+        b'F' => {
+            let mut t = Table::default();
+            for f in as_the_intake_delivers(&parse_table(&value[4..])) {
+                t = t.field(&f.key, f.kind, &f.value);
+            }
+            (b'F', t.as_value())
+        }
+        b'A' => {
+            let mut a = Vec::new();
+            for (k, v) in parse_array(&value[4..]) {
+                let (k, v) = normalized(k, &v);
+                a.push(k);
+                a.extend_from_slice(&v);
+            }
+            (b'A', long_bytes(&a))
+        }
+        _ => (kind, value.to_vec()),
+    }
+}
+
+/// Publishes `fields` both ways and asserts the intake delivers what
+/// RabbitMQ does, changed only as [`as_the_intake_delivers`] says; returns
+/// the fields RabbitMQ delivered, for the test to check that nothing it
+/// meant to exercise was lost on the way.
+async fn assert_header_types(fields: Table) -> Vec<Field> {
+    let mut b = BothWays::new().await;
+    let (delayed, plain) = b.publish(fields).await;
+    let plain_headers = headers_of(&plain).expect("RabbitMQ delivered headers");
+    let delayed_headers = headers_of(&delayed).expect("delayd delivered headers");
+    assert_eq!(
+        delayed_headers,
+        as_the_intake_delivers(&plain_headers),
+        "headers through the intake"
+    );
+    b.cleanup().await;
+    plain_headers
+}
+
+fn field(key: &str, kind: u8, value: &[u8]) -> Field {
+    Field {
+        key: key.as_bytes().to_vec(),
+        kind,
+        value: value.to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn header_type_long_string_arrives_byte_for_byte() {
+    let got = assert_header_types(
+        Table::default()
+            .field(b"empty", b'S', &long_bytes(b""))
+            .field(b"text", b'S', &long_bytes("hé ✓".as_bytes()))
+            .field(b"binary", b'S', &long_bytes(b"\x00\xff\xfe")),
+    )
+    .await;
+    assert!(got.contains(&field("binary", b'S', &long_bytes(b"\x00\xff\xfe"))));
+}
+
+/// Short strings are the properties and the header keys (0-9-1 has no
+/// short-string header value: RabbitMQ reads `s` as a 16-bit integer).
+#[tokio::test]
+async fn short_string_properties_and_keys_arrive_byte_for_byte() {
+    let mut b = BothWays::new().await;
+    let long_key = "k".repeat(255);
+    let props = RawProps {
+        content_type: Some(b"application/json".to_vec()),
+        content_encoding: Some(b"".to_vec()),
+        headers: Some(
+            Table::default()
+                .field(b"x-delay", b'I', &0i32.to_be_bytes())
+                .field(long_key.as_bytes(), b'V', b"")
+                .field("clé".as_bytes(), b'V', b""),
+        ),
+        delivery_mode: Some(2),
+        priority: Some(9),
+        correlation_id: Some("é".repeat(127).into_bytes()),
+        reply_to: Some(b"replies".to_vec()),
+        expiration: Some(b"600000".to_vec()),
+        message_id: Some(unique("id").into_bytes()),
+        timestamp: Some(u64::MAX),
+        kind: Some(b"t".to_vec()),
+        user_id: Some(b"guest".to_vec()),
+        app_id: Some(b"shop".to_vec()),
+    };
+    let props = props.encode();
+    b.raw.publish(&b.plain, b"", &props, b"x").await;
+    b.raw.publish(&b.t.exchange, b"", &props, b"x").await;
+    let plain = b
+        .raw
+        .get_within(&b.plain_queue, Duration::from_secs(5))
+        .await;
+    let delayed = b
+        .raw
+        .get_within(&b.target_queue, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        plain.properties, props,
+        "RabbitMQ delivers them as published"
+    );
+    let sorted = as_the_intake_delivers(&headers_of(&plain.properties).unwrap());
+    assert_eq!(headers_of(&delayed.properties).unwrap(), sorted);
+    let without_headers = |p: &[u8]| {
+        let mut p = p.to_vec();
+        // Flags, content_type (16 bytes), an empty content_encoding.
+        let at = 2 + 1 + 16 + 1;
+        let len = u32::from_be_bytes(p[at..at + 4].try_into().unwrap()) as usize;
+        p.drain(at..at + 4 + len);
+        p
+    };
+    assert_eq!(
+        without_headers(&delayed.properties),
+        without_headers(&props),
+        "every other property byte for byte"
+    );
+    b.cleanup().await;
+}
+
+#[tokio::test]
+async fn header_type_signed_8_bit_arrives_byte_for_byte() {
+    assert_header_types(
+        Table::default()
+            .field(b"min", b'b', &[0x80])
+            .field(b"max", b'b', &[0x7f]),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn header_type_unsigned_8_bit_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"max", b'B', &[0xff])).await;
+}
+
+/// RabbitMQ's code `s` (the spec's `U`, which RabbitMQ 3.10 refuses).
+#[tokio::test]
+async fn header_type_signed_16_bit_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"min", b's', &i16::MIN.to_be_bytes())).await;
+}
+
+#[tokio::test]
+async fn header_type_unsigned_16_bit_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"max", b'u', &u16::MAX.to_be_bytes())).await;
+}
+
+#[tokio::test]
+async fn header_type_signed_32_bit_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"min", b'I', &i32::MIN.to_be_bytes())).await;
+}
+
+#[tokio::test]
+async fn header_type_unsigned_32_bit_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"max", b'i', &u32::MAX.to_be_bytes())).await;
+}
+
+#[tokio::test]
+async fn header_type_signed_64_bit_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"min", b'l', &i64::MIN.to_be_bytes())).await;
+}
+
+/// `L` (unsigned 64-bit in the spec) is read as signed and sent as `l`:
+/// the same eight bytes, which a consumer reads as negative from 2^63 up.
+#[tokio::test]
+async fn header_type_unsigned_64_bit_arrives_as_signed_l() {
+    let got =
+        assert_header_types(Table::default().field(b"max", b'L', &u64::MAX.to_be_bytes())).await;
+    assert!(
+        got.contains(&field("max", b'L', &u64::MAX.to_be_bytes())),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn header_type_float_arrives_byte_for_byte() {
+    assert_header_types(
+        Table::default()
+            .field(b"half", b'f', &1.5f32.to_be_bytes())
+            .field(b"negative-zero", b'f', &(-0.0f32).to_be_bytes())
+            .field(b"max", b'f', &f32::MAX.to_be_bytes()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn header_type_double_arrives_byte_for_byte() {
+    assert_header_types(
+        Table::default()
+            .field(b"quarter", b'd', &2.25f64.to_be_bytes())
+            .field(b"huge", b'd', &1e300f64.to_be_bytes()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn header_type_decimal_arrives_byte_for_byte() {
+    assert_header_types(
+        Table::default()
+            .field(b"price", b'D', &[2, 0, 0, 0x30, 0x39])
+            .field(b"max", b'D', &[255, 0xff, 0xff, 0xff, 0xff]),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn header_type_timestamp_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"at", b'T', &1_700_000_000u64.to_be_bytes())).await;
+}
+
+/// A boolean other than 0 or 1 arrives as 1.
+#[tokio::test]
+async fn header_type_boolean_arrives_as_0_or_1() {
+    let got = assert_header_types(
+        Table::default()
+            .field(b"no", b't', &[0])
+            .field(b"yes", b't', &[1])
+            .field(b"two", b't', &[2]),
+    )
+    .await;
+    assert!(got.contains(&field("two", b't', &[2])), "{got:?}");
+}
+
+#[tokio::test]
+async fn header_type_byte_array_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"bytes", b'x', &long_bytes(b"\x00\x01\xff"))).await;
+}
+
+#[tokio::test]
+async fn header_type_void_arrives_byte_for_byte() {
+    assert_header_types(Table::default().field(b"nothing", b'V', b"")).await;
+}
+
+/// A nested table's keys are sorted too, and its duplicates collapse.
+#[tokio::test]
+async fn header_type_nested_table_arrives_sorted() {
+    let inner = Table::default()
+        .field(b"z", b'I', &1i32.to_be_bytes())
+        .field(b"a", b's', &2i16.to_be_bytes())
+        .field(b"z", b'I', &3i32.to_be_bytes());
+    let got = assert_header_types(Table::default().field(b"t", b'F', &inner.as_value())).await;
+    assert!(
+        got.contains(&field("t", b'F', &inner.as_value())),
+        "{got:?}"
+    );
+}
+
+/// An array keeps its order and its repeated values.
+#[tokio::test]
+async fn header_type_array_arrives_in_order() {
+    let mut items = Vec::new();
+    for (k, v) in [
+        (b'I', 2i32.to_be_bytes().to_vec()),
+        (b'I', 1i32.to_be_bytes().to_vec()),
+        (b'I', 1i32.to_be_bytes().to_vec()),
+        (b'S', long_bytes(b"s")),
+        (b'V', vec![]),
+        (b'L', 7u64.to_be_bytes().to_vec()),
+    ] {
+        items.push(k);
+        items.extend_from_slice(&v);
+    }
+    let got = assert_header_types(Table::default().field(b"a", b'A', &long_bytes(&items))).await;
+    assert!(
+        got.contains(&field("a", b'A', &long_bytes(&items))),
+        "{got:?}"
+    );
+}
+
+/// Header order is not kept (keys arrive sorted), and of two entries with
+/// one key only the last arrives.
+#[tokio::test]
+async fn headers_arrive_sorted_and_a_duplicate_key_keeps_its_last_value() {
+    let got = assert_header_types(
+        Table::default()
+            .field(b"zeta", b'I', &1i32.to_be_bytes())
+            .field(b"alpha", b'I', &2i32.to_be_bytes())
+            .field(b"zeta", b'I', &3i32.to_be_bytes()),
+    )
+    .await;
+    let keys: Vec<&[u8]> = got.iter().map(|f| f.key.as_slice()).collect();
+    assert_eq!(
+        keys,
+        [&b"x-delay"[..], b"zeta", b"alpha", b"zeta"],
+        "RabbitMQ delivers them as published"
+    );
+}
+
+/// An `x-delay` beyond any plausible delay, a `1e300` double or a
+/// 400-digit string, is due at the latest time delayd stores (an infinite
+/// double means the same, but RabbitMQ 3.10 refuses to route one: a unit
+/// test in `src/intake/delay.rs` covers it); `-1e300` is due at once.
+#[tokio::test]
+async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let d = t.start().await;
+    let double = unique("double");
+    let digits = unique("digits");
+    for (id, v) in [
+        (&double, AMQPValue::Double(1e300)),
+        (
+            &digits,
+            AMQPValue::LongString(LongString::from("9".repeat(400))),
+        ),
+    ] {
+        t.publish(
+            "",
+            id.as_bytes(),
+            delayed(v).with_message_id(ShortString::from(id.as_str())),
+        )
+        .await;
+    }
+    t.publish("", b"now", delayed(AMQPValue::Double(-1e300)))
+        .await;
+    wait_n(&t.inbox, 1, Duration::from_secs(5), &d).await;
+    assert_eq!(t.inbox.all()[0].body, b"now");
+    let mut r = t.redis.clone();
+    for id in [&double, &digits] {
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&t.key)
+            .arg(id)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert_eq!(
+            score,
+            Some(delayd::intake::delay::LATEST_MS as f64),
+            "{id}:\n{}",
+            d.tail()
+        );
+    }
+    drop(d);
+    t.cleanup().await;
+}

@@ -70,7 +70,9 @@ impl Nodes {
     }
 
     /// Connects to node `i` (modulo the count): TCP, TLS when `amqps://`, and
-    /// the AMQP handshake, all within `connect_timeout`.
+    /// the AMQP handshake, all within `connect_timeout`. With
+    /// `filter_unreadable`, lapin reads the broker through
+    /// [`super::unreadable`], for a consumer that must get past any message.
     ///
     /// lapin runs the handshake on a thread of its own that waits on the
     /// socket without a deadline, so timing out the future alone would leave
@@ -82,6 +84,7 @@ impl Nodes {
         i: usize,
         conn_name: &str,
         frame_max: Option<u32>,
+        filter_unreadable: bool,
     ) -> Result<Connection, AmqpError> {
         let node = &self.nodes[i % self.nodes.len()];
         let runtime = lapin::runtime::default_runtime()?;
@@ -92,7 +95,14 @@ impl Nodes {
         let open = move |uri: AMQPUri, _rt| {
             let slot = slot.clone();
             let tls = tls.clone();
-            async move { open_stream(uri, slot, tls, timeout).await }
+            async move {
+                let stream = open_stream(uri, slot, tls, timeout).await?;
+                if !filter_unreadable {
+                    return Ok(stream);
+                }
+                let filtered = super::unreadable::behind_filter(stream).await?;
+                Ok(AsyncTcpStream::Plain(async_compat::Compat::new(filtered)))
+            }
         };
         let props = ConnectionProperties::default().with_connection_name(conn_name.into());
         let mut uri = node.uri.clone();

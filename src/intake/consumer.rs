@@ -21,7 +21,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::Broker;
+use crate::amqp::{unreadable, Broker};
 use crate::config::Business;
 use crate::redis_conn::RedisConn;
 use crate::telemetry::{Backoff, Health, METRICS};
@@ -376,6 +376,14 @@ impl Intake {
     /// delayd, so it exists), or else kept in the business's dead set with
     /// its reason; never dropped.
     fn unstorable(&self, d: &Delivery, props: &lapin::BasicProperties) -> Unstorable {
+        if let Some(why) = unreadable::reason(&d.properties) {
+            // Only the body is kept as it came; the broker's own copy,
+            // byte for byte, goes to a dead-letter exchange when one is set.
+            let bare = lapin::BasicProperties::default();
+            let env = envelope::encode("", &bare, &d.data).unwrap_or_default();
+            let detail = format!("lapin cannot read it: {why}; stored with the body only");
+            return self.dead_end(env, "unreadable", detail);
+        }
         let env = match envelope::encode(d.routing_key.as_str(), props, &d.data) {
             Ok(env) => env,
             Err(e) => {
@@ -419,7 +427,7 @@ impl Intake {
         if self.invalid_logged.due() {
             tracing::warn!(
                 value = %what,
-                "x-delay is not a number of milliseconds; published at once, as the delayed-message plugin did (delayd_intake_invalid_delay_total counts them; one line per 10 s)"
+                "x-delay is not a number of milliseconds; published at once (the delayed-message plugin published a value of another type at once too, and closed the publisher's connection on a string that is not an integer; delayd_intake_invalid_delay_total counts them; one line per 10 s)"
             );
         }
     }

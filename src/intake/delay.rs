@@ -79,8 +79,9 @@ pub fn millis(v: &AMQPValue) -> Option<i64> {
 }
 
 fn float_ms(f: f64) -> Option<i64> {
-    // Saturating: a float beyond i64 is a very long delay, not an error.
-    f.is_finite().then(|| f.trunc() as i64)
+    // Saturating: a float beyond i64, infinity included, is a very long
+    // delay (or, negative, none), not an error; only NaN is not a number.
+    (!f.is_nan()).then(|| f.trunc() as i64)
 }
 
 fn text_ms(bytes: &[u8]) -> Option<i64> {
@@ -201,5 +202,23 @@ mod tests {
             Due::After(LATEST_MS)
         );
         assert_eq!(delay(AMQPValue::Double(1e300)), Due::After(LATEST_MS));
+    }
+
+    #[test]
+    fn infinity_and_1e300_both_mean_the_latest_due_time() {
+        for v in [
+            AMQPValue::Double(f64::INFINITY),
+            AMQPValue::Double(1e300),
+            AMQPValue::Float(f32::INFINITY),
+            AMQPValue::Float(f32::MAX),
+        ] {
+            assert_eq!(delay(v.clone()), Due::After(LATEST_MS), "{v:?}");
+        }
+        assert_eq!(delay(AMQPValue::Double(f64::NEG_INFINITY)), Due::Now);
+        assert_eq!(
+            delay(AMQPValue::LongString(LongString::from("1".repeat(301)))),
+            Due::After(LATEST_MS),
+            "a 301-digit string too"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! - `daemon`: the binary as a child process or a one-shot command, its HTTP;
 //! - `http_api`: the console's JSON API and a daemon that serves it;
 //! - `inbox`: exchanges, queues and the consumers that record deliveries;
+//! - `raw_amqp`: a bare 0-9-1 client that publishes and reads property bytes as they are;
 //! - `redis_keys`: Redis connections, bulk writes, key-family waits and checks;
 //! - `config_file`: config files for the daemon under test;
 //! - `setup`: the usual start of an end-to-end test.
@@ -27,6 +28,7 @@ mod config_file;
 mod daemon;
 mod http_api;
 mod inbox;
+mod raw_amqp;
 mod redis_keys;
 mod servers;
 mod setup;
@@ -40,6 +42,8 @@ pub use daemon::*;
 pub use http_api::*;
 #[allow(unused_imports)]
 pub use inbox::*;
+#[allow(unused_imports)]
+pub use raw_amqp::*;
 #[allow(unused_imports)]
 pub use redis_keys::*;
 #[allow(unused_imports)]
