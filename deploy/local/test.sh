@@ -11,8 +11,17 @@
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
 # 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test --release and
 #    the container test (deploy/container/test.sh);
+# 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
+#    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
+#    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
+#    with the same build against that set (deploy/local/test-set.sh), each set
+#    on its own ports: its defaults, or DELAYD_REDIS_PORT / DELAYD_AMQP_PORT + 1,
+#    + 2, ... when those are set;
 #    all run even when one fails, so one report shows every problem;
-# 4. exits non-zero if any step failed.
+# 5. exits non-zero if any step failed.
+#
+# The whole suite runs on DELAYD_SERVERS (deploy/local/lib.sh; default
+# rabbitmq3-redis7, Debian 12's RabbitMQ 3.10 and Redis 7.0).
 #
 # Servers this script started are stopped when it exits; servers that were
 # already running are left alone. DELAYD_KEEP_SERVERS=1 keeps them all.
@@ -35,6 +44,13 @@ if ! command -v cc >/dev/null 2>&1; then
 	apt_install gcc libc6-dev
 fi
 command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH (install Rust with rustup first)"
+
+# Debian 13's servers for the matrix: built (once) while cargo compiles; the
+# sets wait for it through trixie.sh's lock.
+if [[ " ${DELAYD_MATRIX:-} " == *" rabbitmq4-"* ]]; then
+	mkdir -p "$DELAYD_LOCAL_DIR"
+	deploy/local/trixie.sh build </dev/null >"$DELAYD_LOCAL_DIR/trixie-prebuild.log" 2>&1 &
+fi
 
 # --- servers -------------------------------------------------------------------
 # Remember which servers were down before, so only those are stopped again.
@@ -116,6 +132,23 @@ if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; t
 else
 	results+=("image : skipped (no podman, and not root to install it)")
 fi
+
+# The binaries that exercise the servers' behaviour (delivery and its faults,
+# the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
+# to both); the others test delayd's own logic, which no server version changes.
+read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
+matrix_args=()
+for t in "${matrix_tests[@]}"; do
+	matrix_args+=(--test "$t")
+done
+i=0
+for set in ${DELAYD_MATRIX:-}; do
+	i=$((i + 1))
+	ports=()
+	[[ -z "${DELAYD_REDIS_PORT:-}" ]] || ports+=("DELAYD_REDIS_PORT=$((DELAYD_REDIS_PORT + i))")
+	[[ -z "${DELAYD_AMQP_PORT:-}" ]] || ports+=("DELAYD_AMQP_PORT=$((DELAYD_AMQP_PORT + i))")
+	step "$set" env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@"
+done
 
 log "summary:"
 for r in "${results[@]}"; do
