@@ -8,7 +8,9 @@
 # DELAYD_REDIS_PORT / DELAYD_AMQP_PORT), runs `cargo test --release
 # --no-fail-fast ARGS` with the set's environment (servers.sh env: its URLs,
 # and its commands first on PATH for the servers tests start themselves), and
-# stops the servers it started. Exits with cargo's status.
+# stops the servers it started. On a RabbitMQ 4 set it then runs the tests
+# that need RabbitMQ 4 and are ignored elsewhere (tests/intake_amqp10.rs).
+# Exits non-zero if any cargo run failed.
 set -euo pipefail
 
 (($# >= 1)) || {
@@ -29,4 +31,7 @@ start_servers
 log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
 rc=0
 cargo test --release --no-fail-fast "$@" || rc=$?
+if [[ "$SET_RABBITMQ" == 4 ]]; then
+	cargo test --release --test intake_amqp10 -- --include-ignored || rc=$?
+fi
 exit "$rc"

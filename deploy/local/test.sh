@@ -125,6 +125,10 @@ step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --all-targets -- -D warnings
 # --no-fail-fast: run every test binary even after one fails.
 step "tests " cargo test --release --no-fail-fast "$@"
+if [[ "$SET_RABBITMQ" == 4 ]]; then
+	# Ignored by default: tests that need RabbitMQ 4 (tests/intake_amqp10.rs).
+	step "rabbitmq 4" cargo test --release --test intake_amqp10 -- --include-ignored
+fi
 # The image, built and run beside the same servers. It installs podman as
 # root; elsewhere it runs only where podman already is.
 if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
