@@ -14,9 +14,9 @@
 # 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
 #    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
 #    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
-#    with the same build against that set (deploy/local/test-set.sh), each set
-#    on its own ports: its defaults, or DELAYD_REDIS_PORT / DELAYD_AMQP_PORT + 1,
-#    + 2, ... when those are set;
+#    with the same build against that set (deploy/local/test-set.sh), all sets
+#    at once, each on its own ports: its defaults, or DELAYD_REDIS_PORT /
+#    DELAYD_AMQP_PORT + 1, + 2, ... when those are set;
 #    all run even when one fails, so one report shows every problem;
 # 5. exits non-zero if any step failed.
 #
@@ -64,14 +64,17 @@ preexisting_test_nodes=" $(rmq_test_node_pids | tr '\n' ' ') "
 preexisting_redis_nodes=" $(redis_test_node_pids | tr '\n' ' ') "
 
 step_pid=""
+matrix_pids=()
 cleanup() {
 	local rc=$? s pid
 	# Interrupted during a step: stop it before the servers go away.
 	# The step runs in its own process group, so test binaries die with cargo.
-	if [[ -n "$step_pid" ]] && alive "$step_pid"; then
-		kill -TERM -- "-$step_pid" 2>/dev/null || true
-		wait "$step_pid" 2>/dev/null || true
-	fi
+	for pid in "$step_pid" "${matrix_pids[@]}"; do
+		if [[ -n "$pid" ]] && alive "$pid"; then
+			kill -TERM -- "-$pid" 2>/dev/null || true
+			wait "$pid" 2>/dev/null || true
+		fi
+	done
 	for pid in $(rmq_test_node_pids); do
 		if [[ "$preexisting_test_nodes" != *" $pid "* ]]; then
 			log "killing leftover test RabbitMQ node (pid $pid)"
@@ -145,13 +148,33 @@ matrix_args=()
 for t in "${matrix_tests[@]}"; do
 	matrix_args+=(--test "$t")
 done
+# The sets run at once, each into its own log (printed when all are done):
+# their tests mostly wait on servers and timers, so two sets take little
+# longer than one.
 i=0
+matrix_sets=()
 for set in ${DELAYD_MATRIX:-}; do
 	i=$((i + 1))
 	ports=()
 	[[ -z "${DELAYD_REDIS_PORT:-}" ]] || ports+=("DELAYD_REDIS_PORT=$((DELAYD_REDIS_PORT + i))")
 	[[ -z "${DELAYD_AMQP_PORT:-}" ]] || ports+=("DELAYD_AMQP_PORT=$((DELAYD_AMQP_PORT + i))")
-	step "$set" env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@"
+	log "==> $set: deploy/local/test-set.sh ${matrix_args[*]} $* (log: .local/test-$set.log)"
+	setsid env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@" \
+		</dev/null >"$DELAYD_LOCAL_DIR/test-$set.log" 2>&1 &
+	matrix_pids+=("$!")
+	matrix_sets+=("$set")
+done
+t0="$(date +%s)"
+for i in "${!matrix_sets[@]}"; do
+	rc=0
+	wait "${matrix_pids[$i]}" || rc=$?
+	cat "$DELAYD_LOCAL_DIR/test-${matrix_sets[$i]}.log" >&2
+	if ((rc == 0)); then
+		results+=("${matrix_sets[$i]}: ok (all sets: $(($(date +%s) - t0))s)")
+	else
+		results+=("${matrix_sets[$i]}: FAILED with exit code $rc (all sets: $(($(date +%s) - t0))s)")
+		failed=1
+	fi
 done
 
 log "summary:"
