@@ -860,6 +860,150 @@ fn container_test_builds_the_tag_compose_runs() {
     );
 }
 
+// --- server versions ---------------------------------------------------------
+
+/// The servers and versions the tests run against, from the table under
+/// "## Server versions" in docs/operations.md: server -> every version its
+/// row names (oldest and newest).
+fn tested_versions() -> BTreeMap<String, Vec<String>> {
+    let doc = read("docs/operations.md");
+    let table = doc
+        .split("## Server versions")
+        .nth(1)
+        .expect("docs/operations.md has a \"## Server versions\" section");
+    let mut out = BTreeMap::new();
+    for row in table.lines().take_while(|l| !l.starts_with("## ")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        if cells.len() < 4 || !["RabbitMQ", "Redis", "Valkey"].contains(&cells[1]) {
+            continue;
+        }
+        let versions = cells[2..4].iter().filter_map(|c| major_minor(c)).collect();
+        out.insert(cells[1].to_string(), versions);
+    }
+    out
+}
+
+/// The first "N.N" in `text`.
+fn major_minor(text: &str) -> Option<String> {
+    let start = text.find(|c: char| c.is_ascii_digit())?;
+    let v: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let mut parts = v.split('.').filter(|p| !p.is_empty());
+    Some(format!("{}.{}", parts.next()?, parts.next()?))
+}
+
+/// (file, server, version) for each server image docker-compose.yml runs.
+fn compose_server_versions(compose: &Value) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let Some(services) = at(compose, "services").and_then(Value::as_mapping) else {
+        return out;
+    };
+    for svc in services.values() {
+        let Some(image) = text(svc.get("image")) else {
+            continue;
+        };
+        let (name, tag) = image.rsplit_once(':').unwrap_or((&image, "latest"));
+        let server = match name.rsplit('/').next().unwrap_or(name) {
+            "rabbitmq" => "RabbitMQ",
+            "redis" => "Redis",
+            "valkey" => "Valkey",
+            _ => continue,
+        };
+        let version = major_minor(tag).unwrap_or_else(|| tag.to_string());
+        out.push(("docker-compose.yml".into(), server.into(), version));
+    }
+    out
+}
+
+/// (file, server, version) for each "RabbitMQ N.N", "Redis N.N" and
+/// "Valkey N.N" in the comments that open the Kubernetes manifest.
+fn manifest_server_versions(manifest: &str) -> Vec<(String, String, String)> {
+    let f = "deploy/kubernetes/delayd.yaml";
+    let header: String = manifest
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#'))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let words: Vec<&str> = header.split_whitespace().collect();
+    let mut out = Vec::new();
+    for w in words.windows(2) {
+        let names_version = w[1].starts_with(|c: char| c.is_ascii_digit());
+        if ["RabbitMQ", "Redis", "Valkey"].contains(&w[0]) && names_version {
+            if let Some(v) = major_minor(w[1]) {
+                out.push((f.to_string(), w[0].to_string(), v));
+            }
+        }
+    }
+    out
+}
+
+fn server_version_problems(
+    named: &[(String, String, String)],
+    tested: &BTreeMap<String, Vec<String>>,
+) -> Vec<String> {
+    named
+        .iter()
+        .filter(|(_, server, v)| !tested.get(server).is_some_and(|t| t.contains(v)))
+        .map(|(f, server, v)| {
+            format!(
+                "{f}: {server} {v} is not a version the tests run against ({:?}, docs/operations.md)",
+                tested.get(server)
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn compose_and_manifest_name_server_versions_the_tests_run_against() {
+    let tested = tested_versions();
+    for server in ["RabbitMQ", "Redis", "Valkey"] {
+        assert!(
+            tested.contains_key(server),
+            "no {server} row in docs/operations.md: {tested:?}"
+        );
+    }
+    // The table says what deploy/local/lib.sh's server sets run.
+    let sets = read("deploy/local/lib.sh");
+    for (server, versions) in &tested {
+        for v in versions {
+            assert!(
+                sets.contains(&format!("{server} {v}")),
+                "docs/operations.md names {server} {v}, which no server set in deploy/local/lib.sh runs"
+            );
+        }
+    }
+    let compose = compose_server_versions(&yaml(&read("docker-compose.yml")));
+    assert!(
+        compose.iter().any(|(_, s, _)| s == "RabbitMQ"),
+        "{compose:?}"
+    );
+    let manifest = manifest_server_versions(&read("deploy/kubernetes/delayd.yaml"));
+    assert!(
+        manifest.iter().any(|(_, s, _)| s == "RabbitMQ"),
+        "{manifest:?}"
+    );
+    assert_none(server_version_problems(
+        &[compose, manifest].concat(),
+        &tested,
+    ));
+}
+
+#[test]
+fn a_compose_server_version_the_tests_do_not_run_is_caught() {
+    let mut compose = yaml(&read("docker-compose.yml"));
+    set(
+        &mut compose,
+        "services.rabbitmq.image",
+        Value::String("rabbitmq:3.13-management".into()),
+    );
+    let problems = server_version_problems(&compose_server_versions(&compose), &tested_versions());
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("RabbitMQ 3.13"), "{problems:?}");
+}
+
 /// The probe paths (and what each must mean), from every file that names one.
 fn named_paths() -> Vec<(String, String, &'static str)> {
     let mut out = Vec::new();

@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use delayd::store::KeyFamily;
@@ -438,22 +438,25 @@ async fn forecast_gauge_counts_pending_due_within_a_minute_an_hour_and_a_day() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let port = port.expect("the daemon never said where it serves /metrics");
-    let body = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    })
-    .await
-    .unwrap();
-    for (window, n) in [("1m", 1), ("1h", 2), ("1d", 3)] {
-        let line =
-            format!("delayd_pending_due_within{{business=\"orders\",window=\"{window}\"}} {n}");
-        assert!(body.contains(&line), "no `{line}` in:\n{body}");
+    let lines: Vec<String> = [("1m", 1), ("1h", 2), ("1d", 3)]
+        .iter()
+        .map(|(window, n)| {
+            format!("delayd_pending_due_within{{business=\"orders\",window=\"{window}\"}} {n}")
+        })
+        .collect();
+    // The gauges appear with the first refresh after the listener opens.
+    let mut body = String::new();
+    let start = Instant::now();
+    while !lines.iter().all(|l| body.contains(l.as_str()))
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        body = http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+    }
+    for line in &lines {
+        assert!(body.contains(line.as_str()), "no `{line}` in:\n{body}");
     }
     drop(daemon);
     del_family(&mut redis, &b.key).await;

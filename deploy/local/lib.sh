@@ -102,8 +102,10 @@ ensure_packages() {
 	command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 	[[ -x "${RABBITMQ_LIBEXEC}/rabbitmq-server" ]] || missing+=(rabbitmq-server)
 	command -v epmd >/dev/null 2>&1 || missing+=(erlang-base)
-	((${#missing[@]} == 0)) && return 0
-	apt_install "${missing[@]}"
+	((${#missing[@]} == 0)) || apt_install "${missing[@]}"
+	if [[ "$DELAYD_SERVERS" != rabbitmq3-redis7 ]]; then
+		"$DELAYD_REPO_ROOT/deploy/local/trixie.sh" build
+	fi
 }
 
 # ensure_browser: installs Debian's chromium and chromium-driver when missing,
@@ -222,4 +224,71 @@ stop_noted_servers() {
 	for s in "${to_stop[@]}"; do
 		"$DELAYD_REPO_ROOT/deploy/local/servers.sh" stop "$s" || true
 	done
+}
+
+# --- server sets -----------------------------------------------------------------
+# DELAYD_SERVERS names the servers every script here (and the tests, through
+# PATH and the variables servers.sh env prints) runs:
+#   rabbitmq3-redis7   Debian 12's RabbitMQ 3.10 and Redis 7.0, installed on the system (default)
+#   rabbitmq4-redis8   Debian 13's RabbitMQ 4.0 (Erlang 27) and Redis 8.0 } from deploy/local/trixie.sh,
+#   rabbitmq4-valkey8  Debian 13's RabbitMQ 4.0 (Erlang 27) and Valkey 8.1 } in <repo>/.local/trixie
+# Each set has its own default ports and state directories, so sets run side by
+# side and a server of one set is never taken for another's (servers.sh checks
+# the versions that answer).
+DELAYD_SERVER_SETS="rabbitmq3-redis7 rabbitmq4-redis8 rabbitmq4-valkey8"
+DELAYD_SERVERS="${DELAYD_SERVERS:-rabbitmq3-redis7}"
+# Another set's commands (from an outer script that ran one) never shadow this set's.
+PATH=":$PATH:"
+PATH="${PATH//:$DELAYD_REPO_ROOT\/deploy\/local\/trixie-bin:/:}"
+PATH="${PATH#:}"
+PATH="${PATH%:}"
+case "$DELAYD_SERVERS" in
+rabbitmq3-redis7)
+	SET_REDIS_PORT=6379 SET_AMQP_PORT=5672 SET_STATE_DIR="$DELAYD_LOCAL_DIR"
+	SET_RABBITMQ=3 SET_REDIS=redis-7
+	;;
+rabbitmq4-redis8 | rabbitmq4-valkey8)
+	if [[ "$DELAYD_SERVERS" == *valkey8 ]]; then
+		SET_REDIS_PORT=6580 SET_AMQP_PORT=5872 SET_REDIS=valkey-8
+	else
+		SET_REDIS_PORT=6480 SET_AMQP_PORT=5772 SET_REDIS=redis-8
+	fi
+	SET_RABBITMQ=4 SET_STATE_DIR="$DELAYD_LOCAL_DIR/$DELAYD_SERVERS"
+	# redis-server, redis-cli, rabbitmq-server and rabbitmqctl from the tree.
+	RABBITMQ_LIBEXEC="$DELAYD_REPO_ROOT/deploy/local/trixie-bin"
+	case ":$PATH:" in
+	*":$RABBITMQ_LIBEXEC:"*) ;;
+	*) PATH="$RABBITMQ_LIBEXEC:$PATH" ;;
+	esac
+	export PATH
+	;;
+*) die "DELAYD_SERVERS must be one of: $DELAYD_SERVER_SETS (got '$DELAYD_SERVERS')" ;;
+esac
+export DELAYD_SERVERS
+# shellcheck disable=SC2034 # used by the scripts that source this file
+readonly SET_REDIS_PORT SET_AMQP_PORT SET_STATE_DIR SET_RABBITMQ SET_REDIS
+
+# redis_version PORT: "redis-7.0.15" or "valkey-8.1.1", from INFO server.
+redis_version() {
+	local info v
+	info="$(timeout 3 redis-cli -h 127.0.0.1 -p "$1" info server 2>/dev/null | tr -d '\r')" || return 1
+	v="$(sed -n 's/^valkey_version://p' <<<"$info")"
+	if [[ -n "$v" ]]; then
+		printf 'valkey-%s\n' "$v"
+	else
+		v="$(sed -n 's/^redis_version://p' <<<"$info")"
+		[[ -n "$v" ]] && printf 'redis-%s\n' "$v"
+	fi
+}
+
+# amqp_version PORT: the broker's version, from the server properties of its
+# connection.start ("version" is a long string: S, 4 length bytes, text).
+amqp_version() {
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	timeout 3 bash -c '
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		printf "AMQP\x00\x00\x09\x01" >&3
+		read -r -a h < <(head -c 7 <&3 | od -An -tu1)
+		head -c $(((h[3] << 24) + (h[4] << 16) + (h[5] << 8) + h[6])) <&3 | tr -c "[:alnum:]._-" " "
+	' _ "$1" 2>/dev/null | grep -oE 'versionS {4}[0-9][0-9.]*' | head -n1 | awk '{print $2}'
 }

@@ -12,8 +12,10 @@
 # another clone, or the system) is reused, never fought over.
 #
 # Environment:
-#   DELAYD_REDIS_PORT          Redis port (default 6379)
-#   DELAYD_AMQP_PORT           RabbitMQ AMQP port (default 5672)
+#   DELAYD_SERVERS             the server set (deploy/local/lib.sh): rabbitmq3-redis7
+#                              (default), rabbitmq4-redis8 or rabbitmq4-valkey8
+#   DELAYD_REDIS_PORT          Redis port (default 6379; 6480 and 6580 for the other sets)
+#   DELAYD_AMQP_PORT           RabbitMQ AMQP port (default 5672; 5772 and 5872 for the other sets)
 #   DELAYD_RABBITMQ_DIST_PORT  Erlang distribution port (default AMQP port + 20000)
 #   DELAYD_RABBITMQ_NODENAME   node name (default delayd-<amqp port>@localhost)
 #   DELAYD_START_TIMEOUT       seconds to wait for each server (default 60)
@@ -25,24 +27,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # shellcheck source=deploy/local/rabbitmq-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/rabbitmq-lib.sh"
 
-REDIS_PORT="${DELAYD_REDIS_PORT:-6379}"
-AMQP_PORT="${DELAYD_AMQP_PORT:-5672}"
+REDIS_PORT="${DELAYD_REDIS_PORT:-$SET_REDIS_PORT}"
+AMQP_PORT="${DELAYD_AMQP_PORT:-$SET_AMQP_PORT}"
 valid_port "$REDIS_PORT" DELAYD_REDIS_PORT
 valid_port "$AMQP_PORT" DELAYD_AMQP_PORT
 # RabbitMQ's own convention is AMQP port + 20000 (25672 for 5672).
 DIST_PORT="$(dist_port "$AMQP_PORT" 20000)"
 RMQ_NODE="${DELAYD_RABBITMQ_NODENAME:-delayd-${AMQP_PORT}@localhost}"
 
-# Per-port directories, so servers on other ports never share files.
-REDIS_DIR="${DELAYD_LOCAL_DIR}/redis-${REDIS_PORT}"
-RMQ_DIR="${DELAYD_LOCAL_DIR}/rabbitmq-${AMQP_PORT}"
+# Per-set, per-port directories, so servers never share files (nor does a
+# newer server convert an older one's data).
+REDIS_DIR="${SET_STATE_DIR}/redis-${REDIS_PORT}"
+RMQ_DIR="${SET_STATE_DIR}/rabbitmq-${AMQP_PORT}"
 
 # --- Redis -------------------------------------------------------------------
 
 redis_pid() {
 	local pid
 	pid="$(read_pid "$REDIS_DIR/redis.pid")"
-	[[ -n "$pid" ]] && alive "$pid" && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == redis-server* ]] || return 1
+	[[ -n "$pid" ]] && alive "$pid" && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == @(redis|valkey)-server* ]] || return 1
 	printf '%s\n' "$pid"
 }
 
@@ -194,6 +197,25 @@ rabbitmq_status() {
 	return 1
 }
 
+# --- versions ------------------------------------------------------------------
+
+# check_versions [redis|rabbitmq|all]: dies unless what answers on the ports is
+# the set's (a server reused from another set or the system would make a test
+# run prove nothing about the set it names).
+check_versions() {
+	local v
+	if [[ "$1" != rabbitmq ]]; then
+		v="$(redis_version "$REDIS_PORT")" || v="unknown"
+		[[ "$v" == "$SET_REDIS".* ]] ||
+			die "127.0.0.1:$REDIS_PORT runs ${v}, not the ${SET_REDIS} of DELAYD_SERVERS=$DELAYD_SERVERS; stop it or set DELAYD_REDIS_PORT"
+	fi
+	if [[ "$1" != redis ]]; then
+		v="$(amqp_version "$AMQP_PORT")" || v=""
+		[[ "$v" == "$SET_RABBITMQ".* ]] ||
+			die "127.0.0.1:$AMQP_PORT runs RabbitMQ ${v:-of an unknown version}, not the ${SET_RABBITMQ}.x of DELAYD_SERVERS=$DELAYD_SERVERS; stop it or set DELAYD_AMQP_PORT"
+	fi
+}
+
 # --- main ----------------------------------------------------------------------
 
 cmd="${1:-}"
@@ -209,6 +231,8 @@ start)
 	mkdir -p "$DELAYD_LOCAL_DIR"
 	if [[ "$which" != rabbitmq ]]; then redis_start; fi
 	if [[ "$which" != redis ]]; then rabbitmq_start; fi
+	check_versions "$which"
+	log "$DELAYD_SERVERS: $([[ "$which" == rabbitmq ]] || redis_version "$REDIS_PORT") $([[ "$which" == redis ]] || echo "rabbitmq-$(amqp_version "$AMQP_PORT")")"
 	;;
 stop)
 	if [[ "$which" != redis ]]; then rabbitmq_stop; fi
@@ -224,6 +248,13 @@ status)
 env)
 	printf 'export DELAYD_TEST_REDIS_URL=%s\n' "redis://127.0.0.1:${REDIS_PORT}/0"
 	printf 'export DELAYD_TEST_AMQP_URL=%s\n' "amqp://guest:guest@127.0.0.1:${AMQP_PORT}/%2f"
+	# What the tests' own servers (fault, cluster, Sentinel, TLS) need to be
+	# of the same set: its commands first on PATH, and the set's name.
+	printf 'export DELAYD_SERVERS=%s\n' "$DELAYD_SERVERS"
+	printf 'export DELAYD_TEST_RABBITMQ_NODE_SCRIPT=%q\n' "$DELAYD_REPO_ROOT/deploy/local/rabbitmq-node.sh"
+	if [[ "$DELAYD_SERVERS" != rabbitmq3-redis7 ]]; then
+		printf 'export PATH=%q:"$PATH"\n' "$RABBITMQ_LIBEXEC"
+	fi
 	;;
 *) usage ;;
 esac

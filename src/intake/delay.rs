@@ -6,8 +6,15 @@
 //! a message whose delay is missing, not a number, or not positive. delayd
 //! does the same, also reads decimal strings (`"1500.0"`), and puts no upper
 //! bound on the delay (the plugin published anything past 2^32 − 1 ms at
-//! once). A message without `x-delay` may name an absolute time instead in
-//! `x-opt-delivery-time` (epoch ms), as AMQP 1.0 clients of RabbitMQ do.
+//! once).
+//!
+//! AMQP 1.0 producers on RabbitMQ 4 set message annotations instead, which
+//! reach 0-9-1 consumers such as delayd as `x-opt-*` headers: a relative
+//! `x-opt-delivery-delay` (ms) or an absolute `x-opt-delivery-time` (epoch
+//! ms), the names the plugin's commercial successor reads. When several are
+//! set the first present wins, whatever its value: `x-delay` (what the
+//! plugin read, so a migrated producer means exactly what it meant), then
+//! `x-opt-delivery-delay`, then `x-opt-delivery-time`.
 
 use lapin::types::{AMQPValue, FieldTable};
 
@@ -24,26 +31,33 @@ pub enum Due {
     After(i64),
     /// At this wall-clock time, epoch ms (`x-opt-delivery-time`).
     At(i64),
-    /// `x-delay` is there but not a number: published at once, and counted.
+    /// The header that decides is there but not a number: published at
+    /// once, and counted. Names the header and the value.
     Invalid(String),
 }
 
 /// The header that holds the delay.
 pub const X_DELAY: &str = "x-delay";
-/// The header that holds an absolute delivery time.
+/// The header (an AMQP 1.0 message annotation) that holds a relative delay.
+pub const X_DELIVERY_DELAY: &str = "x-opt-delivery-delay";
+/// The header (an AMQP 1.0 message annotation) that holds an absolute time.
 pub const X_DELIVERY_TIME: &str = "x-opt-delivery-time";
 
-/// When a message with these headers is due. `x-delay` wins when both are
-/// present, as it is what the plugin read.
+/// When a message with these headers is due: the first of `x-delay`,
+/// `x-opt-delivery-delay` and `x-opt-delivery-time` that is present decides
+/// (see the module doc for why in this order).
 pub fn due_of(headers: Option<&FieldTable>) -> Due {
     let Some(h) = headers.map(|h| h.inner()) else {
         return Due::Now;
     };
-    if let Some(v) = h.get(X_DELAY) {
+    if let Some((name, v)) = [X_DELAY, X_DELIVERY_DELAY]
+        .into_iter()
+        .find_map(|name| h.get(name).map(|v| (name, v)))
+    {
         return match millis(v) {
             Some(ms) if ms > 0 => Due::After(ms.min(LATEST_MS)),
             Some(_) => Due::Now,
-            None => Due::Invalid(describe(v)),
+            None => Due::Invalid(describe(name, v)),
         };
     }
     match h.get(X_DELIVERY_TIME) {
@@ -52,7 +66,7 @@ pub fn due_of(headers: Option<&FieldTable>) -> Due {
         Some(v) => match millis(v) {
             Some(ms) if ms > 0 => Due::At(ms.min(LATEST_MS)),
             Some(_) => Due::Now,
-            None => Due::Invalid(describe(v)),
+            None => Due::Invalid(describe(X_DELIVERY_TIME, v)),
         },
         None => Due::Now,
     }
@@ -101,15 +115,15 @@ fn text_ms(bytes: &[u8]) -> Option<i64> {
     }
 }
 
-/// A short description of an unusable value, for the warning.
-fn describe(v: &AMQPValue) -> String {
+/// A short description of an unusable value and its header, for the warning.
+fn describe(header: &str, v: &AMQPValue) -> String {
     match v {
         AMQPValue::LongString(s) => format!(
-            "the string {:?}",
+            "{header}: the string {:?}",
             String::from_utf8_lossy(&s.as_bytes()[..s.as_bytes().len().min(40)])
         ),
-        AMQPValue::ShortString(s) => format!("the string {:?}", s.as_str()),
-        other => format!("a value of type {:?}", other.get_type()),
+        AMQPValue::ShortString(s) => format!("{header}: the string {:?}", s.as_str()),
+        other => format!("{header}: a value of type {:?}", other.get_type()),
     }
 }
 
@@ -193,6 +207,44 @@ mod tests {
         let mut t = with(X_DELIVERY_TIME, AMQPValue::LongLongInt(1_900_000_000_000));
         t.insert(X_DELAY.into(), AMQPValue::LongInt(10));
         assert_eq!(due_of(Some(&t)), Due::After(10));
+    }
+
+    #[test]
+    fn delivery_delay_is_relative_like_x_delay() {
+        let dd = |v| due_of(Some(&with(X_DELIVERY_DELAY, v)));
+        // RabbitMQ 4 hands an AMQP 1.0 `long` annotation over as a signed 64-bit integer.
+        assert_eq!(dd(AMQPValue::LongLongInt(1500)), Due::After(1500));
+        assert_eq!(dd(AMQPValue::LongUInt(1500)), Due::After(1500));
+        assert_eq!(dd(AMQPValue::LongString("250".into())), Due::After(250));
+        assert_eq!(dd(AMQPValue::LongLongInt(0)), Due::Now);
+        assert_eq!(dd(AMQPValue::LongLongInt(-5)), Due::Now);
+        assert_eq!(dd(AMQPValue::LongLongInt(i64::MAX)), Due::After(LATEST_MS));
+        assert_eq!(
+            dd(AMQPValue::Boolean(true)),
+            Due::Invalid("x-opt-delivery-delay: a value of type Boolean".into())
+        );
+    }
+
+    #[test]
+    fn x_delay_then_delivery_delay_then_delivery_time() {
+        let mut t = with(X_DELIVERY_TIME, AMQPValue::LongLongInt(1_900_000_000_000));
+        t.insert(X_DELIVERY_DELAY.into(), AMQPValue::LongLongInt(20));
+        assert_eq!(due_of(Some(&t)), Due::After(20), "delay before time");
+        t.insert(X_DELAY.into(), AMQPValue::LongInt(10));
+        assert_eq!(due_of(Some(&t)), Due::After(10), "x-delay before both");
+        // The first present decides even when its value is unusable or zero,
+        // as an x-delay of 0 meant "at once" to the plugin.
+        t.insert(X_DELAY.into(), AMQPValue::LongInt(0));
+        assert_eq!(due_of(Some(&t)), Due::Now);
+        let mut t = with(X_DELIVERY_DELAY, AMQPValue::LongString("soon".into()));
+        t.insert(
+            X_DELIVERY_TIME.into(),
+            AMQPValue::LongLongInt(1_900_000_000_000),
+        );
+        assert_eq!(
+            due_of(Some(&t)),
+            Due::Invalid("x-opt-delivery-delay: the string \"soon\"".into())
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! and body, where RabbitMQ routes it as the plugin's `x-delayed-type` did.
 //!
 //! - [`settings`]: the `[businesses.NAME.intake]` section;
-//! - [`delay`]: `x-delay` and `x-opt-delivery-time`, read as the plugin reads them;
+//! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
 //! - [`envelope`]: the compact stored form of a message;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
