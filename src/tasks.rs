@@ -404,8 +404,7 @@ fn bulk(v: redis::Value) -> Result<Vec<u8>, StoreError> {
 
 /// `SCORE:HEXMEMBER`: opaque to users, exact for any member bytes.
 fn encode_cursor(score: &str, member: &[u8]) -> String {
-    let hex: String = member.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{score}:{hex}")
+    format!("{score}:{}", hex(member))
 }
 
 fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
@@ -415,15 +414,29 @@ fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
         ))
     };
     let (score, hex) = c.split_once(':').ok_or_else(bad)?;
-    if score_num(score).is_nan() || hex.len() % 2 != 0 {
+    if score_num(score).is_nan() {
         return Err(bad());
     }
-    let member = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-        .collect::<Result<Vec<u8>, _>>()
-        .map_err(|_| bad())?;
-    Ok((score.to_string(), member))
+    Ok((score.to_string(), unhex(hex).ok_or_else(bad)?))
+}
+
+/// Bytes as lower-case hex: how cursors and the API's handles carry a
+/// member exactly, whatever its bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes `text` spells in hex, or `None` when it is not an even number
+/// of hex digits (text from a user, so any characters at all).
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 /// Whether `c` is a cursor `delayd list` could have printed.
@@ -446,6 +459,14 @@ mod tests {
         assert!(decode_cursor("12:abc").is_err());
         assert!(decode_cursor("x:00").is_err());
         assert!(valid_cursor("-inf:"));
+    }
+
+    #[test]
+    fn a_cursor_with_text_that_is_not_hex_is_refused_never_a_panic() {
+        for c in ["1:aéb", "1:é", "1:0é", "1:+1", "1:éé"] {
+            assert!(decode_cursor(c).is_err(), "{c}");
+            assert!(!valid_cursor(c), "{c}");
+        }
     }
 
     #[test]

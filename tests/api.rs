@@ -751,3 +751,16 @@ async fn the_page_and_its_assets_are_served_with_a_policy_that_runs_only_them() 
         assert_eq!(api_get(c.port, probe).await.status, 200, "{probe}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_with_text_that_is_not_hex_is_a_400_never_a_panic() {
+    let b = BusinessSpec::random("cursor");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    for cursor in ["1:a%C3%A9b", "1:%C3%A9", "1:0%C3%A9"] {
+        let path = format!("/api/v1/businesses/{}/tasks?cursor={cursor}", b.name);
+        let a = api_get(c.port, &path).await;
+        assert_eq!(a.status, 400, "{path}: {}", a.text);
+        assert!(a.error_line().contains("\"cursor\""), "{}", a.text);
+    }
+    assert!(!c.daemon.logs().contains("panicked"), "{}", c.daemon.tail());
+}
