@@ -764,3 +764,83 @@ async fn a_cursor_with_text_that_is_not_hex_is_a_400_never_a_panic() {
     }
     assert!(!c.daemon.logs().contains("panicked"), "{}", c.daemon.tail());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size() {
+    let b = BusinessSpec::random("exact");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let fam = family(&b.key);
+    let big = vec![b'x'; 5000];
+    // The binary a\xFF and the ASCII text `a\xff` look alike as text.
+    for (m, reason) in [
+        (b"a\xff".to_vec(), "binary"),
+        (b"a\\xff".to_vec(), "ascii"),
+        (big.clone(), "big"),
+    ] {
+        let _: () = redis::pipe()
+            .zadd(&fam.dead, m.as_slice(), 1000)
+            .hset(&fam.reasons, m.as_slice(), reason)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let dead = format!("/api/v1/businesses/{}/dead", b.name);
+    let list = api_get(c.port, &dead).await;
+    let handle = |reason: &str| {
+        list.json["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["reason"] == reason)
+            .and_then(|m| m["handle"].as_str())
+            .unwrap_or_else(|| panic!("no handle for {reason}: {}", list.text))
+            .to_string()
+    };
+    let purged = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        c.token(),
+        &json!({ "handle": handle("binary") }),
+    )
+    .await;
+    assert_eq!(purged.json["count"], 1, "{}", purged.text);
+    let left: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&fam.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(left.contains(&b"a\\xff".to_vec()), "the ASCII member went");
+    assert!(
+        !left.contains(&b"a\xff".to_vec()),
+        "the binary member stayed"
+    );
+    // Over 4 KiB: shown cut, acted on whole.
+    let count = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        None,
+        &json!({ "handle": handle("big"), "dry_run": true }),
+    )
+    .await;
+    assert_eq!(count.json["count"], 1, "{}", count.text);
+    let gone = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        c.token(),
+        &json!({ "handle": handle("big") }),
+    )
+    .await;
+    assert_eq!(gone.json["count"], 1, "{}", gone.text);
+    let bad = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        c.token(),
+        &json!({ "handle": "zz" }),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.text);
+    bad.error_line();
+}

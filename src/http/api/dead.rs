@@ -7,7 +7,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, bounded_by, member_kind, ApiError, Shared, Shown};
+use super::{bounded, bounded_by, handle, member_kind, member_of, ApiError, Shared, Shown};
 use crate::http::auth::require_admin;
 use crate::tasks::dead::{self, Action, Filter};
 
@@ -41,7 +41,10 @@ pub async fn list(
     let rows: Vec<Value> = members
         .iter()
         .map(|m| {
-            json!({ "member": Shown::of(&m.member), "died_ms": m.died_ms as i64, "reason": m.reason })
+            json!({
+                "member": Shown::of(&m.member), "handle": handle(&m.member),
+                "died_ms": m.died_ms as i64, "reason": m.reason,
+            })
         })
         .collect();
     Ok(Json(json!({
@@ -51,11 +54,13 @@ pub async fn list(
 }
 
 /// Body of `POST /dead/requeue` and `/dead/purge`: exactly one of
-/// `member`, `reason` or `all: true`.
+/// `handle`, `member`, `reason` or `all: true`.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadBody {
-    /// This one member (the id, or the body in body mode).
+    /// This one member, by the handle a listing gave: its exact bytes.
+    handle: Option<String>,
+    /// This one member, as UTF-8 text (the id, or the body in body mode).
     member: Option<String>,
     /// Members whose reason contains this text.
     reason: Option<String>,
@@ -71,6 +76,14 @@ pub struct DeadBody {
 
 impl DeadBody {
     fn filter(&self) -> Result<Filter, ApiError> {
+        if let Some(h) = &self.handle {
+            if self.member.is_some() || self.reason.is_some() || self.all {
+                return Err(ApiError::bad(
+                    "give exactly one of \"handle\", \"member\", \"reason\" or \"all\": true",
+                ));
+            }
+            return Ok(Filter::Member(member_of(h)?));
+        }
         match (&self.member, &self.reason, self.all) {
             (Some(m), None, false) => Ok(Filter::Member(m.clone().into_bytes())),
             (None, Some(r), false) if r.is_empty() => Err(ApiError::bad(
@@ -79,7 +92,7 @@ impl DeadBody {
             (None, Some(r), false) => Ok(Filter::Reason(r.clone())),
             (None, None, true) => Ok(Filter::All),
             _ => Err(ApiError::bad(
-                "give exactly one of \"member\", \"reason\" or \"all\": true",
+                "give exactly one of \"handle\", \"member\", \"reason\" or \"all\": true",
             )),
         }
     }

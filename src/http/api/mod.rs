@@ -194,6 +194,19 @@ impl Cache {
     }
 }
 
+/// A member's exact bytes as the API hands them out, for the page to send
+/// back: its text may be cut or escaped, the handle never is.
+pub fn handle(member: &[u8]) -> String {
+    crate::tasks::hex(member)
+}
+
+/// The bytes a handle names, or a 400 saying it is not one.
+pub fn member_of(handle: &str) -> Result<Vec<u8>, ApiError> {
+    crate::tasks::unhex(handle).ok_or_else(|| {
+        ApiError::bad("\"handle\" is not a handle this API returned (hex of the member's bytes)")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

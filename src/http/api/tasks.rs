@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, member_kind, ApiError, Shared, Shown};
+use super::{bounded, handle, member_kind, ApiError, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::require_admin;
 use crate::tasks::{self, when, Cancelled, Range, TaskState};
@@ -76,7 +76,9 @@ pub async fn list(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| json!({ "member": Shown::of(&t.member), "due_ms": t.due_ms }))
+        .map(|t| {
+            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
+        })
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
@@ -134,7 +136,9 @@ pub async fn search(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| json!({ "member": Shown::of(&t.member), "due_ms": t.due_ms }))
+        .map(|t| {
+            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
+        })
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,

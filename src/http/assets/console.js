@@ -258,26 +258,28 @@ async function loadDead(b) {
   const body = $("dead").tBodies[0];
   clear(body);
   for (const m of r.json.members) {
-    const member = m.member.text;
-    body.append(el("tr", { "data-member": member },
-      el("td", { class: "text" }, shown(m.member)),
+    // The handle names the member's exact bytes; its text may be cut or escaped.
+    const one = { handle: m.handle };
+    const label = shown(m.member);
+    body.append(el("tr", { "data-member": m.member.text },
+      el("td", { class: "text" }, label),
       el("td", {}, span(r.json.now_ms - m.died_ms) + " ago"),
       el("td", { class: "text" }, m.reason),
       el("td", {},
-        el("button", { class: "write", "data-act": "requeue", onclick: () => askDead(b, "requeue", { member }) }, "requeue"),
+        el("button", { class: "write", "data-act": "requeue", onclick: () => askDead(b, "requeue", one, label) }, "requeue"),
         " ",
-        el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", { member }) }, "purge"))));
+        el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", one, label) }, "purge"))));
   }
   for (const w of body.querySelectorAll(".write")) w.hidden = overview.read_only;
 }
 
 // Counts first (dry_run), then asks, then acts.
-async function askDead(b, action, filter) {
+async function askDead(b, action, filter, label) {
   const r = await api("POST", path(b) + "/dead/" + action, Object.assign({ dry_run: true }, filter));
   const box = $("dead-confirm");
   clear(box);
   if (!r.ok) { showResult(r.json.error, true); return; }
-  const what = filter.member !== undefined ? "\u201c" + filter.member + "\u201d"
+  const what = filter.handle !== undefined ? "\u201c" + label + "\u201d"
     : filter.reason !== undefined ? "whose reason contains \u201c" + filter.reason + "\u201d" : "(all)";
   const n = r.json.count;
   box.append(action + " " + n + " dead member" + (n === 1 ? " " : "s ") + what + (r.json.partial ? " (at least; the count is partial)" : "") + "? ",
