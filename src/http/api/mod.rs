@@ -167,12 +167,18 @@ fn member_kind(b: &Business) -> &'static str {
 /// console costs Redis the same however many are open.
 #[derive(Default)]
 pub struct Cache {
-    entries: tokio::sync::Mutex<HashMap<String, (Instant, serde_json::Value)>>,
+    /// One slot per answer, each with its own lock: a slow answer (Redis
+    /// may take up to [`REDIS_BOUND`]) holds up only those waiting for it.
+    entries: std::sync::Mutex<HashMap<String, Slot>>,
 }
+
+/// One answer, when it was computed, behind the lock its callers share.
+type Slot = Arc<tokio::sync::Mutex<Option<(Instant, serde_json::Value)>>>;
 
 impl Cache {
     /// The answer for `key` if computed within `ttl`, else `compute`'s.
-    /// Callers wait for each other, so one computes while the rest reuse.
+    /// Callers of the same answer wait for each other, so one computes
+    /// while the rest reuse.
     async fn get_or<F>(
         &self,
         key: &str,
@@ -182,14 +188,18 @@ impl Cache {
     where
         F: Future<Output = Result<serde_json::Value, ApiError>>,
     {
-        let mut entries = self.entries.lock().await;
-        if let Some((at, v)) = entries.get(key) {
+        let slot = {
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            entries.entry(key.to_string()).or_default().clone()
+        };
+        let mut slot = slot.lock().await;
+        if let Some((at, v)) = slot.as_ref() {
             if at.elapsed() < ttl {
                 return Ok(v.clone());
             }
         }
         let v = compute.await?;
-        entries.insert(key.to_string(), (Instant::now(), v.clone()));
+        *slot = Some((Instant::now(), v.clone()));
         Ok(v)
     }
 }
@@ -210,6 +220,35 @@ pub fn member_of(handle: &str) -> Result<Vec<u8>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_slow_answer_holds_up_only_the_callers_of_the_same_answer() {
+        let cache = std::sync::Arc::new(Cache::default());
+        let slow = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .get_or("slow", Duration::from_secs(1), async {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        Ok(serde_json::json!(1))
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let other = tokio::time::timeout(
+            Duration::from_secs(1),
+            cache.get_or("other", Duration::from_secs(1), async {
+                Ok(serde_json::json!(2))
+            }),
+        )
+        .await;
+        assert!(
+            matches!(other, Ok(Ok(ref v)) if *v == 2),
+            "another answer waited for the slow one"
+        );
+        slow.abort();
+    }
 
     #[test]
     fn shown_bytes_are_cut_with_their_size() {
