@@ -766,6 +766,56 @@ async fn a_cursor_with_text_that_is_not_hex_is_a_400_never_a_panic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_another_host_name_or_a_write_from_another_origin_is_refused() {
+    let b = id_business("host");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let port = c.port.to_string();
+    let local = format!("localhost:{port}");
+    for host in ["127.0.0.1", local.as_str(), "[::1]"] {
+        let a = call_with(c.port, "GET", "/api/v1/businesses", &[("Host", host)], None).await;
+        assert_eq!(a.status, 200, "Host {host}: {}", a.text);
+    }
+    // DNS rebinding: a page of evil.example whose name now points here.
+    let rebound = format!("evil.example:{port}");
+    for path in ["/api/v1/businesses", "/"] {
+        let a = call_with(c.port, "GET", path, &[("Host", rebound.as_str())], None).await;
+        assert_eq!(a.status, 403, "{path}: {}", a.text);
+        assert!(a.text.contains("evil.example"), "{}", a.text);
+    }
+    let auth = format!("Bearer {TOKEN}");
+    let write = format!("/api/v1/businesses/{}/tasks", b.name);
+    let body = r#"{"id":"x","body":"b","in":"1h"}"#;
+    let other = call_with(
+        c.port,
+        "POST",
+        &write,
+        &[
+            ("Authorization", auth.as_str()),
+            ("Origin", "http://evil.example"),
+        ],
+        Some(body),
+    )
+    .await;
+    assert_eq!(other.status, 403, "{}", other.text);
+    assert!(other.error_line().contains("Origin"), "{}", other.text);
+    let own = format!("http://127.0.0.1:{port}");
+    let host = format!("127.0.0.1:{port}");
+    let same = call_with(
+        c.port,
+        "POST",
+        &write,
+        &[
+            ("Host", host.as_str()),
+            ("Authorization", auth.as_str()),
+            ("Origin", own.as_str()),
+        ],
+        Some(body),
+    )
+    .await;
+    assert_eq!(same.status, 201, "{}", same.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size() {
     let b = BusinessSpec::random("exact");
     let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;

@@ -22,6 +22,16 @@ pub(crate) struct RawHttp {
     listen: Option<String>,
     admin_token: Option<Secret>,
     admin_token_file: Option<PathBuf>,
+    allowed_hosts: Option<Names>,
+}
+
+/// Host names: a TOML list, or one comma-separated string (how an
+/// environment variable carries a list).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Names {
+    List(Vec<String>),
+    Text(String),
 }
 
 /// The `[http]` section once checked.
@@ -33,6 +43,9 @@ pub struct HttpSettings {
     /// The bearer token every API write needs; `None` makes the API and the
     /// console read-only.
     pub admin_token: Option<Secret>,
+    /// Host names the console answers to besides its address and loopback
+    /// names (a guard against DNS rebinding), lower-case.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Checks `[http]`, adding one line per problem to `problems`.
@@ -77,7 +90,32 @@ pub(crate) fn validate(raw: Option<RawHttp>, problems: &mut Vec<String>) -> Http
     HttpSettings {
         listen,
         admin_token,
+        allowed_hosts: host_names(raw.allowed_hosts, problems),
     }
+}
+
+/// `allowed_hosts`, each a bare name: no scheme, port, path or wildcard.
+fn host_names(raw: Option<Names>, problems: &mut Vec<String>) -> Vec<String> {
+    let names = match raw {
+        None => return Vec::new(),
+        Some(Names::List(l)) => l,
+        Some(Names::Text(t)) => t.split(',').map(|n| n.trim().to_string()).collect(),
+    };
+    let mut out = Vec::new();
+    for n in names {
+        let ok = !n.is_empty()
+            && n.len() <= 253
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if ok {
+            out.push(n.to_ascii_lowercase());
+        } else {
+            problems.push(format!(
+                "[http] field \"allowed_hosts\": \"{n}\" is not a host name such as delayd.example.internal (no scheme, port or wildcard)"
+            ));
+        }
+    }
+    out
 }
 
 /// The token, if usable. The messages never quote it.
@@ -140,6 +178,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.http_admin_token.unwrap().expose(), "tok-in-secret-file");
+    }
+
+    #[test]
+    fn allowed_hosts_come_as_a_list_or_from_the_environment_as_one_line() {
+        let c = load("allowed_hosts = [\"Console.Example\", \"b.example\"]", &[]).unwrap();
+        assert_eq!(c.http_allowed_hosts, ["console.example", "b.example"]);
+        let c = load(
+            "",
+            &[("DELAYD_HTTP__ALLOWED_HOSTS", "a.example, b.example")],
+        )
+        .unwrap();
+        assert_eq!(c.http_allowed_hosts, ["a.example", "b.example"]);
+        let e = load("allowed_hosts = [\"http://x.example:80\"]", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[http] field \"allowed_hosts\""), "{e}");
     }
 
     #[test]
