@@ -894,3 +894,69 @@ async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size(
     assert_eq!(bad.status, 400, "{}", bad.text);
     bad.error_line();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_read_token_every_read_needs_it_and_it_cannot_write() {
+    const READ: &str = "test-read-token-0123456789";
+    let b = id_business("roles");
+    let c = ConsoleDaemon::start_with_env(
+        &[&b],
+        &[
+            ("DELAYD_HTTP__READ_TOKEN", READ),
+            ("DELAYD_HTTP__ADMIN_TOKEN", TOKEN),
+        ],
+    )
+    .await;
+    let n = &b.name;
+    let reads = [
+        "/api/v1/businesses".to_string(),
+        format!("/api/v1/businesses/{n}/histogram"),
+        format!("/api/v1/businesses/{n}/tasks"),
+        format!("/api/v1/businesses/{n}/tasks/x"),
+        format!("/api/v1/businesses/{n}/search?prefix=x"),
+        format!("/api/v1/businesses/{n}/dead"),
+    ];
+    for path in &reads {
+        let none = api_get(c.port, path).await;
+        assert_eq!(none.status, 401, "{path}: {}", none.text);
+        assert!(!none.text.contains(READ) && !none.text.contains(TOKEN));
+        let wrong = call(c.port, "GET", path, Some("not-it"), None).await;
+        assert_eq!(wrong.status, 401, "{path}: {}", wrong.text);
+        for token in [READ, TOKEN] {
+            let ok = call(c.port, "GET", path, Some(token), None).await;
+            assert!(ok.status == 200 || ok.status == 404, "{path}: {}", ok.text);
+            assert_ne!(ok.status, 401, "{path}");
+        }
+    }
+    let dead = format!("/api/v1/businesses/{n}/dead/purge");
+    let count = json!({ "all": true, "dry_run": true });
+    assert_eq!(api_post(c.port, &dead, None, &count).await.status, 401);
+    assert_eq!(
+        api_post(c.port, &dead, Some(READ), &count).await.status,
+        200
+    );
+    let write = api_post(c.port, &dead, Some(READ), &json!({ "all": true })).await;
+    assert_eq!(write.status, 403, "{}", write.text);
+    assert!(write.error_line().contains("admin token"));
+    let as_reader = call(c.port, "GET", "/api/v1/businesses", Some(READ), None).await;
+    assert_eq!(
+        (
+            as_reader.json["can_write"].as_bool(),
+            as_reader.json["read_only"].as_bool()
+        ),
+        (Some(false), Some(false)),
+        "{}",
+        as_reader.text
+    );
+    let as_admin = call(c.port, "GET", "/api/v1/businesses", Some(TOKEN), None).await;
+    assert_eq!(as_admin.json["can_write"], true, "{}", as_admin.text);
+    // The page and the probes carry no task data: they need no token.
+    for path in ["/", "/console.js", "/metrics", "/healthz"] {
+        assert_eq!(api_get(c.port, path).await.status, 200, "{path}");
+    }
+    let metrics = api_get(c.port, "/metrics").await.text;
+    let logs = c.daemon.logs();
+    for secret in [READ, TOKEN] {
+        assert!(!metrics.contains(secret) && !logs.contains(secret));
+    }
+}

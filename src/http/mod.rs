@@ -2,11 +2,12 @@
 //! console page at `/`, and the JSON API under `/api/v1` that the page,
 //! scripts and producers without Redis use.
 //!
-//! - [`settings`]: the `[http]` section (listen address, admin token);
+//! - [`settings`]: the `[http]` section (listen address, tokens, host names);
 //! - `probes`: metrics and health, as before the console;
 //! - `api`: one handler per action, calling the same functions as the CLI
 //!   ([`crate::tasks`], [`crate::store`]);
-//! - `auth`: read-only unless an admin token is configured;
+//! - `auth`: reads need the read token when one is set, writes the admin
+//!   token (read-only without one);
 //! - `guard`: the host names the console answers to, and where writes
 //!   may come from;
 //! - `rates`: per-second rates and lateness quantiles over the last minute,
@@ -47,6 +48,8 @@ pub struct HttpState {
     businesses: Vec<Business>,
     /// The token API writes need; `None`: read-only.
     admin_token: Option<Secret>,
+    /// The token API reads need (besides the admin token); `None`: open.
+    read_token: Option<Secret>,
     /// The host names the console and the API answer to.
     hosts: guard::Hosts,
     /// Serialises scrapes so a burst of them costs Redis one round each.
@@ -68,6 +71,7 @@ impl HttpState {
             conn: OnceLock::new(),
             businesses: config.businesses.clone(),
             admin_token: config.http_admin_token.clone(),
+            read_token: config.http_read_token.clone(),
             hosts: guard::Hosts::new(config.http_listen, &config.http_allowed_hosts),
             scrape: Mutex::new(()),
             overview: Default::default(),
@@ -99,7 +103,13 @@ pub async fn serve(
     // know it by, and carry no task data: only the console is guarded.
     let console = axum::Router::new()
         .merge(page::routes())
-        .nest("/api/v1", api::routes())
+        .nest(
+            "/api/v1",
+            api::routes().layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                auth::reads,
+            )),
+        )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::check,

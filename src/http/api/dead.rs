@@ -8,7 +8,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{bounded, bounded_by, handle, member_kind, member_of, ApiError, Shared, Shown};
-use crate::http::auth::require_admin;
+use crate::http::auth::{require_admin, require_read};
 use crate::tasks::dead::{self, Action, Filter};
 
 /// Query of `GET /dead`.
@@ -118,7 +118,7 @@ pub async fn purge(
     act(state, headers, path, req, Action::Purge).await
 }
 
-/// Counting (`dry_run`) changes nothing and needs no token; acting does.
+/// Counting (`dry_run`) changes nothing and is a read; acting is a write.
 async fn act(
     state: Shared,
     headers: HeaderMap,
@@ -132,7 +132,9 @@ async fn act(
     if req.limit == Some(0) {
         return Err(ApiError::bad("\"limit\" must be at least 1"));
     }
-    if !req.dry_run {
+    if req.dry_run {
+        require_read(&state, &headers)?;
+    } else {
         require_admin(&state, &headers)?;
     }
     let stores = state.stores_of(&b.name)?;

@@ -1,8 +1,9 @@
 // delayd console: reads the JSON API under /api/v1 and shows it. Data from
 // the API only ever reaches the page as text (textContent), never as markup.
 // The view lives in the URL hash (#b=NAME&tab=dead&id=...), so a link or a
-// reload shows the same thing. Writes send the admin token typed into the
-// page, kept in this tab's sessionStorage, as an Authorization header.
+// reload shows the same thing. The token typed into the page (the read or
+// the admin token), kept in this tab's sessionStorage, goes out with every
+// API call as an Authorization header.
 "use strict";
 
 const API = "api/v1";
@@ -81,7 +82,7 @@ function shown(m) {
 async function api(method, path, body) {
   const headers = {};
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  if (method !== "GET" && token()) headers["Authorization"] = "Bearer " + token();
+  if (token()) headers["Authorization"] = "Bearer " + token();
   const r = await fetch(API + path, {
     method, headers, credentials: "omit", cache: "no-store",
     body: body === undefined ? undefined : JSON.stringify(body),
@@ -115,15 +116,22 @@ function path(b) { return "/businesses/" + encodeURIComponent(b.name); }
 
 async function loadOverview() {
   const r = await api("GET", "/businesses");
+  if (r.status === 401) {
+    $("token-form").hidden = false;
+    showError(token() ? "this token does not open the console: " + r.json.error
+      : "this console needs a token to read: type the read token or the admin token above");
+    return;
+  }
   if (!r.ok) { showError(r.json.error); return; }
   showError("");
   overview = r.json;
   $("health").textContent = "redis " + r.json.redis + " · amqp " + r.json.amqp;
   const mode = $("mode");
-  mode.textContent = r.json.read_only ? "read-only" : "writes need the admin token";
-  mode.className = r.json.read_only ? "badge ro" : "badge";
-  for (const w of document.querySelectorAll(".write")) w.hidden = r.json.read_only;
-  $("token-form").hidden = r.json.read_only;
+  mode.textContent = r.json.read_only ? "read-only"
+    : r.json.can_write ? "writes allowed with this token" : "read-only: writes need the admin token";
+  mode.className = r.json.can_write ? "badge" : "badge ro";
+  for (const w of document.querySelectorAll(".write")) w.hidden = !r.json.can_write;
+  $("token-form").hidden = r.json.read_only && !r.json.reads_need_token;
   const body = $("businesses").tBodies[0];
   clear(body);
   for (const b of r.json.businesses) {
@@ -231,7 +239,7 @@ async function loadTask(b, id) {
       el("button", { id: "task-cancel", class: "danger", onclick: () => act("DELETE", path(b) + "/tasks/" + encodeURIComponent(id)) }, "cancel"),
       el("label", {}, "reschedule in ", resched),
       el("button", { onclick: () => act("POST", path(b) + "/tasks/" + encodeURIComponent(id) + "/reschedule", { in: resched.value }) }, "move")));
-    for (const w of out.querySelectorAll(".write")) w.hidden = overview.read_only;
+    for (const w of out.querySelectorAll(".write")) w.hidden = !overview.can_write;
   }
 }
 
@@ -270,7 +278,7 @@ async function loadDead(b) {
         " ",
         el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", one, label) }, "purge"))));
   }
-  for (const w of body.querySelectorAll(".write")) w.hidden = overview.read_only;
+  for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
 }
 
 // Counts first (dry_run), then asks, then acts.
@@ -349,16 +357,18 @@ async function render() {
 
 function wire() {
   const t = $("token");
-  $("token-state").textContent = token() ? "token set for this tab" : "no token: writes will be refused";
+  $("token-state").textContent = token() ? "token set for this tab" : "no token";
   $("token-form").addEventListener("submit", (e) => {
     e.preventDefault();
     if (t.value) sessionStorage.setItem(TOKEN_KEY, t.value);
     t.value = "";
-    $("token-state").textContent = token() ? "token set for this tab" : "no token: writes will be refused";
+    $("token-state").textContent = token() ? "token set for this tab" : "no token";
+    render();
   });
   $("token-forget").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
-    $("token-state").textContent = "no token: writes will be refused";
+    $("token-state").textContent = "no token";
+    render();
   });
   $("pending-form").addEventListener("submit", (e) => {
     e.preventDefault();
