@@ -15,6 +15,7 @@ use crate::store::{KeyFamily, StoreError};
 
 pub mod dead;
 mod merge;
+pub mod pause;
 pub mod search;
 pub mod when;
 

@@ -960,3 +960,58 @@ async fn with_a_read_token_every_read_needs_it_and_it_cannot_write() {
         assert!(!metrics.contains(secret) && !logs.contains(secret));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_business_claims_nothing_keeps_its_work_and_says_so_everywhere() {
+    let b = id_business("hold");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let n = &b.name;
+    let pause = format!("/api/v1/businesses/{n}/pause");
+    let resume = format!("/api/v1/businesses/{n}/resume");
+    assert_eq!(api_post(c.port, &pause, None, &json!({})).await.status, 401);
+    let paused = api_post(c.port, &pause, c.token(), &json!({})).await;
+    assert_eq!(paused.json["result"], "paused", "{}", paused.text);
+    assert_eq!(paused.json["pause"]["by"], "admin_token", "{}", paused.text);
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    let _: () = redis::pipe()
+        .atomic()
+        .hset(family(&b.key).body, "held-1", "the held task")
+        .zadd(&b.key, "held-1", now)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(c.setup.inbox().all().is_empty(), "delivered while paused");
+    assert_eq!(zcard(&mut r, &b.key).await, 1, "the pending task stays");
+    let row = c.overview_of(n).await;
+    assert_eq!(row["pause"]["by"], "admin_token", "{row}");
+    let metrics = api_get(c.port, "/metrics").await.text;
+    let gauge = format!("delayd_business_paused{{business=\"{n}\"}} 1");
+    assert!(metrics.contains(&gauge), "no {gauge}");
+    let cfg = c.setup.config.to_str().unwrap().to_string();
+    let (code, out, err) = delayd(&["inspect", "-c", &cfg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("business \"{n}\" is paused")),
+        "{out}"
+    );
+
+    // The command line resumes it as well: delivered at once.
+    let (code, out, err) = delayd(&["resume", "-c", &cfg, n]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("resumed"), "{out}");
+    c.setup.inbox().wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(c.setup.inbox().all()[0].body, b"the held task");
+    let again = api_post(c.port, &resume, c.token(), &json!({})).await;
+    assert_eq!(again.json["result"], "not_paused", "{}", again.text);
+    let (code, out, _) = delayd(&["pause", "-c", &cfg, n]);
+    assert_eq!(code, 0);
+    assert!(out.contains("paused"), "{out}");
+    // The overview is shared for a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let row = c.overview_of(n).await;
+    assert_eq!(row["pause"]["by"], "cli", "{row}");
+    let (code, _, _) = delayd(&["resume", "-c", &cfg, n]);
+    assert_eq!(code, 0);
+}

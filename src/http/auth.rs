@@ -14,7 +14,7 @@ use subtle::ConstantTimeEq;
 use super::error::ApiError;
 use super::HttpState;
 
-/// What a request's token lets it do.
+/// What a request's token lets it do, named as the audit log names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// No token was needed or sent (reads on an open console).
@@ -23,6 +23,17 @@ pub enum Role {
     Reader,
     /// The admin token: reads and writes.
     Admin,
+}
+
+impl Role {
+    /// The name the audit log and answers show: never the token itself.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Anyone => "anyone",
+            Role::Reader => "read_token",
+            Role::Admin => "admin_token",
+        }
+    }
 }
 
 /// The role the request's bearer token proves, if it names one.

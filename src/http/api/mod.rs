@@ -21,6 +21,7 @@ use crate::store::{Store, StoreError};
 
 mod dead;
 mod overview;
+mod pause;
 mod tasks;
 
 /// Largest request body accepted (a task's body travels inside it).
@@ -58,6 +59,8 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/businesses/{business}/dead", get(dead::list))
         .route("/businesses/{business}/dead/requeue", post(dead::requeue))
         .route("/businesses/{business}/dead/purge", post(dead::purge))
+        .route("/businesses/{business}/pause", post(pause::pause))
+        .route("/businesses/{business}/resume", post(pause::resume))
         .fallback(|| async {
             ApiError::not_found("no such API path; the paths are listed in docs/console.md")
         })
@@ -201,6 +204,16 @@ impl Cache {
         let v = compute.await?;
         *slot = Some((Instant::now(), v.clone()));
         Ok(v)
+    }
+
+    /// Drops the answer for `key`, after a write that changes it.
+    fn forget(&self, key: &str) {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = entries.get(key) {
+            if let Ok(mut slot) = slot.try_lock() {
+                *slot = None;
+            }
+        }
     }
 }
 

@@ -63,6 +63,7 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
                         o.insert("in_flight".into(), t.in_flight.into());
                         o.insert("dead".into(), t.dead.into());
                         o.insert("due_within".into(), within.into());
+                        o.insert("pause".into(), json!(t.paused));
                     }
                     Err(e) => row["error"] = e.message().into(),
                 }

@@ -153,7 +153,8 @@ async function loadOverview() {
       cell("claimed", rate(rt.claimed_per_s)), cell("confirmed", rate(rt.confirmed_per_s)),
       cell("retried", rate(rt.retried_per_s)), cell("dead_lettered", rate(rt.dead_lettered_per_s)),
       cell("p50", ms(rt.lateness_p50_ms)), cell("p99", ms(rt.lateness_p99_ms)),
-      b.paused ? el("td", { class: "paused", "data-field": "paused" }, "paused: " + b.paused)
+      b.pause ? el("td", { class: "paused", "data-field": "paused" }, "paused by " + b.pause.by + " " + span(r.json.now_ms - b.pause.since_ms) + " ago")
+        : b.paused ? el("td", { class: "paused", "data-field": "paused" }, "paused: " + b.paused)
         : el("td", { "data-field": "paused" }, "ok")));
   }
 }
@@ -317,6 +318,14 @@ async function renderBusiness(b) {
   const s = state();
   const tab = s.get("tab") || "histogram";
   $("business-name").textContent = b.name + (b.member === "id" ? " (tasks by id)" : " (tasks are their bodies)");
+  $("pause-state").textContent = b.pause
+    ? "paused by " + b.pause.by + " since " + when(b.pause.since_ms) + ": nothing is claimed, pending work stays"
+    : "running";
+  $("pause-state").className = b.pause ? "paused" : "muted";
+  const toggle = $("pause-toggle");
+  toggle.textContent = b.pause ? "resume" : "pause";
+  toggle.dataset.action = b.pause ? "resume" : "pause";
+  toggle.hidden = !overview.can_write;
   for (const a of document.querySelectorAll("#tabs a")) {
     a.className = a.dataset.tab === tab ? "on" : "";
     a.href = "#" + new URLSearchParams({ b: b.name, tab: a.dataset.tab });
@@ -383,6 +392,10 @@ function wire() {
     if (!b) return;
     if (b.member === "id") setState({ id: v });
     else search(b, v, null);
+  });
+  $("pause-toggle").addEventListener("click", (e) => {
+    const b = business();
+    if (b) act("POST", path(b) + "/" + e.target.dataset.action, {});
   });
   $("search-more").addEventListener("click", () => { const b = business(); if (b) search(b, $("find-input").value, searchCursor); });
   $("dead-form").addEventListener("submit", (e) => {
