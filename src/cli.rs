@@ -207,6 +207,15 @@ fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
         .collect()
 }
 
+/// Records a write in the audit log; the write is done, so a log that
+/// cannot be written is a warning on stderr, not a failure.
+async fn audit(conn: &RedisConn, write: &crate::tasks::audit::Write<'_>) {
+    let mut conn = conn.clone();
+    if let Err(e) = crate::tasks::audit::record(&mut conn, write).await {
+        eprintln!("warning: the audit log entry was not written ({e})");
+    }
+}
+
 fn shards(cfg: &Config, business: &str) -> Result<(), Failure> {
     let b = cfg.business(business).map_err(Failure::usage)?;
     for k in b.keys() {

@@ -13,6 +13,7 @@ use redis::aio::ConnectionLike;
 use crate::config::{Business, MemberMode, ScoreUnit};
 use crate::store::{KeyFamily, StoreError};
 
+pub mod audit;
 pub mod dead;
 mod merge;
 pub mod pause;

@@ -1015,3 +1015,79 @@ async fn a_paused_business_claims_nothing_keeps_its_work_and_says_so_everywhere(
     let (code, _, _) = delayd(&["resume", "-c", &cfg, n]);
     assert_eq!(code, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_is_in_the_audit_log_with_who_what_how_many_and_when() {
+    let b = id_business("audited");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let n = &b.name;
+    let mut r = c.setup.redis.clone();
+    let before = redis_now_ms(&mut r).await;
+    let tasks = format!("/api/v1/businesses/{n}/tasks");
+    let made = api_post(
+        c.port,
+        &tasks,
+        c.token(),
+        &json!({ "id": "a-1", "body": "b", "in": "1h" }),
+    )
+    .await;
+    assert_eq!(made.status, 201, "{}", made.text);
+    let gone = call(c.port, "DELETE", &format!("{tasks}/a-1"), c.token(), None).await;
+    assert_eq!(gone.status, 200, "{}", gone.text);
+    seed_dead(&mut r, &b.key, &[("d-1", "rejected"), ("d-2", "rejected")]).await;
+    let dead = format!("/api/v1/businesses/{n}/dead/purge");
+    let counted = api_post(
+        c.port,
+        &dead,
+        None,
+        &json!({ "all": true, "dry_run": true }),
+    )
+    .await;
+    assert_eq!(counted.json["count"], 2);
+    let purged = api_post(c.port, &dead, c.token(), &json!({ "reason": "rejected" })).await;
+    assert_eq!(purged.json["count"], 2, "{}", purged.text);
+    let cfg = c.setup.config.to_str().unwrap().to_string();
+    assert_eq!(delayd(&["pause", "-c", &cfg, n]).0, 0);
+    assert_eq!(delayd(&["resume", "-c", &cfg, n]).0, 0);
+
+    let log = api_get(c.port, "/api/v1/audit?limit=1000").await;
+    assert_eq!(log.status, 200, "{}", log.text);
+    assert!(!log.text.contains(TOKEN));
+    let mine: Vec<(String, String, String, u64)> = log.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        // The log is shared: this test's business, since it started.
+        .filter(|e| e["business"] == n.as_str() && e["at_ms"].as_i64().unwrap() >= before)
+        .map(|e| {
+            (
+                e["by"].as_str().unwrap().to_string(),
+                e["action"].as_str().unwrap().to_string(),
+                e["what"].as_str().unwrap().to_string(),
+                e["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, String, u64)> = [
+        ("cli", "resume", "every key", 1),
+        ("cli", "pause", "every key", 1),
+        ("admin_token", "purge", "reason containing \"rejected\"", 2),
+        ("admin_token", "cancel", "id \"a-1\"", 1),
+        ("admin_token", "schedule", "id \"a-1\"", 1),
+    ]
+    .iter()
+    .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), *d))
+    .collect();
+    assert_eq!(mine, want, "newest first, the count first not among them");
+    let page = api_get(c.port, "/api/v1/audit?limit=1").await;
+    let cursor = page.json["cursor"].as_str().expect("a cursor").to_string();
+    let older = api_get(c.port, &format!("/api/v1/audit?limit=1&cursor={cursor}")).await;
+    assert_eq!(older.status, 200, "{}", older.text);
+    assert_ne!(
+        older.json["entries"][0]["id"],
+        page.json["entries"][0]["id"]
+    );
+    let bad = api_get(c.port, "/api/v1/audit?cursor=nope").await;
+    assert_eq!(bad.status, 400);
+    bad.error_line();
+}

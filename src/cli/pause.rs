@@ -3,6 +3,7 @@
 
 use super::{redis_conn, stores, ConfigArg, Failure};
 use crate::config;
+use crate::tasks::audit::Write;
 use crate::tasks::pause;
 
 /// Arguments of `delayd pause` and `delayd resume`.
@@ -28,6 +29,17 @@ pub(super) async fn run(a: PauseArgs, on: bool) -> Result<(), Failure> {
     } else {
         pause::resume(&stores).await.map_err(redis)?
     };
+    super::audit(
+        &conn,
+        &Write {
+            by: "cli",
+            business: &b.name,
+            action: if on { "pause" } else { "resume" },
+            what: "every key",
+            count: changed as u64,
+        },
+    )
+    .await;
     let (verb, already) = if on {
         (
             "paused: no instance claims from it until `delayd resume`",

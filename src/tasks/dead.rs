@@ -31,6 +31,16 @@ pub enum Action {
     Purge,
 }
 
+impl Action {
+    /// `requeue` or `purge`, as answers and the audit log name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Requeue => "requeue",
+            Action::Purge => "purge",
+        }
+    }
+}
+
 /// How many members a filter picked, or an action acted on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Matched {

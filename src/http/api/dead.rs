@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::{bounded, bounded_by, handle, member_kind, member_of, ApiError, Shared, Shown};
 use crate::http::auth::{require_admin, require_read};
+use crate::tasks::audit::Write;
 use crate::tasks::dead::{self, Action, Filter};
 
 /// Query of `GET /dead`.
@@ -75,6 +76,16 @@ pub struct DeadBody {
 }
 
 impl DeadBody {
+    /// The filter as the audit log names it.
+    fn described(&self) -> String {
+        match (&self.handle, &self.member, &self.reason) {
+            (Some(h), _, _) => format!("handle {h}"),
+            (_, Some(m), _) => format!("member \"{m}\""),
+            (_, _, Some(r)) => format!("reason containing \"{r}\""),
+            _ => "all".into(),
+        }
+    }
+
     fn filter(&self) -> Result<Filter, ApiError> {
         if let Some(h) = &self.handle {
             if self.member.is_some() || self.reason.is_some() || self.all {
@@ -132,11 +143,11 @@ async fn act(
     if req.limit == Some(0) {
         return Err(ApiError::bad("\"limit\" must be at least 1"));
     }
-    if req.dry_run {
-        require_read(&state, &headers)?;
+    let role = if req.dry_run {
+        require_read(&state, &headers)?
     } else {
-        require_admin(&state, &headers)?;
-    }
+        require_admin(&state, &headers)?
+    };
     let stores = state.stores_of(&b.name)?;
     let done = if req.dry_run {
         bounded(&b.name, dead::count(&stores, &filter)).await?
@@ -148,9 +159,20 @@ async fn act(
         )
         .await?
     };
+    if !req.dry_run {
+        state
+            .audit(Write {
+                by: role.name(),
+                business: &b.name,
+                action: action.name(),
+                what: &req.described(),
+                count: done.count,
+            })
+            .await;
+    }
     Ok(Json(json!({
         "business": b.name,
-        "action": match action { Action::Requeue => "requeue", Action::Purge => "purge" },
+        "action": action.name(),
         "dry_run": req.dry_run,
         "count": done.count,
         "partial": done.partial,

@@ -19,6 +19,7 @@ use crate::config::Business;
 use crate::redis_conn::RedisConn;
 use crate::store::{Store, StoreError};
 
+mod audit;
 mod dead;
 mod overview;
 mod pause;
@@ -38,6 +39,7 @@ pub(super) type Shared = axum::extract::State<Arc<HttpState>>;
 pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
     axum::Router::new()
         .route("/businesses", get(overview::businesses))
+        .route("/audit", get(audit::list))
         .route("/businesses/{business}/histogram", get(overview::histogram))
         .route(
             "/businesses/{business}/tasks",
@@ -99,6 +101,25 @@ impl HttpState {
             .filter(|(b, _)| b == business)
             .map(|(_, s)| s.clone())
             .collect())
+    }
+}
+
+impl HttpState {
+    /// Records a write in the audit log. The write is done by now, so a
+    /// log that cannot be written is a warning, not the caller's failure.
+    async fn audit(&self, write: crate::tasks::audit::Write<'_>) {
+        let Some(mut conn) = self.conn.get().cloned() else {
+            return;
+        };
+        let done =
+            tokio::time::timeout(REDIS_BOUND, crate::tasks::audit::record(&mut conn, &write)).await;
+        if !matches!(done, Ok(Ok(()))) {
+            tracing::warn!(
+                business = write.business,
+                action = write.action,
+                "could not write the audit log entry of a console write"
+            );
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::{bounded, ApiError, Shared};
 use crate::http::auth::require_admin;
+use crate::tasks::audit::Write;
 use crate::tasks::pause;
 
 /// Pauses the business: no instance claims from it until it is resumed.
@@ -42,6 +43,15 @@ async fn set(
     } else {
         bounded(&b.name, pause::resume(&stores)).await?
     };
+    state
+        .audit(Write {
+            by: role.name(),
+            business: &b.name,
+            action: if on { "pause" } else { "resume" },
+            what: "every key",
+            count: changed as u64,
+        })
+        .await;
     let now = bounded(&b.name, pause::state(&stores)).await?;
     // The page shows the new state at once, not a second later.
     state.overview.forget("overview");

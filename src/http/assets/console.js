@@ -312,6 +312,27 @@ async function act(method, p, body) {
   await refresh();
 }
 
+// --- the audit log -----------------------------------------------------------
+
+let auditCursor = null;
+
+async function loadAudit(cursor) {
+  const q = new URLSearchParams({ limit: "50" });
+  if (cursor) q.set("cursor", cursor);
+  const r = await api("GET", "/audit?" + q);
+  if (!r.ok) { showError(r.json.error); return; }
+  const body = $("audit-log").tBodies[0];
+  if (!cursor) clear(body);
+  for (const e of r.json.entries) {
+    body.append(el("tr", { "data-action": e.action },
+      el("td", {}, when(e.at_ms)), el("td", {}, e.by), el("td", {}, e.business),
+      el("td", {}, e.action), el("td", { class: "text" }, e.what), el("td", {}, e.count)));
+  }
+  if (!body.rows.length) body.append(el("tr", {}, el("td", { colspan: 6 }, "no writes recorded")));
+  auditCursor = r.json.cursor;
+  $("audit-more").hidden = !auditCursor;
+}
+
 // --- the view ----------------------------------------------------------------
 
 async function renderBusiness(b) {
@@ -348,6 +369,10 @@ async function renderBusiness(b) {
 
 async function refresh() {
   try {
+    const audit = state().get("view") === "audit";
+    $("audit").hidden = !audit;
+    $("overview").hidden = audit;
+    if (audit) { $("business").hidden = true; return; }
     await loadOverview();
     const b = business();
     $("business").hidden = !b;
@@ -406,7 +431,13 @@ function wire() {
     if (b) askDead(b, action, reason ? { reason } : { all: true });
   });
   for (const f of ["dead-form"]) for (const btn of $(f).querySelectorAll("button")) btn.classList.add("write");
-  window.addEventListener("hashchange", () => { showResult(""); render(); });
+  $("audit-more").addEventListener("click", () => loadAudit(auditCursor));
+  window.addEventListener("hashchange", () => {
+    showResult("");
+    if (state().get("view") === "audit") loadAudit(null);
+    render();
+  });
+  if (state().get("view") === "audit") loadAudit(null);
   setInterval(() => { if (!document.hidden) render(); }, POLL_MS);
   render();
 }
