@@ -1,5 +1,5 @@
-//! The audit log: one entry per write made through the API or the command
-//! line (who by token name, what, how many, when), kept in one Redis
+//! The audit log: one entry per write made through the API, `delayd dead`,
+//! `pause` or `resume` (who by token name, what, how many, when), kept in one Redis
 //! stream capped at about [`KEEP`] entries, so every instance writes to
 //! and shows the same log and it never grows without bound.
 
