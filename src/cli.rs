@@ -14,6 +14,7 @@ use crate::store::{KeyFamily, Store, Totals};
 mod by_id;
 mod check;
 mod dead;
+mod pause;
 mod recurring;
 
 /// Command-line interface of `delayd`.
@@ -74,6 +75,10 @@ enum Command {
         #[command(subcommand)]
         action: dead::DeadAction,
     },
+    /// Stop claims of a business on every instance; pending work stays.
+    Pause(pause::PauseArgs),
+    /// Let a paused business's claims run again.
+    Resume(pause::PauseArgs),
     /// Measure the broker's ceiling, delayd's drain rate, lateness and idle cost.
     Bench(crate::bench::BenchArgs),
 }
@@ -172,6 +177,8 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
             business,
         } => shards(&config::load(&c.config)?, &business),
         Command::Dead { action } => dead::run(action).await,
+        Command::Pause(a) => pause::run(a, true).await,
+        Command::Resume(a) => pause::run(a, false).await,
         Command::Recurring(a) => recurring::recurring(a),
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),
@@ -199,6 +206,15 @@ fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
         .iter()
         .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit).with_member(b.member))
         .collect()
+}
+
+/// Records a write in the audit log; the write is done, so a log that
+/// cannot be written is a warning on stderr, not a failure.
+async fn audit(conn: &RedisConn, write: &crate::tasks::audit::Write<'_>) {
+    let mut conn = conn.clone();
+    if let Err(e) = crate::tasks::audit::record(&mut conn, write).await {
+        eprintln!("warning: the audit log entry was not written ({e})");
+    }
 }
 
 fn shards(cfg: &Config, business: &str) -> Result<(), Failure> {
@@ -242,7 +258,7 @@ async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
         "{:<24} {:>10} {:>10} {:>16} {:>16} {:>10} {:>8}",
         "business", "pending", "due now", "oldest overdue", "next due in", "in flight", "dead"
     );
-    for r in rows {
+    for r in &rows {
         println!(
             "{:<24} {:>10} {:>10} {:>16} {:>16} {:>10} {:>8}",
             r.business,
@@ -253,6 +269,14 @@ async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
             r.in_flight,
             r.dead
         );
+    }
+    for r in &rows {
+        if let Some(p) = &r.paused {
+            println!(
+                "business \"{}\" is paused (by {}): nothing is claimed until `delayd resume`",
+                r.business, p.by
+            );
+        }
     }
     Ok(())
 }

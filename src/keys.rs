@@ -139,6 +139,9 @@ pub struct KeyFamily {
     /// Occurrences written for a time still ahead, score = due (ms): what a
     /// changed or removed schedule takes back.
     pub occurrences: String,
+    /// Set while an operator has paused the business: `"<since ms> <by>"`.
+    /// The claim script reads it, so every instance stops claiming at once.
+    pub paused: String,
 }
 
 impl KeyFamily {
@@ -157,6 +160,7 @@ impl KeyFamily {
             delivered: format!("{base}:delivered"),
             schedules: format!("{base}:schedules"),
             occurrences: format!("{base}:occurrences"),
+            paused: format!("{base}:paused"),
         }
     }
 
@@ -183,6 +187,7 @@ impl KeyFamily {
             &self.delivered,
             &self.schedules,
             &self.occurrences,
+            &self.paused,
         ]
     }
 }

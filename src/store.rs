@@ -68,6 +68,7 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
 
 mod dead;
 mod forecast;
+mod pause;
 mod totals;
 pub use forecast::DueCounts;
 pub use totals::Totals;
@@ -129,6 +130,9 @@ pub struct Claim {
     /// Recovered members whose expired lease was their last allowed attempt,
     /// moved to the dead set (reason `lease expired after N attempts`).
     pub dead_lease_expired: u64,
+    /// True while an operator has paused the business: nothing was
+    /// claimed, whatever is due.
+    pub paused: bool,
     /// The members now leased to the caller.
     pub members: Vec<Claimed>,
 }
@@ -153,6 +157,28 @@ pub struct Stats {
     /// Pending members due within each of [`FORECAST_WINDOWS`] from now,
     /// overdue ones included: what is coming, before it comes.
     pub due_within: [u64; 3],
+    /// Set while an operator has paused the business.
+    pub paused: Option<Paused>,
+}
+
+/// An operator's pause of a business, as its key records it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Paused {
+    /// Since when, epoch ms on Redis's clock.
+    pub since_ms: i64,
+    /// Who paused it: the token's name (`admin_token`) or `cli`.
+    pub by: String,
+}
+
+impl Paused {
+    /// The key's value, `"<since ms> <by>"`; `None` for anything else.
+    fn parse(text: &str) -> Option<Self> {
+        let (ms, by) = text.split_once(' ')?;
+        Some(Self {
+            since_ms: ms.parse().ok()?,
+            by: by.to_string(),
+        })
+    }
 }
 
 /// The windows of the `delayd_pending_due_within` forecast: label, ms.
@@ -337,6 +363,7 @@ impl Store {
             .key(&self.keys.delivered)
             .key(&self.keys.dead)
             .key(&self.keys.reasons)
+            .key(&self.keys.paused)
             .arg(limit)
             .arg(lease.as_millis() as u64)
             .arg(self.unit.millis())
@@ -573,6 +600,7 @@ impl Store {
         inv.key(&self.keys.pending)
             .key(&self.keys.inflight)
             .key(&self.keys.dead)
+            .key(&self.keys.paused)
             .arg(self.unit.millis());
         for (_, ms) in FORECAST_WINDOWS {
             inv.arg(ms);
@@ -690,6 +718,7 @@ fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
     let next = text(it.next())?;
     let in_flight = int_of(it.next())? as u64;
     let dead = int_of(it.next())? as u64;
+    let paused = Paused::parse(&text(it.next())?);
     let mut due_within = [0; 3];
     for slot in &mut due_within {
         *slot = int_of(it.next())? as u64;
@@ -703,6 +732,7 @@ fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
         in_flight,
         dead,
         due_within,
+        paused,
     })
 }
 
@@ -724,6 +754,7 @@ fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreEr
     let dead_no_body = int_of(it.next())? as u64;
     let deduplicated = int_of(it.next())? as u64;
     let dead_lease_expired = int_of(it.next())? as u64;
+    let paused = int_of(it.next())? == 1;
     let rest: Vec<redis::Value> = it.collect();
     let mut members = Vec::with_capacity(rest.len() / 3);
     let mut rest = rest.into_iter();
@@ -758,6 +789,7 @@ fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreEr
         dead_no_body,
         deduplicated,
         dead_lease_expired,
+        paused,
         members,
     })
 }
@@ -786,6 +818,8 @@ mod tests {
             Int(tag),
             Int(dropped.0),
             Int(dropped.1),
+            Int(0),
+            // Not paused.
             Int(0),
         ];
         v.extend(rest);

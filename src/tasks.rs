@@ -13,9 +13,14 @@ use redis::aio::ConnectionLike;
 use crate::config::{Business, MemberMode, ScoreUnit};
 use crate::store::{KeyFamily, StoreError};
 
+pub mod audit;
 pub mod dead;
+mod merge;
+pub mod pause;
 pub mod search;
 pub mod when;
+
+use merge::Merge;
 
 // Registered like every other script, so that a `NOSCRIPT` from a restarted
 // or promoted node is answered with `EVAL` on that same node.
@@ -323,7 +328,9 @@ pub struct Range {
 /// One page of pending tasks in due order, merged over the shards.
 ///
 /// The cursor is the (score, member) of the last task shown, which orders
-/// every shard alike, so each page costs O(shards × (log N + limit)).
+/// every shard alike. Shards are read a little at a time ([`Merge`]), so a
+/// page reads about what it shows plus one task per shard, however many
+/// shards there are: O(shards × log N + limit).
 pub async fn list<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
@@ -336,54 +343,54 @@ pub async fn list<C: ConnectionLike>(
         Some(ms) => format!("{}", score_of(ms, unit)),
         None => open.to_string(),
     };
-    let lo = bound(range.from_ms, "-inf");
-    let hi = bound(range.to_ms, "+inf");
-    let (cs, cm) = match cursor {
+    let (lo, hi) = (bound(range.from_ms, "-inf"), bound(range.to_ms, "+inf"));
+    let start = match cursor {
         Some(c) => decode_cursor(c)?,
         None => (String::new(), Vec::new()),
     };
-    let limit = limit.max(1);
-    let mut all = Vec::new();
-    let mut more = false;
-    for key in business.keys() {
+    let keys = business.keys();
+    let mut merge = Merge::new(keys.len(), limit.max(1), |a: &Listed, b: &Listed| {
+        // Redis's own order: score, then the member's bytes.
+        score_num(&a.score)
+            .total_cmp(&score_num(&b.score))
+            .then_with(|| a.member.cmp(&b.member))
+    });
+    while let Some((shard, n)) = merge.wants() {
+        let (cs, cm) = match merge.last(shard) {
+            Some(t) => (t.score.as_str(), t.member.as_slice()),
+            None => (start.0.as_str(), start.1.as_slice()),
+        };
         let reply: Vec<redis::Value> = scripts::LIST
-            .key(&key)
+            .key(&keys[shard])
             .arg(&lo)
             .arg(&hi)
-            .arg(limit)
-            .arg(&cs)
-            .arg(cm.as_slice())
+            .arg(n)
+            .arg(cs)
+            .arg(cm)
             .invoke_async(conn)
             .await?;
         let mut it = reply.into_iter();
-        more |= matches!(it.next(), Some(redis::Value::Int(1)));
+        let more = matches!(it.next(), Some(redis::Value::Int(1)));
+        let mut got = Vec::new();
         while let (Some(m), Some(s)) = (it.next(), it.next()) {
             let member = bulk(m)?;
             let score = String::from_utf8_lossy(&bulk(s)?).into_owned();
             let due_ms = to_ms(score_num(&score), unit);
-            all.push(Listed {
+            got.push(Listed {
                 member,
                 score,
                 due_ms,
             });
         }
+        merge.fill(shard, got, more);
     }
-    // Redis's own order: score, then the member's bytes.
-    all.sort_by(|a, b| {
-        score_num(&a.score)
-            .total_cmp(&score_num(&b.score))
-            .then_with(|| a.member.cmp(&b.member))
-    });
-    if all.len() > limit {
-        all.truncate(limit);
-        more = true;
-    }
+    let (tasks, more) = merge.finish();
     let cursor = if more {
-        all.last().map(|t| encode_cursor(&t.score, &t.member))
+        tasks.last().map(|t| encode_cursor(&t.score, &t.member))
     } else {
         None
     };
-    Ok(Page { tasks: all, cursor })
+    Ok(Page { tasks, cursor })
 }
 
 fn score_num(s: &str) -> f64 {
@@ -404,8 +411,7 @@ fn bulk(v: redis::Value) -> Result<Vec<u8>, StoreError> {
 
 /// `SCORE:HEXMEMBER`: opaque to users, exact for any member bytes.
 fn encode_cursor(score: &str, member: &[u8]) -> String {
-    let hex: String = member.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{score}:{hex}")
+    format!("{score}:{}", hex(member))
 }
 
 fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
@@ -415,15 +421,29 @@ fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
         ))
     };
     let (score, hex) = c.split_once(':').ok_or_else(bad)?;
-    if score_num(score).is_nan() || hex.len() % 2 != 0 {
+    if score_num(score).is_nan() {
         return Err(bad());
     }
-    let member = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-        .collect::<Result<Vec<u8>, _>>()
-        .map_err(|_| bad())?;
-    Ok((score.to_string(), member))
+    Ok((score.to_string(), unhex(hex).ok_or_else(bad)?))
+}
+
+/// Bytes as lower-case hex: how cursors and the API's handles carry a
+/// member exactly, whatever its bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes `text` spells in hex, or `None` when it is not an even number
+/// of hex digits (text from a user, so any characters at all).
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 /// Whether `c` is a cursor `delayd list` could have printed.
@@ -446,6 +466,14 @@ mod tests {
         assert!(decode_cursor("12:abc").is_err());
         assert!(decode_cursor("x:00").is_err());
         assert!(valid_cursor("-inf:"));
+    }
+
+    #[test]
+    fn a_cursor_with_text_that_is_not_hex_is_refused_never_a_panic() {
+        for c in ["1:aéb", "1:é", "1:0é", "1:+1", "1:éé"] {
+            assert!(decode_cursor(c).is_err(), "{c}");
+            assert!(!valid_cursor(c), "{c}");
+        }
     }
 
     #[test]

@@ -78,6 +78,8 @@ pub struct Metrics {
     /// 1 while a business's publishing is paused (exchange missing or
     /// forbidden).
     pub paused: IntGaugeVec,
+    /// 1 while an operator has paused the business (read on scrape).
+    pub operator_paused: IntGaugeVec,
     /// What the intakes took in.
     pub intake: crate::intake::Metrics,
     /// Occurrences of recurring schedules skipped by their catch-up policy.
@@ -212,6 +214,12 @@ impl Metrics {
                 &r,
                 "delayd_publish_paused",
                 "1 while the business's exchange is missing or forbidden; members stay pending",
+                b,
+            ),
+            operator_paused: gauge(
+                &r,
+                "delayd_business_paused",
+                "1 while an operator has paused the business (delayd pause, or the console): nothing is claimed, pending work stays",
                 b,
             ),
             intake: crate::intake::Metrics::new(&r),

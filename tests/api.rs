@@ -751,3 +751,343 @@ async fn the_page_and_its_assets_are_served_with_a_policy_that_runs_only_them() 
         assert_eq!(api_get(c.port, probe).await.status, 200, "{probe}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_with_text_that_is_not_hex_is_a_400_never_a_panic() {
+    let b = BusinessSpec::random("cursor");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    for cursor in ["1:a%C3%A9b", "1:%C3%A9", "1:0%C3%A9"] {
+        let path = format!("/api/v1/businesses/{}/tasks?cursor={cursor}", b.name);
+        let a = api_get(c.port, &path).await;
+        assert_eq!(a.status, 400, "{path}: {}", a.text);
+        assert!(a.error_line().contains("\"cursor\""), "{}", a.text);
+    }
+    assert!(!c.daemon.logs().contains("panicked"), "{}", c.daemon.tail());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_another_host_name_or_a_write_from_another_origin_is_refused() {
+    let b = id_business("host");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let port = c.port.to_string();
+    let local = format!("localhost:{port}");
+    for host in ["127.0.0.1", local.as_str(), "[::1]"] {
+        let a = call_with(c.port, "GET", "/api/v1/businesses", &[("Host", host)], None).await;
+        assert_eq!(a.status, 200, "Host {host}: {}", a.text);
+    }
+    // DNS rebinding: a page of evil.example whose name now points here.
+    let rebound = format!("evil.example:{port}");
+    for path in ["/api/v1/businesses", "/"] {
+        let a = call_with(c.port, "GET", path, &[("Host", rebound.as_str())], None).await;
+        assert_eq!(a.status, 403, "{path}: {}", a.text);
+        assert!(a.text.contains("evil.example"), "{}", a.text);
+    }
+    let auth = format!("Bearer {TOKEN}");
+    let write = format!("/api/v1/businesses/{}/tasks", b.name);
+    let body = r#"{"id":"x","body":"b","in":"1h"}"#;
+    let other = call_with(
+        c.port,
+        "POST",
+        &write,
+        &[
+            ("Authorization", auth.as_str()),
+            ("Origin", "http://evil.example"),
+        ],
+        Some(body),
+    )
+    .await;
+    assert_eq!(other.status, 403, "{}", other.text);
+    assert!(other.error_line().contains("Origin"), "{}", other.text);
+    let own = format!("http://127.0.0.1:{port}");
+    let host = format!("127.0.0.1:{port}");
+    let same = call_with(
+        c.port,
+        "POST",
+        &write,
+        &[
+            ("Host", host.as_str()),
+            ("Authorization", auth.as_str()),
+            ("Origin", own.as_str()),
+        ],
+        Some(body),
+    )
+    .await;
+    assert_eq!(same.status, 201, "{}", same.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size() {
+    let b = BusinessSpec::random("exact");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let fam = family(&b.key);
+    let big = vec![b'x'; 5000];
+    // The binary a\xFF and the ASCII text `a\xff` look alike as text.
+    for (m, reason) in [
+        (b"a\xff".to_vec(), "binary"),
+        (b"a\\xff".to_vec(), "ascii"),
+        (big.clone(), "big"),
+    ] {
+        let _: () = redis::pipe()
+            .zadd(&fam.dead, m.as_slice(), 1000)
+            .hset(&fam.reasons, m.as_slice(), reason)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let dead = format!("/api/v1/businesses/{}/dead", b.name);
+    let list = api_get(c.port, &dead).await;
+    let handle = |reason: &str| {
+        list.json["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["reason"] == reason)
+            .and_then(|m| m["handle"].as_str())
+            .unwrap_or_else(|| panic!("no handle for {reason}: {}", list.text))
+            .to_string()
+    };
+    let purged = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        c.token(),
+        &json!({ "handle": handle("binary") }),
+    )
+    .await;
+    assert_eq!(purged.json["count"], 1, "{}", purged.text);
+    let left: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg(&fam.dead)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(left.contains(&b"a\\xff".to_vec()), "the ASCII member went");
+    assert!(
+        !left.contains(&b"a\xff".to_vec()),
+        "the binary member stayed"
+    );
+    // Over 4 KiB: shown cut, acted on whole.
+    let count = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        None,
+        &json!({ "handle": handle("big"), "dry_run": true }),
+    )
+    .await;
+    assert_eq!(count.json["count"], 1, "{}", count.text);
+    let gone = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        c.token(),
+        &json!({ "handle": handle("big") }),
+    )
+    .await;
+    assert_eq!(gone.json["count"], 1, "{}", gone.text);
+    let bad = api_post(
+        c.port,
+        &format!("{dead}/purge"),
+        c.token(),
+        &json!({ "handle": "zz" }),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.text);
+    bad.error_line();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_read_token_every_read_needs_it_and_it_cannot_write() {
+    const READ: &str = "test-read-token-0123456789";
+    let b = id_business("roles");
+    let c = ConsoleDaemon::start_with_env(
+        &[&b],
+        &[
+            ("DELAYD_HTTP__READ_TOKEN", READ),
+            ("DELAYD_HTTP__ADMIN_TOKEN", TOKEN),
+        ],
+    )
+    .await;
+    let n = &b.name;
+    let reads = [
+        "/api/v1/businesses".to_string(),
+        format!("/api/v1/businesses/{n}/histogram"),
+        format!("/api/v1/businesses/{n}/tasks"),
+        format!("/api/v1/businesses/{n}/tasks/x"),
+        format!("/api/v1/businesses/{n}/search?prefix=x"),
+        format!("/api/v1/businesses/{n}/dead"),
+    ];
+    for path in &reads {
+        let none = api_get(c.port, path).await;
+        assert_eq!(none.status, 401, "{path}: {}", none.text);
+        assert!(!none.text.contains(READ) && !none.text.contains(TOKEN));
+        let wrong = call(c.port, "GET", path, Some("not-it"), None).await;
+        assert_eq!(wrong.status, 401, "{path}: {}", wrong.text);
+        for token in [READ, TOKEN] {
+            let ok = call(c.port, "GET", path, Some(token), None).await;
+            assert!(ok.status == 200 || ok.status == 404, "{path}: {}", ok.text);
+            assert_ne!(ok.status, 401, "{path}");
+        }
+    }
+    let dead = format!("/api/v1/businesses/{n}/dead/purge");
+    let count = json!({ "all": true, "dry_run": true });
+    assert_eq!(api_post(c.port, &dead, None, &count).await.status, 401);
+    assert_eq!(
+        api_post(c.port, &dead, Some(READ), &count).await.status,
+        200
+    );
+    let write = api_post(c.port, &dead, Some(READ), &json!({ "all": true })).await;
+    assert_eq!(write.status, 403, "{}", write.text);
+    assert!(write.error_line().contains("admin token"));
+    let as_reader = call(c.port, "GET", "/api/v1/businesses", Some(READ), None).await;
+    assert_eq!(
+        (
+            as_reader.json["can_write"].as_bool(),
+            as_reader.json["read_only"].as_bool()
+        ),
+        (Some(false), Some(false)),
+        "{}",
+        as_reader.text
+    );
+    let as_admin = call(c.port, "GET", "/api/v1/businesses", Some(TOKEN), None).await;
+    assert_eq!(as_admin.json["can_write"], true, "{}", as_admin.text);
+    // The page and the probes carry no task data: they need no token.
+    for path in ["/", "/console.js", "/metrics", "/healthz"] {
+        assert_eq!(api_get(c.port, path).await.status, 200, "{path}");
+    }
+    let metrics = api_get(c.port, "/metrics").await.text;
+    let logs = c.daemon.logs();
+    for secret in [READ, TOKEN] {
+        assert!(!metrics.contains(secret) && !logs.contains(secret));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_business_claims_nothing_keeps_its_work_and_says_so_everywhere() {
+    let b = id_business("hold");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let n = &b.name;
+    let pause = format!("/api/v1/businesses/{n}/pause");
+    let resume = format!("/api/v1/businesses/{n}/resume");
+    assert_eq!(api_post(c.port, &pause, None, &json!({})).await.status, 401);
+    let paused = api_post(c.port, &pause, c.token(), &json!({})).await;
+    assert_eq!(paused.json["result"], "paused", "{}", paused.text);
+    assert_eq!(paused.json["pause"]["by"], "admin_token", "{}", paused.text);
+    let mut r = c.setup.redis.clone();
+    let now = redis_now_ms(&mut r).await;
+    let _: () = redis::pipe()
+        .atomic()
+        .hset(family(&b.key).body, "held-1", "the held task")
+        .zadd(&b.key, "held-1", now)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(c.setup.inbox().all().is_empty(), "delivered while paused");
+    assert_eq!(zcard(&mut r, &b.key).await, 1, "the pending task stays");
+    let row = c.overview_of(n).await;
+    assert_eq!(row["pause"]["by"], "admin_token", "{row}");
+    let metrics = api_get(c.port, "/metrics").await.text;
+    let gauge = format!("delayd_business_paused{{business=\"{n}\"}} 1");
+    assert!(metrics.contains(&gauge), "no {gauge}");
+    let cfg = c.setup.config.to_str().unwrap().to_string();
+    let (code, out, err) = delayd(&["inspect", "-c", &cfg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("business \"{n}\" is paused")),
+        "{out}"
+    );
+
+    // The command line resumes it as well: delivered at once.
+    let (code, out, err) = delayd(&["resume", "-c", &cfg, n]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("resumed"), "{out}");
+    c.setup.inbox().wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(c.setup.inbox().all()[0].body, b"the held task");
+    let again = api_post(c.port, &resume, c.token(), &json!({})).await;
+    assert_eq!(again.json["result"], "not_paused", "{}", again.text);
+    let (code, out, _) = delayd(&["pause", "-c", &cfg, n]);
+    assert_eq!(code, 0);
+    assert!(out.contains("paused"), "{out}");
+    // The overview is shared for a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let row = c.overview_of(n).await;
+    assert_eq!(row["pause"]["by"], "cli", "{row}");
+    let (code, _, _) = delayd(&["resume", "-c", &cfg, n]);
+    assert_eq!(code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_is_in_the_audit_log_with_who_what_how_many_and_when() {
+    let b = id_business("audited");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let n = &b.name;
+    let mut r = c.setup.redis.clone();
+    let before = redis_now_ms(&mut r).await;
+    let tasks = format!("/api/v1/businesses/{n}/tasks");
+    let made = api_post(
+        c.port,
+        &tasks,
+        c.token(),
+        &json!({ "id": "a-1", "body": "b", "in": "1h" }),
+    )
+    .await;
+    assert_eq!(made.status, 201, "{}", made.text);
+    let gone = call(c.port, "DELETE", &format!("{tasks}/a-1"), c.token(), None).await;
+    assert_eq!(gone.status, 200, "{}", gone.text);
+    seed_dead(&mut r, &b.key, &[("d-1", "rejected"), ("d-2", "rejected")]).await;
+    let dead = format!("/api/v1/businesses/{n}/dead/purge");
+    let counted = api_post(
+        c.port,
+        &dead,
+        None,
+        &json!({ "all": true, "dry_run": true }),
+    )
+    .await;
+    assert_eq!(counted.json["count"], 2);
+    let purged = api_post(c.port, &dead, c.token(), &json!({ "reason": "rejected" })).await;
+    assert_eq!(purged.json["count"], 2, "{}", purged.text);
+    let cfg = c.setup.config.to_str().unwrap().to_string();
+    assert_eq!(delayd(&["pause", "-c", &cfg, n]).0, 0);
+    assert_eq!(delayd(&["resume", "-c", &cfg, n]).0, 0);
+
+    let log = api_get(c.port, "/api/v1/audit?limit=1000").await;
+    assert_eq!(log.status, 200, "{}", log.text);
+    assert!(!log.text.contains(TOKEN));
+    let mine: Vec<(String, String, String, u64)> = log.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        // The log is shared: this test's business, since it started.
+        .filter(|e| e["business"] == n.as_str() && e["at_ms"].as_i64().unwrap() >= before)
+        .map(|e| {
+            (
+                e["by"].as_str().unwrap().to_string(),
+                e["action"].as_str().unwrap().to_string(),
+                e["what"].as_str().unwrap().to_string(),
+                e["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, String, u64)> = [
+        ("cli", "resume", "every key", 1),
+        ("cli", "pause", "every key", 1),
+        ("admin_token", "purge", "reason containing \"rejected\"", 2),
+        ("admin_token", "cancel", "id \"a-1\"", 1),
+        ("admin_token", "schedule", "id \"a-1\"", 1),
+    ]
+    .iter()
+    .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), *d))
+    .collect();
+    assert_eq!(mine, want, "newest first, the count first not among them");
+    let page = api_get(c.port, "/api/v1/audit?limit=1").await;
+    let cursor = page.json["cursor"].as_str().expect("a cursor").to_string();
+    let older = api_get(c.port, &format!("/api/v1/audit?limit=1&cursor={cursor}")).await;
+    assert_eq!(older.status, 200, "{}", older.text);
+    assert_ne!(
+        older.json["entries"][0]["id"],
+        page.json["entries"][0]["id"]
+    );
+    let bad = api_get(c.port, "/api/v1/audit?cursor=nope").await;
+    assert_eq!(bad.status, 400);
+    bad.error_line();
+}

@@ -508,3 +508,23 @@ async fn check_and_the_start_log_warn_of_an_allkeys_eviction_policy() {
     .await;
     assert!(warned, "{}", d.logs());
 }
+
+#[test]
+fn a_list_cursor_with_text_that_is_not_hex_is_one_error_line_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), format!("{NOWHERE}{BILLING}").as_bytes());
+    for cursor in ["1:aéb", "1:é", "1:0é"] {
+        let (code, out, err) = delayd(&[
+            "list",
+            "--config",
+            path.to_str().unwrap(),
+            "billing",
+            "--cursor",
+            cursor,
+        ]);
+        assert_eq!(code, 2, "{cursor}: {out}{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--cursor"), "{err}");
+    }
+}

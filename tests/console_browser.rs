@@ -137,6 +137,15 @@ impl Browser {
             .unwrap_or_else(|err| panic!("type into {css}: {err}"));
     }
 
+    /// Whether the first element matching `css` is shown (false when there
+    /// is none).
+    async fn shown(&self, css: &str) -> bool {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(e) => e.is_displayed().await.unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+
     /// Ends the session; the driver goes when `self` drops.
     async fn close(self) {
         let _ = self.client.clone().close().await;
@@ -385,14 +394,13 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
         .await;
     b.screenshot("dead").await;
 
-    // No token typed: the count comes, the requeue is refused.
-    b.click("tr[data-member=\"inv-7\"] button[data-act=\"requeue\"]")
-        .await;
-    b.wait_text("#dead-confirm", |t| t.contains("requeue 1 dead member"))
-        .await;
-    b.click("#dead-confirm-go").await;
-    let refused = b.wait_text("#result", |t| !t.is_empty()).await;
-    assert!(refused.contains("Authorization: Bearer"), "{refused}");
+    // No token typed: the page is read-only, its write buttons hidden.
+    b.wait_text("#mode", |t| t.contains("read-only")).await;
+    assert!(
+        !b.shown("tr[data-member=\"inv-7\"] button[data-act=\"requeue\"]")
+            .await,
+        "a write button shows without the admin token"
+    );
     let still: Option<f64> = redis::cmd("ZSCORE")
         .arg(&fam.dead)
         .arg("inv-7")
@@ -431,4 +439,76 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
         "the token lives in sessionStorage, no cookie"
     );
     b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
+    const READ: &str = "browser-read-token-0123456789";
+    let billing = id_business("billing");
+    let c = ConsoleDaemon::start_with_env(
+        &[&billing],
+        &[
+            ("DELAYD_HTTP__READ_TOKEN", READ),
+            ("DELAYD_HTTP__ADMIN_TOKEN", TOKEN),
+        ],
+    )
+    .await;
+    let mut r = c.setup.redis.clone();
+    let later = redis_now_ms(&mut r).await + 3_600_000;
+    schedule_id(&mut r, &billing.key, "inv-1", "an invoice", later).await;
+
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!(
+            "http://127.0.0.1:{}/#b=billing&tab=pending",
+            c.port
+        ))
+        .await
+        .unwrap();
+    b.wait_text("#error", |t| t.contains("needs a token to read"))
+        .await;
+    b.screenshot("token-needed").await;
+
+    // The read token: everything shows, nothing can be changed.
+    b.type_into("#token", READ).await;
+    b.click("#token-save").await;
+    b.wait_text("#mode", |t| t.contains("read-only")).await;
+    b.wait_text("#pending tbody", |t| t.contains("inv-1")).await;
+    assert!(!b.shown("#pause-toggle").await, "pause shows to a reader");
+    b.wait_text("#pause-state", |t| t == "running").await;
+
+    // The admin token: pause, shown at once, in the overview and the log.
+    b.type_into("#token", TOKEN).await;
+    b.click("#token-save").await;
+    b.wait_text("#mode", |t| t.contains("writes allowed")).await;
+    b.click("#pause-toggle").await;
+    b.wait_text("#pause-state", |t| t.starts_with("paused by admin_token"))
+        .await;
+    b.wait_text(
+        "tr[data-business=\"billing\"] td[data-field=\"paused\"]",
+        |t| t.starts_with("paused by admin_token"),
+    )
+    .await;
+    b.screenshot("paused").await;
+    let key: Option<String> = redis::cmd("GET")
+        .arg(family(&billing.key).paused)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(key.is_some_and(|v| v.ends_with(" admin_token")));
+
+    b.click("#audit-link").await;
+    b.wait_text("#audit-log tbody tr[data-action=\"pause\"]", |t| {
+        t.contains("admin_token") && t.contains("billing")
+    })
+    .await;
+    b.screenshot("audit").await;
+    let page = b.client.source().await.unwrap();
+    assert!(
+        !page.contains(READ) && !page.contains(TOKEN),
+        "a token in the page"
+    );
+    b.close().await;
+    let (code, _, _) = delayd(&["resume", "-c", c.setup.config.to_str().unwrap(), "billing"]);
+    assert_eq!(code, 0);
 }

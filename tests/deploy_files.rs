@@ -229,6 +229,13 @@ fn override_problems(file: &str, env: &[(String, String)], cfg: &Config) -> Vec<
                 .to_string(),
             ),
             "DELAYD_LOG__LEVEL" => Some(cfg.log_level.clone()),
+            "DELAYD_HTTP__READ_TOKEN" => {
+                cfg.http_read_token.as_ref().map(|t| t.expose().to_string())
+            }
+            "DELAYD_HTTP__ADMIN_TOKEN" => cfg
+                .http_admin_token
+                .as_ref()
+                .map(|t| t.expose().to_string()),
             _ => None,
         };
         match effective {

@@ -321,6 +321,7 @@ url = "amqp://rabbitmq.invalid:5672/%2f"
 
 [http]
 listen = "0.0.0.0:9464"
+open_reads = true
 
 [log]
 format = "json"

@@ -83,6 +83,19 @@ pub(super) async fn run(action: DeadAction) -> Result<(), Failure> {
         (n, verb)
     } else {
         let n = dead_set::apply(&stores, &filter, action, limit).await?;
+        let what = match (&act.member, &act.reason) {
+            (Some(m), _) => format!("member \"{m}\""),
+            (None, Some(r)) => format!("reason containing \"{r}\""),
+            (None, None) => "all".into(),
+        };
+        let write = crate::tasks::audit::Write {
+            by: "cli",
+            business: &b.name,
+            action: action.name(),
+            what: &what,
+            count: n.count,
+        };
+        super::audit(&conn, &write).await;
         let verb = match action {
             Action::Requeue => "requeued",
             Action::Purge => "purged",

@@ -152,6 +152,8 @@ pub(super) fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigErro
         amqp,
         http_listen: http.listen,
         http_admin_token: http.admin_token,
+        http_read_token: http.read_token,
+        http_allowed_hosts: http.allowed_hosts,
         log_format,
         log_level,
         businesses,

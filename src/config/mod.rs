@@ -171,6 +171,10 @@ pub struct Config {
     pub http_listen: Option<SocketAddr>,
     /// The bearer token API writes need; `None`: the API is read-only.
     pub http_admin_token: Option<Secret>,
+    /// The bearer token API reads need; `None`: reads are open.
+    pub http_read_token: Option<Secret>,
+    /// Host names the console answers to besides its address and loopback.
+    pub http_allowed_hosts: Vec<String>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.

@@ -2,11 +2,14 @@
 //! console page at `/`, and the JSON API under `/api/v1` that the page,
 //! scripts and producers without Redis use.
 //!
-//! - [`settings`]: the `[http]` section (listen address, admin token);
+//! - [`settings`]: the `[http]` section (listen address, tokens, host names);
 //! - `probes`: metrics and health, as before the console;
 //! - `api`: one handler per action, calling the same functions as the CLI
 //!   ([`crate::tasks`], [`crate::store`]);
-//! - `auth`: read-only unless an admin token is configured;
+//! - `auth`: reads need the read token when one is set, writes the admin
+//!   token (read-only without one);
+//! - `guard`: the host names the console answers to, and where writes
+//!   may come from;
 //! - `rates`: per-second rates and lateness quantiles over the last minute,
 //!   from this process's metrics (no Redis call);
 //! - `page`: the console, one static page and its script, built in.
@@ -24,6 +27,7 @@ use crate::telemetry::Health;
 mod api;
 mod auth;
 mod error;
+mod guard;
 mod page;
 mod probes;
 mod rates;
@@ -44,6 +48,10 @@ pub struct HttpState {
     businesses: Vec<Business>,
     /// The token API writes need; `None`: read-only.
     admin_token: Option<Secret>,
+    /// The token API reads need (besides the admin token); `None`: open.
+    read_token: Option<Secret>,
+    /// The host names the console and the API answer to.
+    hosts: guard::Hosts,
     /// Serialises scrapes so a burst of them costs Redis one round each.
     scrape: Mutex<()>,
     /// Answers the overview reuses for a second, so any number of open
@@ -63,6 +71,8 @@ impl HttpState {
             conn: OnceLock::new(),
             businesses: config.businesses.clone(),
             admin_token: config.http_admin_token.clone(),
+            read_token: config.http_read_token.clone(),
+            hosts: guard::Hosts::new(config.http_listen, &config.http_allowed_hosts),
             scrape: Mutex::new(()),
             overview: Default::default(),
             rates: Default::default(),
@@ -89,12 +99,26 @@ pub async fn serve(
         std::time::Duration::from_secs(5),
         Arc::downgrade(&state),
     ));
+    // Probes and scrapers address a pod by whatever name or address they
+    // know it by, and carry no task data: only the console is guarded.
+    let console = axum::Router::new()
+        .merge(page::routes())
+        .nest(
+            "/api/v1",
+            api::routes().layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                auth::reads,
+            )),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::check,
+        ));
     let app = axum::Router::new()
         .route("/metrics", get(probes::metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(probes::ready))
-        .merge(page::routes())
-        .nest("/api/v1", api::routes())
+        .merge(console)
         .with_state(state);
     if let Ok(listen) = listener.local_addr() {
         tracing::info!(%listen, "serving the console at /, the API under /api/v1, /metrics, /healthz and /readyz");

@@ -49,6 +49,7 @@ pub(super) async fn metrics(
         let _guard = state.scrape.lock().await;
         let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
         let mut forecast: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
+        let mut held: std::collections::BTreeMap<&str, bool> = Default::default();
         // Every key at once, each bounded: with Redis away a scrape answers
         // within the bound, not the bound times the number of keys.
         let stores = state.stores();
@@ -66,6 +67,7 @@ pub(super) async fn metrics(
                 if let Some(oldest) = s.oldest_due_ms {
                     t.3 = t.3.max((s.now_ms as f64 - oldest) / 1000.0);
                 }
+                *held.entry(business.as_str()).or_default() |= s.paused.is_some();
                 let f = forecast.entry(business.as_str()).or_default();
                 for (sum, n) in f.iter_mut().zip(s.due_within) {
                     *sum += n as i64;
@@ -77,6 +79,12 @@ pub(super) async fn metrics(
             METRICS.inflight.with_label_values(&[business]).set(i);
             METRICS.dead.with_label_values(&[business]).set(d);
             METRICS.oldest_overdue.with_label_values(&[business]).set(o);
+        }
+        for (business, paused) in held {
+            METRICS
+                .operator_paused
+                .with_label_values(&[business])
+                .set(paused as i64);
         }
         for (business, counts) in forecast {
             for ((window, _), n) in crate::store::FORECAST_WINDOWS.iter().zip(counts) {

@@ -1,5 +1,5 @@
-//! The validated `[http]` section: where the HTTP side listens and the
-//! token that unlocks its writes.
+//! The validated `[http]` section: where the HTTP side listens, the tokens
+//! that unlock its reads and writes, and the host names it answers to.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use crate::config::Secret;
 /// so the console is not reachable from elsewhere unless asked for.
 pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 9464);
 
-/// Longest admin token accepted: anything longer is a file named by mistake.
+/// Longest token accepted: anything longer is a file named by mistake.
 const MAX_TOKEN: usize = 4096;
 
 /// `[http]` as written.
@@ -22,6 +22,19 @@ pub(crate) struct RawHttp {
     listen: Option<String>,
     admin_token: Option<Secret>,
     admin_token_file: Option<PathBuf>,
+    read_token: Option<Secret>,
+    read_token_file: Option<PathBuf>,
+    open_reads: Option<bool>,
+    allowed_hosts: Option<Names>,
+}
+
+/// Host names: a TOML list, or one comma-separated string (how an
+/// environment variable carries a list).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Names {
+    List(Vec<String>),
+    Text(String),
 }
 
 /// The `[http]` section once checked.
@@ -33,6 +46,13 @@ pub struct HttpSettings {
     /// The bearer token every API write needs; `None` makes the API and the
     /// console read-only.
     pub admin_token: Option<Secret>,
+    /// The bearer token API reads need (the admin token reads too); `None`
+    /// leaves reads open, which a listener beyond loopback allows only
+    /// with `open_reads = true`.
+    pub read_token: Option<Secret>,
+    /// Host names the console answers to besides its address and loopback
+    /// names (a guard against DNS rebinding), lower-case.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Checks `[http]`, adding one line per problem to `problems`.
@@ -51,39 +71,93 @@ pub(crate) fn validate(raw: Option<RawHttp>, problems: &mut Vec<String>) -> Http
             }
         },
     };
-    let admin_token = match (raw.admin_token, raw.admin_token_file) {
+    let admin_token = token(
+        raw.admin_token,
+        raw.admin_token_file,
+        "admin_token",
+        problems,
+    );
+    let read_token = token(raw.read_token, raw.read_token_file, "read_token", problems);
+    if let (Some(r), Some(a)) = (&read_token, &admin_token) {
+        if r.expose() == a.expose() {
+            problems.push("[http] fields \"read_token\" and \"admin_token\" are the same token: a reader could write; give them different values".into());
+        }
+    }
+    if let Some(a) = listen {
+        if !a.ip().is_loopback() && read_token.is_none() && raw.open_reads != Some(true) {
+            problems.push(format!(
+                "[http] listen = \"{a}\" is reachable from other hosts and no read_token is set, so anyone who reaches it could read every task body: set read_token (or read_token_file, or DELAYD_HTTP__READ_TOKEN), or open_reads = true to serve reads without a token"
+            ));
+        }
+    }
+    HttpSettings {
+        listen,
+        admin_token,
+        read_token,
+        allowed_hosts: host_names(raw.allowed_hosts, problems),
+    }
+}
+
+/// `allowed_hosts`, each a bare name: no scheme, port, path or wildcard.
+fn host_names(raw: Option<Names>, problems: &mut Vec<String>) -> Vec<String> {
+    let names = match raw {
+        None => return Vec::new(),
+        Some(Names::List(l)) => l,
+        Some(Names::Text(t)) => t.split(',').map(|n| n.trim().to_string()).collect(),
+    };
+    let mut out = Vec::new();
+    for n in names {
+        let ok = !n.is_empty()
+            && n.len() <= 253
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if ok {
+            out.push(n.to_ascii_lowercase());
+        } else {
+            problems.push(format!(
+                "[http] field \"allowed_hosts\": \"{n}\" is not a host name such as delayd.example.internal (no scheme, port or wildcard)"
+            ));
+        }
+    }
+    out
+}
+
+/// The token `field` (or `field_file`) gives, if usable.
+fn token(
+    given: Option<Secret>,
+    file: Option<PathBuf>,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> Option<Secret> {
+    match (given, file) {
         (Some(_), Some(_)) => {
-            problems.push("[http] fields \"admin_token\" and \"admin_token_file\" are both set: give the token one way".into());
+            problems.push(format!("[http] fields \"{field}\" and \"{field}_file\" are both set: give the token one way"));
             None
         }
-        (Some(t), None) => checked_token(t.expose(), "admin_token", problems),
+        (Some(t), None) => checked_token(t.expose(), field, problems),
         (None, Some(path)) => match std::fs::read_to_string(&path) {
             // One trailing line break is how files end, not part of the token.
             Ok(text) => {
                 let t = text.strip_suffix('\n').unwrap_or(&text);
                 let t = t.strip_suffix('\r').unwrap_or(t);
-                checked_token(t, "admin_token_file", problems)
+                checked_token(t, &format!("{field}_file"), problems)
             }
             Err(e) => {
                 problems.push(format!(
-                    "[http] field \"admin_token_file\": cannot read {} ({e})",
+                    "[http] field \"{field}_file\": cannot read {} ({e})",
                     path.display()
                 ));
                 None
             }
         },
         (None, None) => None,
-    };
-    HttpSettings {
-        listen,
-        admin_token,
     }
 }
 
 /// The token, if usable. The messages never quote it.
 fn checked_token(t: &str, field: &str, problems: &mut Vec<String>) -> Option<Secret> {
     let problem = if t.is_empty() {
-        "is empty: leave it unset for a read-only console, or give a token"
+        "is empty: leave it unset, or give a token"
     } else if t.len() > MAX_TOKEN {
         "is longer than 4096 bytes"
     } else if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -140,6 +214,60 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.http_admin_token.unwrap().expose(), "tok-in-secret-file");
+    }
+
+    #[test]
+    fn a_listener_beyond_loopback_needs_a_read_token_or_open_reads_said_outright() {
+        let e = load("listen = \"0.0.0.0:9464\"", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no read_token is set"), "{e}");
+        assert_eq!(
+            e.lines().filter(|l| l.contains("read_token")).count(),
+            1,
+            "{e}"
+        );
+        let c = load(
+            "listen = \"0.0.0.0:9464\"",
+            &[("DELAYD_HTTP__READ_TOKEN", "r-secret-1.10")],
+        )
+        .unwrap();
+        assert_eq!(
+            c.http_read_token.as_ref().unwrap().expose(),
+            "r-secret-1.10"
+        );
+        assert!(!format!("{c:?}").contains("r-secret"));
+        let c = load("listen = \"0.0.0.0:9464\"\nopen_reads = true", &[]).unwrap();
+        assert!(c.http_read_token.is_none());
+        let c = load(
+            "",
+            &[
+                ("DELAYD_HTTP__LISTEN", "0.0.0.0:9464"),
+                ("DELAYD_HTTP__OPEN_READS", "true"),
+            ],
+        )
+        .unwrap();
+        assert!(c.http_read_token.is_none());
+        let e = load("read_token = \"same-tok\"\nadmin_token = \"same-tok\"", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("same token") && !e.contains("same-tok"), "{e}");
+    }
+
+    #[test]
+    fn allowed_hosts_come_as_a_list_or_from_the_environment_as_one_line() {
+        let c = load("allowed_hosts = [\"Console.Example\", \"b.example\"]", &[]).unwrap();
+        assert_eq!(c.http_allowed_hosts, ["console.example", "b.example"]);
+        let c = load(
+            "",
+            &[("DELAYD_HTTP__ALLOWED_HOSTS", "a.example, b.example")],
+        )
+        .unwrap();
+        assert_eq!(c.http_allowed_hosts, ["a.example", "b.example"]);
+        let e = load("allowed_hosts = [\"http://x.example:80\"]", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[http] field \"allowed_hosts\""), "{e}");
     }
 
     #[test]

@@ -12,6 +12,8 @@
 -- KEYS[5] body HASH (id mode: task id -> body)
 -- KEYS[6] delivered ZSET (id mode with a dedup window: id -> delivered at, ms)
 -- KEYS[7] dead ZSET, KEYS[8] dead-reason HASH
+-- KEYS[9] paused STRING: while it exists, expired leases are recovered but
+--         nothing is claimed (an operator paused the business)
 -- ARGV[1] most members to claim (>= 0)
 -- ARGV[2] lease, ms
 -- ARGV[3] milliseconds per score unit (1 or 1000)
@@ -26,7 +28,7 @@
 --         after N attempts', instead of back to K (0 for no bound)
 -- Returns {now_ms, next_due_ms or -1, recovered, record id or '', tag,
 -- dead for want of a body, dropped as delivered within the window,
--- dead because their lease kept expiring, m1, due1, attempt1, m2, ...}, and in id mode each member's body after
+-- dead because their lease kept expiring, paused (1 or 0), m1, due1, attempt1, m2, ...}, and in id mode each member's body after
 -- its attempt (m1, due1, attempt1, body1, ...); each due is an integer or
 -- its decimal digits. In id mode a member with no body is never leased:
 -- it goes to the dead set with the reason 'no body'; one delivered within
@@ -160,7 +162,11 @@ if #expired > 0 then
   end
 end
 
-local out = {now, -1, recovered, '', tag, 0, 0, dead_expired}
+local out = {now, -1, recovered, '', tag, 0, 0, dead_expired, 0}
+if redis.call('EXISTS', KEYS[9]) == 1 then
+  limit = 0
+  out[9] = 1
+end
 local claimed = 0
 if limit > 0 then
   local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', score_of(now, unit),

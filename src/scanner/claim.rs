@@ -258,6 +258,11 @@ impl<'a> Scanner<'a> {
             // The whole batch was dropped, and more may be due behind it.
             return Err(Next::Again);
         }
+        if claim.paused && self.index == 0 {
+            // Paused by an operator: the leader looks again in a second,
+            // the others wait for it as when idle.
+            return Err(Next::RetryAfter(Duration::from_secs(1)));
+        }
         if got == 0 {
             idle(lane, self.index, &claim, claimed_at, self.stop).await;
             return Err(Next::Again);

@@ -1,7 +1,7 @@
 //! One business's counts summed over its shards, as `delayd inspect` and
 //! the console's overview show them.
 
-use super::Stats;
+use super::{Paused, Stats};
 
 /// Per-business totals over its shards.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -23,6 +23,8 @@ pub struct Totals {
     /// Pending members due within each of [`super::FORECAST_WINDOWS`].
     #[serde(skip)]
     pub due_within: [u64; 3],
+    /// Set while an operator has paused the business (its earliest pause).
+    pub paused: Option<Paused>,
 }
 
 impl Totals {
@@ -43,6 +45,11 @@ impl Totals {
             if let Some(o) = s.oldest_due_ms {
                 let age = (s.now_ms as f64 - o).max(0.0) as i64;
                 out.oldest_overdue_ms = Some(out.oldest_overdue_ms.map_or(age, |a| a.max(age)));
+            }
+            if let Some(p) = &s.paused {
+                if out.paused.as_ref().is_none_or(|q| p.since_ms < q.since_ms) {
+                    out.paused = Some(p.clone());
+                }
             }
             if let Some(n) = s.next_due_ms {
                 let inn = (n - s.now_ms as f64).max(0.0).min(i64::MAX as f64) as i64;

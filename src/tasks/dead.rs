@@ -2,12 +2,13 @@
 //! then requeue or purge all of them, one, or those whose reason matches.
 //! `delayd dead` and the API both go through here.
 
+use super::Merge;
 use crate::store::{DeadMember, Store, StoreError};
 
 /// Members one script call moves or deletes, so no call holds Redis long.
 const CHUNK: usize = 1000;
-/// Dead members a reason filter reads at most per request; beyond it the
-/// answer says it is partial.
+/// Dead members a reason filter reads at most per request, over all the
+/// business's shards together; beyond it the answer says it is partial.
 pub const REASON_SCAN_LIMIT: usize = 100_000;
 
 /// Which dead members an action applies to.
@@ -30,6 +31,16 @@ pub enum Action {
     Purge,
 }
 
+impl Action {
+    /// `requeue` or `purge`, as answers and the audit log name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Requeue => "requeue",
+            Action::Purge => "purge",
+        }
+    }
+}
+
 /// How many members a filter picked, or an action acted on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Matched {
@@ -41,28 +52,38 @@ pub struct Matched {
 }
 
 /// The oldest `limit` dead members over every shard, and Redis's clock.
+/// Shards are read a little at a time, so the members read are about the
+/// ones returned plus one per shard.
 pub async fn list(stores: &[Store], limit: usize) -> Result<(i64, Vec<DeadMember>), StoreError> {
     let mut now = 0;
-    let mut all = Vec::new();
-    for store in stores {
-        let (n, members) = store.dead_list(limit).await?;
-        now = now.max(n);
-        all.extend(members);
+    let mut merge = Merge::new(
+        stores.len(),
+        limit.max(1),
+        |a: &DeadMember, b: &DeadMember| {
+            a.died_ms
+                .total_cmp(&b.died_ms)
+                .then_with(|| a.member.cmp(&b.member))
+        },
+    );
+    while let Some((shard, n)) = merge.wants() {
+        let (at, members) = stores[shard].dead_page(merge.read(shard), n).await?;
+        now = now.max(at);
+        let more = members.len() == n;
+        merge.fill(shard, members, more);
     }
-    all.sort_by(|a, b| a.died_ms.total_cmp(&b.died_ms));
-    all.truncate(limit);
-    Ok((now, all))
+    Ok((now, merge.finish().0))
 }
 
 /// How many dead members `filter` picks.
 pub async fn count(stores: &[Store], filter: &Filter) -> Result<Matched, StoreError> {
     let mut out = Matched::default();
+    let mut budget = REASON_SCAN_LIMIT;
     for store in stores {
         let n = match filter {
             Filter::All => store.dead_count().await?,
             Filter::Member(m) => store.is_dead(m).await? as u64,
             Filter::Reason(r) => {
-                let (found, partial) = with_reason(store, r).await?;
+                let (found, partial) = with_reason(store, r, &mut budget).await?;
                 out.partial |= partial;
                 found.len() as u64
             }
@@ -81,6 +102,7 @@ pub async fn apply(
 ) -> Result<Matched, StoreError> {
     let mut out = Matched::default();
     let mut left = limit;
+    let mut budget = REASON_SCAN_LIMIT;
     for store in stores {
         if left == 0 {
             break;
@@ -89,7 +111,7 @@ pub async fn apply(
             Filter::All => oldest(store, action, left).await?,
             Filter::Member(m) => named(store, action, &[m.as_slice()]).await?,
             Filter::Reason(r) => {
-                let (mut found, partial) = with_reason(store, r).await?;
+                let (mut found, partial) = with_reason(store, r, &mut budget).await?;
                 out.partial |= partial;
                 found.truncate(left);
                 let mut n = 0;
@@ -133,19 +155,26 @@ async fn named(store: &Store, action: Action, members: &[&[u8]]) -> Result<u64, 
 }
 
 /// Members of `store`'s dead set whose reason contains `text`, reading at
-/// most [`REASON_SCAN_LIMIT`]; true when it stopped there.
-async fn with_reason(store: &Store, text: &str) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
+/// most `budget` members (and taking them from it); true when it stopped
+/// before the end.
+async fn with_reason(
+    store: &Store,
+    text: &str,
+    budget: &mut usize,
+) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
     let mut found = Vec::new();
     let mut skip = 0;
-    while skip < REASON_SCAN_LIMIT {
-        let (_, page) = store.dead_page(skip, CHUNK).await?;
+    while *budget > 0 {
+        let n = CHUNK.min(*budget);
+        let (_, page) = store.dead_page(skip, n).await?;
         let len = page.len();
+        *budget -= len;
         found.extend(
             page.into_iter()
                 .filter(|m| m.reason.contains(text))
                 .map(|m| m.member),
         );
-        if len < CHUNK {
+        if len < n {
             return Ok((found, false));
         }
         skip += len;

@@ -11,8 +11,10 @@ use crate::store::StoreError;
 
 /// `ZSCAN` calls one search page makes at most.
 pub const CALLS_PER_PAGE: usize = 20;
-/// The `COUNT` hint of each `ZSCAN`: members Redis looks at per call.
+/// The largest `COUNT` hint of a `ZSCAN`: members Redis looks at per call.
 pub const SCAN_COUNT: usize = 500;
+/// The smallest, for the last few matches a page still wants.
+const MIN_SCAN_COUNT: usize = 10;
 
 /// One pending task a search found.
 #[derive(Debug, Clone)]
@@ -64,6 +66,11 @@ pub fn valid_cursor(business: &Business, c: &str) -> bool {
 /// from where `cursor` left off, looking at no more than
 /// [`CALLS_PER_PAGE`] × [`SCAN_COUNT`] members. An empty page with a cursor
 /// is not the end: the matches may lie further on.
+///
+/// A `ZSCAN` answers every match among the members it looks at, and one
+/// cannot stop half-way without losing the rest, so each call looks at no
+/// more members than matches are still wanted: a page returns at most
+/// about twice `limit`, never thousands of bodies for a page of 50.
 pub async fn by_prefix<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
@@ -81,13 +88,14 @@ pub async fn by_prefix<C: ConnectionLike>(
     let pattern = pattern(prefix);
     let mut tasks = Vec::new();
     for _ in 0..CALLS_PER_PAGE {
+        let count = (limit - tasks.len()).clamp(MIN_SCAN_COUNT, SCAN_COUNT);
         let (next, items): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
             .arg(&keys[shard])
             .arg(at)
             .arg("MATCH")
             .arg(&pattern)
             .arg("COUNT")
-            .arg(SCAN_COUNT)
+            .arg(count)
             .query_async(conn)
             .await?;
         tasks.extend(items.into_iter().map(|(member, score)| Found {

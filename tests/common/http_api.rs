@@ -34,14 +34,34 @@ pub async fn call(
     token: Option<&str>,
     body: Option<&str>,
 ) -> Answer {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| vec![("Authorization", a)])
+        .unwrap_or_default();
+    call_with(port, method, path, &headers, body).await
+}
+
+/// `method path` with these header lines (`Host: 127.0.0.1` unless one is
+/// given) and an optional JSON body.
+pub async fn call_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Answer {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let go = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("connect to the HTTP listener");
-        let mut req = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n");
-        if let Some(t) = token {
-            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        let mut req = format!("{method} {path} HTTP/1.0\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req.push_str("Host: 127.0.0.1\r\n");
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
         }
         let body = body.unwrap_or("");
         if !body.is_empty() || method == "POST" {
@@ -104,6 +124,17 @@ impl ConsoleDaemon {
     /// Starts delayd for `businesses`, with `DELAYD_HTTP__ADMIN_TOKEN` set
     /// to `token` when given, and waits until the API sees Redis.
     pub async fn start(businesses: &[&BusinessSpec], token: Option<&str>) -> Self {
+        let env: Vec<(&str, &str)> = token
+            .map(|t| vec![("DELAYD_HTTP__ADMIN_TOKEN", t)])
+            .unwrap_or_default();
+        let mut c = Self::start_with_env(businesses, &env).await;
+        c.token = token.map(str::to_string);
+        c
+    }
+
+    /// Starts delayd for `businesses` with these `DELAYD_*` variables; waits
+    /// with the read token (`DELAYD_HTTP__READ_TOKEN`) when one is set.
+    pub async fn start_with_env(businesses: &[&BusinessSpec], env: &[(&str, &str)]) -> Self {
         let c = Consumers::on(&amqp_url(), businesses).await;
         let port = free_port(46000..50000, &[]);
         let config = write_config_with(
@@ -122,15 +153,16 @@ impl ConsoleDaemon {
             queues: c.queues,
             inboxes: c.inboxes,
         };
-        let env: Vec<(&str, &str)> = token
-            .map(|t| vec![("DELAYD_HTTP__ADMIN_TOKEN", t)])
-            .unwrap_or_default();
-        let daemon = Daemon::start_with_env(&config, &env);
+        let read = env
+            .iter()
+            .find(|(k, _)| *k == "DELAYD_HTTP__READ_TOKEN")
+            .map(|(_, v)| *v);
+        let daemon = Daemon::start_with_env(&config, env);
         let ok = eventually(Duration::from_secs(20), || async {
             tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .is_ok()
-                && call(port, "GET", "/api/v1/businesses", None, None)
+                && call(port, "GET", "/api/v1/businesses", read, None)
                     .await
                     .json["businesses"]
                     .as_array()
@@ -142,7 +174,7 @@ impl ConsoleDaemon {
             setup,
             daemon,
             port,
-            token: token.map(str::to_string),
+            token: None,
         }
     }
 

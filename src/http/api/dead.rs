@@ -7,8 +7,9 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, bounded_by, member_kind, ApiError, Shared, Shown};
-use crate::http::auth::require_admin;
+use super::{bounded, bounded_by, handle, member_kind, member_of, ApiError, Shared, Shown};
+use crate::http::auth::{require_admin, require_read};
+use crate::tasks::audit::Write;
 use crate::tasks::dead::{self, Action, Filter};
 
 /// Query of `GET /dead`.
@@ -41,7 +42,10 @@ pub async fn list(
     let rows: Vec<Value> = members
         .iter()
         .map(|m| {
-            json!({ "member": Shown::of(&m.member), "died_ms": m.died_ms as i64, "reason": m.reason })
+            json!({
+                "member": Shown::of(&m.member), "handle": handle(&m.member),
+                "died_ms": m.died_ms as i64, "reason": m.reason,
+            })
         })
         .collect();
     Ok(Json(json!({
@@ -51,11 +55,13 @@ pub async fn list(
 }
 
 /// Body of `POST /dead/requeue` and `/dead/purge`: exactly one of
-/// `member`, `reason` or `all: true`.
+/// `handle`, `member`, `reason` or `all: true`.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadBody {
-    /// This one member (the id, or the body in body mode).
+    /// This one member, by the handle a listing gave: its exact bytes.
+    handle: Option<String>,
+    /// This one member, as UTF-8 text (the id, or the body in body mode).
     member: Option<String>,
     /// Members whose reason contains this text.
     reason: Option<String>,
@@ -70,7 +76,25 @@ pub struct DeadBody {
 }
 
 impl DeadBody {
+    /// The filter as the audit log names it.
+    fn described(&self) -> String {
+        match (&self.handle, &self.member, &self.reason) {
+            (Some(h), _, _) => format!("handle {h}"),
+            (_, Some(m), _) => format!("member \"{m}\""),
+            (_, _, Some(r)) => format!("reason containing \"{r}\""),
+            _ => "all".into(),
+        }
+    }
+
     fn filter(&self) -> Result<Filter, ApiError> {
+        if let Some(h) = &self.handle {
+            if self.member.is_some() || self.reason.is_some() || self.all {
+                return Err(ApiError::bad(
+                    "give exactly one of \"handle\", \"member\", \"reason\" or \"all\": true",
+                ));
+            }
+            return Ok(Filter::Member(member_of(h)?));
+        }
         match (&self.member, &self.reason, self.all) {
             (Some(m), None, false) => Ok(Filter::Member(m.clone().into_bytes())),
             (None, Some(r), false) if r.is_empty() => Err(ApiError::bad(
@@ -79,7 +103,7 @@ impl DeadBody {
             (None, Some(r), false) => Ok(Filter::Reason(r.clone())),
             (None, None, true) => Ok(Filter::All),
             _ => Err(ApiError::bad(
-                "give exactly one of \"member\", \"reason\" or \"all\": true",
+                "give exactly one of \"handle\", \"member\", \"reason\" or \"all\": true",
             )),
         }
     }
@@ -105,7 +129,7 @@ pub async fn purge(
     act(state, headers, path, req, Action::Purge).await
 }
 
-/// Counting (`dry_run`) changes nothing and needs no token; acting does.
+/// Counting (`dry_run`) changes nothing and is a read; acting is a write.
 async fn act(
     state: Shared,
     headers: HeaderMap,
@@ -119,9 +143,11 @@ async fn act(
     if req.limit == Some(0) {
         return Err(ApiError::bad("\"limit\" must be at least 1"));
     }
-    if !req.dry_run {
-        require_admin(&state, &headers)?;
-    }
+    let role = if req.dry_run {
+        require_read(&state, &headers)?
+    } else {
+        require_admin(&state, &headers)?
+    };
     let stores = state.stores_of(&b.name)?;
     let done = if req.dry_run {
         bounded(&b.name, dead::count(&stores, &filter)).await?
@@ -133,9 +159,20 @@ async fn act(
         )
         .await?
     };
+    if !req.dry_run {
+        state
+            .audit(Write {
+                by: role.name(),
+                business: &b.name,
+                action: action.name(),
+                what: &req.described(),
+                count: done.count,
+            })
+            .await;
+    }
     Ok(Json(json!({
         "business": b.name,
-        "action": match action { Action::Requeue => "requeue", Action::Purge => "purge" },
+        "action": action.name(),
         "dry_run": req.dry_run,
         "count": done.count,
         "partial": done.partial,

@@ -19,8 +19,10 @@ use crate::config::Business;
 use crate::redis_conn::RedisConn;
 use crate::store::{Store, StoreError};
 
+mod audit;
 mod dead;
 mod overview;
+mod pause;
 mod tasks;
 
 /// Largest request body accepted (a task's body travels inside it).
@@ -37,6 +39,7 @@ pub(super) type Shared = axum::extract::State<Arc<HttpState>>;
 pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
     axum::Router::new()
         .route("/businesses", get(overview::businesses))
+        .route("/audit", get(audit::list))
         .route("/businesses/{business}/histogram", get(overview::histogram))
         .route(
             "/businesses/{business}/tasks",
@@ -58,6 +61,8 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/businesses/{business}/dead", get(dead::list))
         .route("/businesses/{business}/dead/requeue", post(dead::requeue))
         .route("/businesses/{business}/dead/purge", post(dead::purge))
+        .route("/businesses/{business}/pause", post(pause::pause))
+        .route("/businesses/{business}/resume", post(pause::resume))
         .fallback(|| async {
             ApiError::not_found("no such API path; the paths are listed in docs/console.md")
         })
@@ -96,6 +101,25 @@ impl HttpState {
             .filter(|(b, _)| b == business)
             .map(|(_, s)| s.clone())
             .collect())
+    }
+}
+
+impl HttpState {
+    /// Records a write in the audit log. The write is done by now, so a
+    /// log that cannot be written is a warning, not the caller's failure.
+    async fn audit(&self, write: crate::tasks::audit::Write<'_>) {
+        let Some(mut conn) = self.conn.get().cloned() else {
+            return;
+        };
+        let done =
+            tokio::time::timeout(REDIS_BOUND, crate::tasks::audit::record(&mut conn, &write)).await;
+        if !matches!(done, Ok(Ok(()))) {
+            tracing::warn!(
+                business = write.business,
+                action = write.action,
+                "could not write the audit log entry of a console write"
+            );
+        }
     }
 }
 
@@ -167,12 +191,18 @@ fn member_kind(b: &Business) -> &'static str {
 /// console costs Redis the same however many are open.
 #[derive(Default)]
 pub struct Cache {
-    entries: tokio::sync::Mutex<HashMap<String, (Instant, serde_json::Value)>>,
+    /// One slot per answer, each with its own lock: a slow answer (Redis
+    /// may take up to [`REDIS_BOUND`]) holds up only those waiting for it.
+    entries: std::sync::Mutex<HashMap<String, Slot>>,
 }
+
+/// One answer, when it was computed, behind the lock its callers share.
+type Slot = Arc<tokio::sync::Mutex<Option<(Instant, serde_json::Value)>>>;
 
 impl Cache {
     /// The answer for `key` if computed within `ttl`, else `compute`'s.
-    /// Callers wait for each other, so one computes while the rest reuse.
+    /// Callers of the same answer wait for each other, so one computes
+    /// while the rest reuse.
     async fn get_or<F>(
         &self,
         key: &str,
@@ -182,21 +212,77 @@ impl Cache {
     where
         F: Future<Output = Result<serde_json::Value, ApiError>>,
     {
-        let mut entries = self.entries.lock().await;
-        if let Some((at, v)) = entries.get(key) {
+        let slot = {
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            entries.entry(key.to_string()).or_default().clone()
+        };
+        let mut slot = slot.lock().await;
+        if let Some((at, v)) = slot.as_ref() {
             if at.elapsed() < ttl {
                 return Ok(v.clone());
             }
         }
         let v = compute.await?;
-        entries.insert(key.to_string(), (Instant::now(), v.clone()));
+        *slot = Some((Instant::now(), v.clone()));
         Ok(v)
     }
+
+    /// Drops the answer for `key`, after a write that changes it.
+    fn forget(&self, key: &str) {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = entries.get(key) {
+            if let Ok(mut slot) = slot.try_lock() {
+                *slot = None;
+            }
+        }
+    }
+}
+
+/// A member's exact bytes as the API hands them out, for the page to send
+/// back: its text may be cut or escaped, the handle never is.
+pub fn handle(member: &[u8]) -> String {
+    crate::tasks::hex(member)
+}
+
+/// The bytes a handle names, or a 400 saying it is not one.
+pub fn member_of(handle: &str) -> Result<Vec<u8>, ApiError> {
+    crate::tasks::unhex(handle).ok_or_else(|| {
+        ApiError::bad("\"handle\" is not a handle this API returned (hex of the member's bytes)")
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_slow_answer_holds_up_only_the_callers_of_the_same_answer() {
+        let cache = std::sync::Arc::new(Cache::default());
+        let slow = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .get_or("slow", Duration::from_secs(1), async {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        Ok(serde_json::json!(1))
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let other = tokio::time::timeout(
+            Duration::from_secs(1),
+            cache.get_or("other", Duration::from_secs(1), async {
+                Ok(serde_json::json!(2))
+            }),
+        )
+        .await;
+        assert!(
+            matches!(other, Ok(Ok(ref v)) if *v == 2),
+            "another answer waited for the slow one"
+        );
+        slow.abort();
+    }
 
     #[test]
     fn shown_bytes_are_cut_with_their_size() {

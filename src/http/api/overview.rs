@@ -4,10 +4,12 @@
 use std::time::Duration;
 
 use axum::extract::Path;
+use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::{bounded, member_kind, ApiError, Shared};
+use crate::http::auth::{require_read, Role};
 use crate::store::{Totals, FORECAST_WINDOWS};
 
 /// How long an overview or histogram is reused.
@@ -15,9 +17,10 @@ const REUSE: Duration = Duration::from_secs(1);
 
 /// Every business: counts from one stats script call per key, rates and
 /// lateness from this process's counters, paused and why.
-pub async fn businesses(state: Shared) -> Result<Json<Value>, ApiError> {
+pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    let role = require_read(&state, &headers)?;
     let s = state.0.clone();
-    let v = state
+    let mut v = state
         .overview
         .get_or("overview", REUSE, async move {
             let paused = crate::telemetry::paused();
@@ -60,6 +63,7 @@ pub async fn businesses(state: Shared) -> Result<Json<Value>, ApiError> {
                         o.insert("in_flight".into(), t.in_flight.into());
                         o.insert("dead".into(), t.dead.into());
                         o.insert("due_within".into(), within.into());
+                        o.insert("pause".into(), json!(t.paused));
                     }
                     Err(e) => row["error"] = e.message().into(),
                 }
@@ -74,6 +78,9 @@ pub async fn businesses(state: Shared) -> Result<Json<Value>, ApiError> {
             }))
         })
         .await?;
+    // Shared by every caller; what this caller may do is its own.
+    v["can_write"] = (role == Role::Admin).into();
+    v["reads_need_token"] = state.read_token.is_some().into();
     Ok(Json(v))
 }
 

@@ -8,9 +8,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, member_kind, ApiError, Shared, Shown};
+use super::{bounded, handle, member_kind, ApiError, Shared, Shown};
 use crate::config::{Business, MemberMode};
-use crate::http::auth::require_admin;
+use crate::http::auth::{require_admin, Role};
+use crate::tasks::audit::Write;
 use crate::tasks::{self, when, Cancelled, Range, TaskState};
 
 /// Most tasks one page lists.
@@ -76,7 +77,9 @@ pub async fn list(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| json!({ "member": Shown::of(&t.member), "due_ms": t.due_ms }))
+        .map(|t| {
+            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
+        })
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
@@ -134,7 +137,9 @@ pub async fn search(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| json!({ "member": Shown::of(&t.member), "due_ms": t.due_ms }))
+        .map(|t| {
+            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
+        })
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,
@@ -241,7 +246,7 @@ pub async fn schedule(
     Path(name): Path<String>,
     req: Result<Json<ScheduleBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    require_admin(&state, &headers)?;
+    let role = require_admin(&state, &headers)?;
     let b = state.business(&name)?;
     let Json(req) = req?;
     let (member, body) = match (b.member, req.id) {
@@ -275,9 +280,22 @@ pub async fn schedule(
         "business": b.name, "key": key, "due_ms": due_ms,
         "bytes": body.as_ref().unwrap_or(&member).len(),
     });
-    if b.member.is_id() {
-        v["id"] = crate::cli::text(&member).into();
-    }
+    let what = if b.member.is_id() {
+        let id = crate::cli::text(&member);
+        v["id"] = id.clone().into();
+        format!("id \"{id}\"")
+    } else {
+        format!("a body of {} bytes", member.len())
+    };
+    state
+        .audit(Write {
+            by: role.name(),
+            business: &b.name,
+            action: "schedule",
+            what: &what,
+            count: 1,
+        })
+        .await;
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
@@ -288,11 +306,20 @@ pub async fn cancel(
     headers: HeaderMap,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    require_admin(&state, &headers)?;
+    let role = require_admin(&state, &headers)?;
     let b = state.business(&name)?;
     id_mode(b)?;
     let mut conn = state.conn(&b.name)?;
     let (key, outcome) = bounded(&b.name, tasks::cancel(&mut conn, b, id.as_bytes())).await?;
+    state
+        .audit(Write {
+            by: role.name(),
+            business: &b.name,
+            action: "cancel",
+            what: &format!("id \"{id}\""),
+            count: (outcome == Cancelled::Cancelled) as u64,
+        })
+        .await;
     let mut v = json!({ "business": b.name, "id": id, "key": key, "result": outcome });
     let what = format!("id \"{id}\" of business \"{}\"", b.name);
     let status = match outcome {
@@ -323,14 +350,14 @@ pub async fn reschedule(
     Path((name, id)): Path<(String, String)>,
     req: Result<Json<When>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    require_admin(&state, &headers)?;
+    let role = require_admin(&state, &headers)?;
     let b = state.business(&name)?;
     id_mode(b)?;
     let Json(req) = req?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
     let due_ms = req.due_ms(now_ms)?;
-    moved(&state, b, &id, due_ms).await
+    moved(&state, (b, role, "reschedule"), &id, due_ms).await
 }
 
 /// Makes one pending task due now, on Redis's clock.
@@ -339,23 +366,38 @@ pub async fn run_now(
     headers: HeaderMap,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    require_admin(&state, &headers)?;
+    let role = require_admin(&state, &headers)?;
     let b = state.business(&name)?;
     id_mode(b)?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
-    moved(&state, b, &id, now_ms).await
+    moved(&state, (b, role, "run_now"), &id, now_ms).await
 }
 
 /// Reschedules `id` to `due_ms`; when it is not pending, says where it is
-/// (409 in flight, 404 dead or gone), as `delayd reschedule` does.
-async fn moved(state: &Shared, b: &Business, id: &str, due_ms: i64) -> Result<Response, ApiError> {
+/// (409 in flight, 404 dead or gone), as `delayd reschedule` does; the
+/// audit log names `action` and who asked.
+async fn moved(
+    state: &Shared,
+    (b, role, action): (&Business, Role, &str),
+    id: &str,
+    due_ms: i64,
+) -> Result<Response, ApiError> {
     let mut conn = state.conn(&b.name)?;
     let key = bounded(
         &b.name,
         tasks::reschedule(&mut conn, b, id.as_bytes(), due_ms),
     )
     .await?;
+    state
+        .audit(Write {
+            by: role.name(),
+            business: &b.name,
+            action,
+            what: &format!("id \"{id}\""),
+            count: key.is_some() as u64,
+        })
+        .await;
     if let Some(key) = key {
         return Ok(Json(json!({
             "business": b.name, "id": id, "result": "rescheduled", "key": key, "due_ms": due_ms,

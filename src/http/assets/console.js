@@ -1,8 +1,9 @@
 // delayd console: reads the JSON API under /api/v1 and shows it. Data from
 // the API only ever reaches the page as text (textContent), never as markup.
 // The view lives in the URL hash (#b=NAME&tab=dead&id=...), so a link or a
-// reload shows the same thing. Writes send the admin token typed into the
-// page, kept in this tab's sessionStorage, as an Authorization header.
+// reload shows the same thing. The token typed into the page (the read or
+// the admin token), kept in this tab's sessionStorage, goes out with every
+// API call as an Authorization header.
 "use strict";
 
 const API = "api/v1";
@@ -81,7 +82,7 @@ function shown(m) {
 async function api(method, path, body) {
   const headers = {};
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  if (method !== "GET" && token()) headers["Authorization"] = "Bearer " + token();
+  if (token()) headers["Authorization"] = "Bearer " + token();
   const r = await fetch(API + path, {
     method, headers, credentials: "omit", cache: "no-store",
     body: body === undefined ? undefined : JSON.stringify(body),
@@ -115,15 +116,22 @@ function path(b) { return "/businesses/" + encodeURIComponent(b.name); }
 
 async function loadOverview() {
   const r = await api("GET", "/businesses");
+  if (r.status === 401) {
+    $("token-form").hidden = false;
+    showError(token() ? "this token does not open the console: " + r.json.error
+      : "this console needs a token to read: type the read token or the admin token above");
+    return;
+  }
   if (!r.ok) { showError(r.json.error); return; }
   showError("");
   overview = r.json;
   $("health").textContent = "redis " + r.json.redis + " · amqp " + r.json.amqp;
   const mode = $("mode");
-  mode.textContent = r.json.read_only ? "read-only" : "writes need the admin token";
-  mode.className = r.json.read_only ? "badge ro" : "badge";
-  for (const w of document.querySelectorAll(".write")) w.hidden = r.json.read_only;
-  $("token-form").hidden = r.json.read_only;
+  mode.textContent = r.json.read_only ? "read-only"
+    : r.json.can_write ? "writes allowed with this token" : "read-only: writes need the admin token";
+  mode.className = r.json.can_write ? "badge" : "badge ro";
+  for (const w of document.querySelectorAll(".write")) w.hidden = !r.json.can_write;
+  $("token-form").hidden = r.json.read_only && !r.json.reads_need_token;
   const body = $("businesses").tBodies[0];
   clear(body);
   for (const b of r.json.businesses) {
@@ -145,7 +153,8 @@ async function loadOverview() {
       cell("claimed", rate(rt.claimed_per_s)), cell("confirmed", rate(rt.confirmed_per_s)),
       cell("retried", rate(rt.retried_per_s)), cell("dead_lettered", rate(rt.dead_lettered_per_s)),
       cell("p50", ms(rt.lateness_p50_ms)), cell("p99", ms(rt.lateness_p99_ms)),
-      b.paused ? el("td", { class: "paused", "data-field": "paused" }, "paused: " + b.paused)
+      b.pause ? el("td", { class: "paused", "data-field": "paused" }, "paused by " + b.pause.by + " " + span(r.json.now_ms - b.pause.since_ms) + " ago")
+        : b.paused ? el("td", { class: "paused", "data-field": "paused" }, "paused: " + b.paused)
         : el("td", { "data-field": "paused" }, "ok")));
   }
 }
@@ -231,7 +240,7 @@ async function loadTask(b, id) {
       el("button", { id: "task-cancel", class: "danger", onclick: () => act("DELETE", path(b) + "/tasks/" + encodeURIComponent(id)) }, "cancel"),
       el("label", {}, "reschedule in ", resched),
       el("button", { onclick: () => act("POST", path(b) + "/tasks/" + encodeURIComponent(id) + "/reschedule", { in: resched.value }) }, "move")));
-    for (const w of out.querySelectorAll(".write")) w.hidden = overview.read_only;
+    for (const w of out.querySelectorAll(".write")) w.hidden = !overview.can_write;
   }
 }
 
@@ -258,26 +267,28 @@ async function loadDead(b) {
   const body = $("dead").tBodies[0];
   clear(body);
   for (const m of r.json.members) {
-    const member = m.member.text;
-    body.append(el("tr", { "data-member": member },
-      el("td", { class: "text" }, shown(m.member)),
+    // The handle names the member's exact bytes; its text may be cut or escaped.
+    const one = { handle: m.handle };
+    const label = shown(m.member);
+    body.append(el("tr", { "data-member": m.member.text },
+      el("td", { class: "text" }, label),
       el("td", {}, span(r.json.now_ms - m.died_ms) + " ago"),
       el("td", { class: "text" }, m.reason),
       el("td", {},
-        el("button", { class: "write", "data-act": "requeue", onclick: () => askDead(b, "requeue", { member }) }, "requeue"),
+        el("button", { class: "write", "data-act": "requeue", onclick: () => askDead(b, "requeue", one, label) }, "requeue"),
         " ",
-        el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", { member }) }, "purge"))));
+        el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", one, label) }, "purge"))));
   }
-  for (const w of body.querySelectorAll(".write")) w.hidden = overview.read_only;
+  for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
 }
 
 // Counts first (dry_run), then asks, then acts.
-async function askDead(b, action, filter) {
+async function askDead(b, action, filter, label) {
   const r = await api("POST", path(b) + "/dead/" + action, Object.assign({ dry_run: true }, filter));
   const box = $("dead-confirm");
   clear(box);
   if (!r.ok) { showResult(r.json.error, true); return; }
-  const what = filter.member !== undefined ? "\u201c" + filter.member + "\u201d"
+  const what = filter.handle !== undefined ? "\u201c" + label + "\u201d"
     : filter.reason !== undefined ? "whose reason contains \u201c" + filter.reason + "\u201d" : "(all)";
   const n = r.json.count;
   box.append(action + " " + n + " dead member" + (n === 1 ? " " : "s ") + what + (r.json.partial ? " (at least; the count is partial)" : "") + "? ",
@@ -301,12 +312,41 @@ async function act(method, p, body) {
   await refresh();
 }
 
+// --- the audit log -----------------------------------------------------------
+
+let auditCursor = null;
+
+async function loadAudit(cursor) {
+  const q = new URLSearchParams({ limit: "50" });
+  if (cursor) q.set("cursor", cursor);
+  const r = await api("GET", "/audit?" + q);
+  if (!r.ok) { showError(r.json.error); return; }
+  const body = $("audit-log").tBodies[0];
+  if (!cursor) clear(body);
+  for (const e of r.json.entries) {
+    body.append(el("tr", { "data-action": e.action },
+      el("td", {}, when(e.at_ms)), el("td", {}, e.by), el("td", {}, e.business),
+      el("td", {}, e.action), el("td", { class: "text" }, e.what), el("td", {}, e.count)));
+  }
+  if (!body.rows.length) body.append(el("tr", {}, el("td", { colspan: 6 }, "no writes recorded")));
+  auditCursor = r.json.cursor;
+  $("audit-more").hidden = !auditCursor;
+}
+
 // --- the view ----------------------------------------------------------------
 
 async function renderBusiness(b) {
   const s = state();
   const tab = s.get("tab") || "histogram";
   $("business-name").textContent = b.name + (b.member === "id" ? " (tasks by id)" : " (tasks are their bodies)");
+  $("pause-state").textContent = b.pause
+    ? "paused by " + b.pause.by + " since " + when(b.pause.since_ms) + ": nothing is claimed, pending work stays"
+    : "running";
+  $("pause-state").className = b.pause ? "paused" : "muted";
+  const toggle = $("pause-toggle");
+  toggle.textContent = b.pause ? "resume" : "pause";
+  toggle.dataset.action = b.pause ? "resume" : "pause";
+  toggle.hidden = !overview.can_write;
   for (const a of document.querySelectorAll("#tabs a")) {
     a.className = a.dataset.tab === tab ? "on" : "";
     a.href = "#" + new URLSearchParams({ b: b.name, tab: a.dataset.tab });
@@ -329,6 +369,10 @@ async function renderBusiness(b) {
 
 async function refresh() {
   try {
+    const audit = state().get("view") === "audit";
+    $("audit").hidden = !audit;
+    $("overview").hidden = audit;
+    if (audit) { $("business").hidden = true; return; }
     await loadOverview();
     const b = business();
     $("business").hidden = !b;
@@ -347,16 +391,18 @@ async function render() {
 
 function wire() {
   const t = $("token");
-  $("token-state").textContent = token() ? "token set for this tab" : "no token: writes will be refused";
+  $("token-state").textContent = token() ? "token set for this tab" : "no token";
   $("token-form").addEventListener("submit", (e) => {
     e.preventDefault();
     if (t.value) sessionStorage.setItem(TOKEN_KEY, t.value);
     t.value = "";
-    $("token-state").textContent = token() ? "token set for this tab" : "no token: writes will be refused";
+    $("token-state").textContent = token() ? "token set for this tab" : "no token";
+    render();
   });
   $("token-forget").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
-    $("token-state").textContent = "no token: writes will be refused";
+    $("token-state").textContent = "no token";
+    render();
   });
   $("pending-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -372,6 +418,10 @@ function wire() {
     if (b.member === "id") setState({ id: v });
     else search(b, v, null);
   });
+  $("pause-toggle").addEventListener("click", (e) => {
+    const b = business();
+    if (b) act("POST", path(b) + "/" + e.target.dataset.action, {});
+  });
   $("search-more").addEventListener("click", () => { const b = business(); if (b) search(b, $("find-input").value, searchCursor); });
   $("dead-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -381,7 +431,13 @@ function wire() {
     if (b) askDead(b, action, reason ? { reason } : { all: true });
   });
   for (const f of ["dead-form"]) for (const btn of $(f).querySelectorAll("button")) btn.classList.add("write");
-  window.addEventListener("hashchange", () => { showResult(""); render(); });
+  $("audit-more").addEventListener("click", () => loadAudit(auditCursor));
+  window.addEventListener("hashchange", () => {
+    showResult("");
+    if (state().get("view") === "audit") loadAudit(null);
+    render();
+  });
+  if (state().get("view") === "audit") loadAudit(null);
   setInterval(() => { if (!document.hidden) render(); }, POLL_MS);
   render();
 }

@@ -1,0 +1,52 @@
+//! `GET /audit`: the newest writes first, a page at a time.
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::Query;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{bounded, ApiError, Shared};
+use crate::tasks::audit;
+
+/// Query of `GET /audit`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Entries per page (1 to 1000; 50 unless set).
+    limit: Option<usize>,
+    /// The previous page's `cursor`: entries older than it.
+    cursor: Option<String>,
+}
+
+/// The newest entries of the audit log, with a cursor to older ones.
+pub async fn list(
+    state: Shared,
+    q: Result<Query<AuditQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q?;
+    let limit = match q.limit.unwrap_or(50) {
+        n @ 1..=1000 => n,
+        n => {
+            return Err(ApiError::bad(format!(
+                "\"limit\" must be between 1 and 1000 (got {n})"
+            )))
+        }
+    };
+    if let Some(c) = q.cursor.as_deref().filter(|c| !audit::valid_id(c)) {
+        return Err(ApiError::bad(format!(
+            "\"cursor\" \"{c}\" is not a cursor this API returned"
+        )));
+    }
+    let mut conn = state.conn("audit")?;
+    let entries = bounded(
+        "audit",
+        audit::recent(&mut conn, limit, q.cursor.as_deref()),
+    )
+    .await?;
+    let cursor = (entries.len() == limit)
+        .then(|| entries.last().map(|e| e.id.clone()))
+        .flatten();
+    Ok(Json(
+        json!({ "entries": entries, "cursor": cursor, "kept": audit::KEEP }),
+    ))
+}
