@@ -381,7 +381,7 @@ impl Intake {
             // byte for byte, goes to a dead-letter exchange when one is set.
             let bare = lapin::BasicProperties::default();
             let env = envelope::encode("", &bare, &d.data).unwrap_or_default();
-            let detail = format!("lapin cannot read it: {why}; stored with the body only");
+            let detail = format!("lapin cannot read it: {why}");
             return self.dead_end(env, "unreadable", detail);
         }
         let env = match envelope::encode(d.routing_key.as_str(), props, &d.data) {
@@ -392,7 +392,7 @@ impl Intake {
                 return self.dead_end(
                     env,
                     "unencodable",
-                    format!("its properties cannot be kept ({e}); stored with the body only"),
+                    format!("its properties cannot be kept ({e})"),
                 );
             }
         };
@@ -417,7 +417,7 @@ impl Intake {
                     .rejected
                     .with_label_values(&[&self.business.name, reason])
                     .inc();
-                tracing::error!(reason, %detail, "intake message cannot be published as it came; kept in the business's dead set with its reason (see `delayd dead list`)");
+                tracing::error!(reason, %detail, "intake message cannot be published as it came; kept in the business's dead set with its reason (see `delayd dead list`); only the body where its properties could not be read or kept");
                 Unstorable::ToDeadSet(env, format!("intake: {reason}: {detail}"))
             }
         }
