@@ -42,6 +42,20 @@ async fn target(ch: &Channel, name: &str, queue: &str) {
     declare(ch, name, queue, "").await;
 }
 
+/// Deletes what [`target`] and the intake declared on the shared broker.
+async fn remove_topology(ch: &Channel, target: &str, queue: &str, intake: &str) {
+    for q in [queue.to_string(), format!("{intake}.q")] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for x in [target, intake] {
+        let _ = ch
+            .exchange_delete(x.into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
 /// Publishes `bodies` with `x-delay` and a `message_id` each, confirmed,
 /// pacing one every `every`; a publish the broker refuses (it is away) is
 /// tried again on a new connection until `deadline`.
@@ -146,20 +160,7 @@ async fn a_redis_restart_mid_intake_loses_nothing() {
     tokio::task::block_in_place(|| server.start());
     publisher.await.unwrap();
     wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
-    let _ = ch
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    let _ = ch
-        .queue_delete(
-            format!("{intake}.q").as_str().into(),
-            QueueDeleteOptions::default(),
-        )
-        .await;
-    for x in [&tgt, &intake] {
-        let _ = ch
-            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    remove_topology(&ch, &tgt, &queue, &intake).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,20 +472,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     );
     assert_eq!(queue_depth(&amqp, &format!("{intake}.q")).await, 0);
     drop(d);
-    let _ = ch
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    let _ = ch
-        .queue_delete(
-            format!("{intake}.q").as_str().into(),
-            QueueDeleteOptions::default(),
-        )
-        .await;
-    for x in [&tgt, &intake] {
-        let _ = ch
-            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    remove_topology(&ch, &tgt, &queue, &intake).await;
 }
 
 /// Redis away for longer than RabbitMQ's `consumer_timeout`: the broker

@@ -52,16 +52,7 @@ pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), Refused> {
     let exchange_missing = exchange(conn, &s.exchange).await? == Found::Missing;
     let ch = conn.create_channel().await?;
     if exchange_missing {
-        ch.exchange_declare(
-            s.exchange.as_str().into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+        declare_fanout(&ch, &s.exchange).await?;
     }
     bind(&ch, s).await?;
     let _ = ch.close(200, "ok".into()).await;
@@ -87,8 +78,15 @@ async fn declare_dead_letter_target(conn: &Connection, dlx: &str) -> Result<(), 
         return Ok(());
     }
     let ch = conn.create_channel().await?;
+    declare_fanout(&ch, dlx).await?;
+    let _ = ch.close(200, "ok".into()).await;
+    Ok(())
+}
+
+/// Declares `name` as a durable fanout exchange.
+async fn declare_fanout(ch: &Channel, name: &str) -> Result<(), lapin::Error> {
     ch.exchange_declare(
-        dlx.into(),
+        name.into(),
         ExchangeKind::Fanout,
         ExchangeDeclareOptions {
             durable: true,
@@ -96,9 +94,7 @@ async fn declare_dead_letter_target(conn: &Connection, dlx: &str) -> Result<(), 
         },
         FieldTable::default(),
     )
-    .await?;
-    let _ = ch.close(200, "ok".into()).await;
-    Ok(())
+    .await
 }
 
 async fn bind(ch: &Channel, s: &Settings) -> Result<(), lapin::Error> {
