@@ -105,7 +105,7 @@ async fn produce(url: String, exchange: String, ledger: Arc<Ledger>, stop: Arc<A
             let mut props = BasicProperties::default()
                 .with_headers(h)
                 .with_delivery_mode(2);
-            if seq % 2 == 0 {
+            if seq.is_multiple_of(2) {
                 props = props.with_message_id(ShortString::from(format!("id-{seq}")));
             }
             let sent = tokio::time::timeout(
@@ -266,20 +266,18 @@ impl World {
             }
             Fault::RedisOom => {
                 let mut c = self.redis.conn().await;
-                let info: String = redis::cmd("INFO")
-                    .arg("memory")
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                let used: u64 = info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("used_memory:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .expect("INFO memory names used_memory");
+                let refused = oom_errors(&mut c).await;
+                let used = info_field(&mut c, "memory", "used_memory:").await;
+                // Little room: writes are refused within a moment, and
+                // again whenever deliveries have freed some.
                 config_set(&mut c, "maxmemory-policy", "noeviction").await;
-                config_set(&mut c, "maxmemory", &(used + 200_000).to_string()).await;
+                config_set(&mut c, "maxmemory", &(used + 16_000).to_string()).await;
                 self.pause(2000..4000).await;
                 config_set(&mut c, "maxmemory", "0").await;
+                assert!(
+                    oom_errors(&mut c).await > refused,
+                    "Redis refused no write with OOM during the window"
+                );
             }
             Fault::RabbitRestart => {
                 self.rabbit.stop().await;
@@ -321,6 +319,25 @@ impl World {
             .collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
+}
+
+/// A number from `INFO section`, on the line that starts with `prefix`
+/// (0 when there is none).
+async fn info_field(c: &mut redis::aio::MultiplexedConnection, section: &str, prefix: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Commands Redis has refused with OOM since it started.
+async fn oom_errors(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    info_field(c, "errorstats", "errorstat_OOM:count=").await
 }
 
 async fn config_set(c: &mut redis::aio::MultiplexedConnection, name: &str, value: &str) {
@@ -498,6 +515,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     let confirmed = ledger.confirmed.lock().unwrap().clone();
     let refused = ledger.refused.lock().unwrap().clone();
     let mut conn = world.redis.conn().await;
+    let settling = Instant::now();
     let settled = eventually(Duration::from_secs(120), || {
         let (got, mut conn, key, confirmed) = (got.clone(), conn.clone(), key.clone(), &confirmed);
         async move {
@@ -514,6 +532,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
         }
     })
     .await;
+    let settling = settling.elapsed();
     // Late copies (a redelivery after the last one needed) are counted too.
     tokio::time::sleep(Duration::from_secs(2)).await;
     done.store(true, Ordering::Relaxed);
@@ -544,7 +563,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     eprintln!(
         "nemesis: seed {seed}; {} s of publishing, faults {counts:?}; {} publishes confirmed, {} refused; \
          {} confirmed delivered, {} refused delivered anyway; {} duplicate copies from delayd, {} redelivered \
-         to the consumer by the broker; {} dead; {} lost; {} s in all",
+         to the consumer by the broker; {} dead; {} lost; settled {} s after the last publish; {} s in all",
         producing.as_secs(),
         confirmed.len(),
         refused.len(),
@@ -554,6 +573,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
         got.redelivered.load(Ordering::Relaxed),
         dead.len(),
         lost.len(),
+        settling.as_secs(),
         started.elapsed().as_secs(),
     );
     if !settled || !lost.is_empty() {
