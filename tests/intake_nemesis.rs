@@ -4,8 +4,10 @@
 //! `kill -9` of an instance, a Redis restart, a Redis out-of-memory window,
 //! a RabbitMQ restart and a RabbitMQ memory alarm. At the end every publish
 //! the broker confirmed is delivered (at least once) or in the business's
-//! dead set with a reason; none is in neither. Duplicates are counted and
-//! printed, not failed: the intake promises at least once.
+//! dead set with a reason; none is in neither. One publish in 97 is over
+//! the intake's `max_message_size`, so the dead road is taken too.
+//! Duplicates are counted and printed, not failed: the intake promises at
+//! least once.
 //!
 //! Private Redis and RabbitMQ (restarted by the test). The CI run makes
 //! one pass over the faults (about a minute); `DELAYD_NEMESIS_SECS=600`
@@ -49,10 +51,28 @@ struct Received {
     redelivered: AtomicU64,
 }
 
-/// The body of publish `seq`: its number, then padding to a realistic size.
+/// The intake's `max_message_size`: one publish in [`OVERSIZE_EVERY`] is
+/// larger and goes to the dead set with its reason, so the dead road is
+/// taken under the faults too.
+const MAX_MESSAGE_SIZE: usize = 4096;
+const OVERSIZE_EVERY: u64 = 97;
+
+fn oversize(seq: u64) -> bool {
+    seq % OVERSIZE_EVERY == OVERSIZE_EVERY - 1
+}
+
+/// The body of publish `seq`: its number, then padding to a realistic size
+/// (or past `max_message_size`).
 fn body(seq: u64) -> Vec<u8> {
     let mut b = format!("nemesis-{seq:010}-").into_bytes();
-    b.resize(200, b'x');
+    b.resize(
+        if oversize(seq) {
+            MAX_MESSAGE_SIZE + 1000
+        } else {
+            200
+        },
+        b'x',
+    );
     b
 }
 
@@ -313,6 +333,7 @@ impl World {
                     .unwrap_or_default()
                     .lines()
                     .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                    .filter(|l| !l.contains("too large"))
                     .map(str::to_string)
                     .collect::<Vec<_>>()
             })
@@ -445,7 +466,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
         exchange: target.into(),
         routing_key: String::new(),
         extra: format!(
-            "properties = \"standard\"\nlease = \"5s\"\nretry_backoff = \"100ms\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\n"
+            "properties = \"standard\"\nlease = \"5s\"\nretry_backoff = \"100ms\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nmax_message_size = {MAX_MESSAGE_SIZE}\n"
         ),
     };
     // A short lease: what a killed instance had claimed is recovered
@@ -565,7 +586,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     eprintln!(
         "nemesis: seed {seed}; {} s of publishing, faults {counts:?}; {} publishes confirmed, {} refused; \
          {} confirmed delivered, {} refused delivered anyway; {} duplicate copies from delayd, {} redelivered \
-         to the consumer by the broker; {} dead; {} lost; settled {} s after the last publish; {} s in all",
+         to the consumer by the broker; {} dead ({} not for being too large); {} lost; settled {} s after the last publish; {} s in all",
         producing.as_secs(),
         confirmed.len(),
         refused.len(),
@@ -574,6 +595,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
         duplicates,
         got.redelivered.load(Ordering::Relaxed),
         dead.len(),
+        dead.keys().filter(|s| !oversize(**s)).count(),
         lost.len(),
         settling.as_secs(),
         started.elapsed().as_secs(),
@@ -594,8 +616,24 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
         "delivered or dead but never published: {:?}",
         &unknown[..unknown.len().min(20)]
     );
+    // Dead with a reason, and the oversized ones for being too large.
     for (seq, reason) in &dead {
-        assert!(!reason.is_empty(), "dead publish {seq} has no reason");
+        assert!(
+            !reason.is_empty() && (!oversize(*seq) || reason.contains("too large")),
+            "publish {seq} is dead: {reason:?}"
+        );
+    }
+    let oversized: Vec<u64> = confirmed
+        .iter()
+        .filter(|s| oversize(**s))
+        .copied()
+        .collect();
+    assert!(!oversized.is_empty(), "no oversized publish was confirmed");
+    for seq in oversized {
+        assert!(
+            !delivered.contains_key(&seq),
+            "oversized publish {seq} was delivered"
+        );
     }
     world.assert_running();
 }
