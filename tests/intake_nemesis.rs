@@ -228,7 +228,8 @@ enum Fault {
     /// Redis at `maxmemory` under `noeviction`: every write refused with
     /// OOM, then room again.
     RedisOom,
-    /// RabbitMQ stopped and started again on its data.
+    /// RabbitMQ stopped (gracefully, or SIGKILL of its VM) and started
+    /// again on its data.
     RabbitRestart,
     /// A RabbitMQ memory alarm: every publishing connection blocked.
     MemoryAlarm,
@@ -277,6 +278,7 @@ impl World {
                 let hard = self.rng.random_bool(0.5);
                 tokio::task::block_in_place(|| {
                     if hard {
+                        eprintln!("nemesis: Redis SIGKILLed");
                         self.redis.signal("KILL");
                     }
                     self.redis.stop();
@@ -304,7 +306,12 @@ impl World {
                 config_set(&mut c, "maxmemory", "0").await;
             }
             Fault::RabbitRestart => {
-                self.rabbit.stop().await;
+                if self.rng.random_bool(0.5) {
+                    eprintln!("nemesis: RabbitMQ's VM SIGKILLed");
+                    self.rabbit.kill().await;
+                } else {
+                    self.rabbit.stop().await;
+                }
                 self.pause(1000..3000).await;
                 self.rabbit.start().await;
             }
@@ -464,6 +471,8 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     let (target, queue, intake) = ("nemesis-target", "nemesis-q", "nemesis-intake");
     declare(&ch, target, queue, "").await;
     let key = unique("test:nemesis");
+    // A short lease: what a killed instance had claimed is recovered
+    // within seconds, so the run settles soon after the last publish.
     let spec = BusinessSpec {
         name: "delayed".into(),
         key: key.clone(),
@@ -473,8 +482,6 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
             "properties = \"standard\"\nlease = \"5s\"\nretry_backoff = \"100ms\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nmax_message_size = {MAX_MESSAGE_SIZE}\n"
         ),
     };
-    // A short lease: what a killed instance had claimed is recovered
-    // within seconds, so the run settles soon after the last publish.
     let config = write_config(dir.path(), &redis.url(), &rabbit.url(), &[&spec]);
     let mut world = World {
         redis,
@@ -531,7 +538,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
             break;
         }
     }
-    world.pause(2000..2001).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     for p in producers {
         p.await.unwrap();
