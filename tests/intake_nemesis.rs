@@ -613,9 +613,12 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     );
     if !settled || !lost.is_empty() {
         let whereabouts = whereabouts(&mut conn, &key, &lost).await;
+        let amqp = amqp_at(&world.rabbit.url()).await;
+        let waiting = queue_depth(&amqp, &format!("{intake}.q")).await;
         panic!(
             "seed {seed}: {} of {} confirmed publishes neither delivered nor dead (first: {:?}); \
-             where they are: {whereabouts}; complaints in the logs:\n{}",
+             where they are: {whereabouts}; {waiting} messages wait in the intake queue; \
+             complaints in the logs:\n{}",
             lost.len(),
             confirmed.len(),
             &lost[..lost.len().min(20)],
