@@ -46,7 +46,7 @@ struct Ledger {
 /// (its unacked deliveries across a broker restart), which are not
 /// delayd's duplicates.
 #[derive(Default)]
-struct Received {
+struct Arrivals {
     copies: Mutex<HashMap<u64, u32>>,
     redelivered: AtomicU64,
 }
@@ -166,7 +166,7 @@ async fn produce(url: String, exchange: String, ledger: Arc<Ledger>, stop: Arc<A
 
 /// Consumes `queue` until `stop`, acknowledging each message once counted,
 /// and consumes again on a new connection whenever the broker goes away.
-async fn collect(url: String, queue: String, got: Arc<Received>, stop: Arc<AtomicBool>) {
+async fn collect(url: String, queue: String, got: Arc<Arrivals>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
         let Some(conn) = tokio::time::timeout(
             Duration::from_secs(2),
@@ -500,7 +500,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     drop(amqp);
 
     let ledger = Arc::new(Ledger::default());
-    let got = Arc::new(Received::default());
+    let got = Arc::new(Arrivals::default());
     let stop = Arc::new(AtomicBool::new(false));
     let producers: Vec<_> = (0..2)
         .map(|_| {
