@@ -13,8 +13,9 @@
 //! one pass over the faults (about a minute); `DELAYD_NEMESIS_SECS=600`
 //! cycles them for that long; `DELAYD_NEMESIS_SEED` replays a run's order
 //! and pauses (each run prints its seed). A Sentinel failover is not among
-//! the faults: the failover tests are in `tests/redis_sentinel.rs`, on the
-//! set that binary starts.
+//! the faults: until the intake's write waits for a replica, a master that
+//! fails over before replicating loses what the intake acked; the `ZADD`
+//! road's failover tests are in `tests/redis_sentinel.rs`.
 
 mod common;
 
