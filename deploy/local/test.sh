@@ -143,7 +143,7 @@ fi
 # The binaries that exercise the servers' behaviour (delivery and its faults,
 # the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
 # to both); the others test delayd's own logic, which no server version changes.
-read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
+read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
 matrix_args=()
 for t in "${matrix_tests[@]}"; do
 	matrix_args+=(--test "$t")
