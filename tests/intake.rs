@@ -843,6 +843,80 @@ async fn kill_9_mid_intake_loses_nothing() {
     t.cleanup().await;
 }
 
+/// A quorum intake queue (`queue_type = "quorum"`) loses nothing under a
+/// `kill -9`, and the messages it redelivers reach consumers without the
+/// `x-delivery-count` a quorum queue adds (on RabbitMQ 4, to every
+/// redelivery): that count is the intake queue's, not the consumer's.
+#[tokio::test]
+async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_delivery_count() {
+    let port = free_port(30000..40000, &[]);
+    let t = Intake::new(
+        ExchangeKind::Direct,
+        &[""],
+        "lease = \"2s\"",
+        "queue_type = \"quorum\"",
+    )
+    .await;
+    let config = std::fs::read_to_string(&t.config).unwrap().replace(
+        "listen = \"off\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    );
+    std::fs::write(&t.config, config).unwrap();
+    let mut d = t.start().await;
+    let n = 20_000usize;
+    let mut confirms = Vec::new();
+    for i in 0..n {
+        let c =
+            t.ch.basic_publish(
+                t.exchange.as_str().into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                format!("q{i}").as_bytes(),
+                delayed(AMQPValue::LongInt(0)),
+            )
+            .await
+            .unwrap();
+        confirms.push(c);
+        if i == n / 10 {
+            // Kill it mid-flow, with deliveries taken in but not acked.
+            wait_n(&t.inbox, 1, Duration::from_secs(30), &d).await;
+            d.kill();
+        }
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack());
+    }
+    wait_unconsumed_queue(&t.amqp, &t.queue).await;
+    let d = t.start().await;
+    let want: std::collections::HashSet<Vec<u8>> =
+        (0..n).map(|i| format!("q{i}").into_bytes()).collect();
+    wait_all(&t.inbox, &want, Duration::from_secs(60), &d).await;
+    let (_, metrics) = http_get(port, "/metrics").unwrap();
+    let redelivered: usize = metrics
+        .lines()
+        .find(|l| l.starts_with("delayd_intake_redelivered_total{business=\"delayed\"}"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    eprintln!("quorum intake, kill -9: {redelivered} redelivered");
+    assert!(redelivered > 0, "the kill left nothing to redeliver");
+    let counted: Vec<_> = t
+        .inbox
+        .all()
+        .into_iter()
+        .filter(|r| r.headers.contains_key("x-delivery-count"))
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert!(
+        counted.is_empty(),
+        "{} of {n} delivered with the intake queue's x-delivery-count ({redelivered} redelivered), e.g. {:?}",
+        counted.len(),
+        &counted[..counted.len().min(3)]
+    );
+    drop(d);
+    t.cleanup().await;
+}
+
 /// `delayd check` reports the intake's exchange and queue (missing ones are
 /// declared by `run`, existing ones are counted), and refuses an intake
 /// exchange that would not pass every routing key to the queue.

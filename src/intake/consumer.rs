@@ -324,9 +324,10 @@ impl Intake {
             items: Vec::with_capacity(deliveries.len()),
             tags: Vec::with_capacity(deliveries.len()),
         };
-        for d in deliveries {
+        for mut d in deliveries {
             if d.redelivered {
                 m.redelivered.with_label_values(&[name]).inc();
+                delivered::drop_delivery_count(&mut d.properties);
             }
             let due = delay::due_of(d.properties.headers().as_ref());
             if let Due::Invalid(what) = &due {

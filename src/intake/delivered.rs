@@ -29,6 +29,25 @@ pub fn properties(
     }
 }
 
+/// The header a quorum queue adds to each redelivery: a count of the intake
+/// queue's deliveries to delayd, which would mislead the consumer of the
+/// target (it is not theirs). The broker sets it, so no producer's value is
+/// lost by dropping it.
+const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// Drops the intake queue's `x-delivery-count` from a redelivered message.
+pub fn drop_delivery_count(props: &mut BasicProperties) {
+    let Some(headers) = props.headers() else {
+        return;
+    };
+    if !headers.contains_key(DELIVERY_COUNT) {
+        return;
+    }
+    let mut kept = headers.inner().clone();
+    kept.retain(|key, _| key.as_str() != DELIVERY_COUNT);
+    *props = props.clone().with_headers(kept.into());
+}
+
 /// `p` with every property but `user_id` (lapin can set a property, not
 /// unset one).
 fn without_user_id(p: &BasicProperties) -> BasicProperties {
@@ -135,6 +154,16 @@ mod tests {
         let other = every_property("shop");
         let kept = properties(&settings(UserId::Keep), Some("guest"), &other, &Due::Now);
         assert_eq!(kept, (other, None));
+    }
+
+    #[test]
+    fn a_redeliverys_delivery_count_is_dropped_and_every_other_header_kept() {
+        let mut p = every_property("guest");
+        let mut h = p.headers().clone().unwrap();
+        h.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(1));
+        p = p.with_headers(h);
+        drop_delivery_count(&mut p);
+        assert_eq!(p, every_property("guest"));
     }
 
     #[test]
