@@ -595,7 +595,7 @@ mod tests {
         AmqpConfig {
             urls: urls
                 .iter()
-                .map(|u| crate::config::SecretUrl::new(*u))
+                .map(|u| crate::secret::SecretUrl::new(*u))
                 .collect(),
             tls: Default::default(),
             connect_timeout: Duration::from_secs(1),

@@ -10,6 +10,7 @@
 //! - [`keys`]: hash tags, cluster slots and shard names;
 //! - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
 //! - [`amqp`]: the RabbitMQ side: nodes, TLS, a supervised connection and the message;
+//! - [`secret`]: URLs and passwords that print redacted;
 //! - [`tls`]: the CA and client certificate files the configuration names;
 //! - [`rate`]: `max_rate`, per process or shared through Redis;
 //! - [`scanner`]: one claim → publish → settle loop;
@@ -37,6 +38,7 @@ pub mod rate;
 pub mod recurring;
 pub mod redis_conn;
 pub mod scanner;
+pub mod secret;
 pub mod store;
 pub mod supervisor;
 pub mod tasks;

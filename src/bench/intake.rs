@@ -342,7 +342,7 @@ async fn plain_rate(
         .await
         .map_err(|e| fail("channel")(e.to_string()))?;
     ch.basic_qos(
-        crate::intake::settings::defaults::PREFETCH,
+        crate::config::intake_settings::defaults::PREFETCH,
         BasicQosOptions::default(),
     )
     .await

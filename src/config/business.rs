@@ -57,9 +57,9 @@ pub struct Business {
     /// Whether members are bodies or task ids.
     pub member: MemberMode,
     /// Messages published with `x-delay` to an intake exchange, when set.
-    pub intake: Option<crate::intake::Settings>,
+    pub intake: Option<intake_settings::Settings>,
     /// Recurring schedules whose occurrences delayd writes ahead.
-    pub recurring: Vec<crate::recurring::Schedule>,
+    pub recurring: Vec<recurring_section::Schedule>,
 }
 
 impl Business {
@@ -320,7 +320,7 @@ pub(super) fn validate_business(
         .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
     let recurring = rb.recurring.map_or_else(Vec::new, |raw| {
         let dir = path.parent().unwrap_or(Path::new("."));
-        crate::recurring::settings::validate(name, raw, dir, problems)
+        recurring_section::validate(name, raw, dir, problems)
     });
     if !recurring.is_empty() && rb.member.as_deref() == Some("body") {
         problems.push(format!("business \"{name}\", field \"member\": recurring schedules store each occurrence by its id, so they need member = \"id\" (or no member setting, which implies it)"));

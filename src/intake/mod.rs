@@ -7,7 +7,6 @@
 //! to the business's exchange with the producer's routing key, properties
 //! and body, where RabbitMQ routes it as the plugin's `x-delayed-type` did.
 //!
-//! - [`settings`]: the `[businesses.NAME.intake]` section;
 //! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
 //! - [`envelope`]: the compact stored form of a message;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
@@ -19,7 +18,6 @@ pub mod delay;
 mod delivered;
 pub mod envelope;
 mod metrics;
-pub mod settings;
 pub mod topology;
 mod write;
 
@@ -29,9 +27,9 @@ use lapin::message::BasicReturnMessage;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::config::intake_settings::Settings;
 pub use envelope::Envelope;
 pub use metrics::Metrics;
-pub use settings::Settings;
 
 use crate::amqp::Broker;
 use crate::config::Business;

@@ -7,7 +7,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ExchangeKind};
 
-use super::settings::{QueueType, Settings};
+use crate::config::intake_settings::{QueueType, Settings};
 
 /// The binding key delayd binds the intake queue with: every routing key
 /// matches it on a fanout or topic exchange.

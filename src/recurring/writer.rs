@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::occurrences::between;
-use super::settings::{CatchUp, Schedule};
+use crate::config::recurring_section::{CatchUp, Schedule};
 use crate::config::Business;
 use crate::keys::KeyFamily;
 use crate::redis_conn::RedisConn;
