@@ -1,6 +1,8 @@
 //! Logs, Prometheus metrics, connection health and paused businesses; the
 //! HTTP side that serves them is [`crate::http`].
 
+pub mod intake;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -81,7 +83,7 @@ pub struct Metrics {
     /// 1 while an operator has paused the business (read on scrape).
     pub operator_paused: IntGaugeVec,
     /// What the intakes took in.
-    pub intake: crate::intake::Metrics,
+    pub intake: intake::Metrics,
     /// Occurrences of recurring schedules skipped by their catch-up policy.
     pub recurring_missed: IntCounterVec,
 }
@@ -222,7 +224,7 @@ impl Metrics {
                 "1 while an operator has paused the business (delayd pause, or the console): nothing is claimed, pending work stays",
                 b,
             ),
-            intake: crate::intake::Metrics::new(&r),
+            intake: intake::Metrics::new(&r),
             recurring_missed: counter(
                 &r,
                 "delayd_recurring_missed_total",

@@ -17,7 +17,6 @@ mod consumer;
 pub mod delay;
 mod delivered;
 pub mod envelope;
-mod metrics;
 pub mod topology;
 mod write;
 
@@ -29,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::config::intake_settings::Settings;
 pub use envelope::Envelope;
-pub use metrics::Metrics;
 
 use crate::amqp::Broker;
 use crate::config::Business;
