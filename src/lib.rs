@@ -9,7 +9,9 @@
 //!   cluster, sentinel), clear text or TLS;
 //! - [`keys`]: hash tags, cluster slots and shard names;
 //! - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
-//! - [`amqp`]: the RabbitMQ side: nodes, TLS, a supervised connection and the message;
+//! - [`amqp`]: the RabbitMQ side: nodes, TLS, supervised connections and channels;
+//! - [`message`]: what is published for a claimed member, and the stored
+//!   form of an intake message;
 //! - [`secret`]: URLs and passwords that print redacted;
 //! - [`tls`]: the CA and client certificate files the configuration names;
 //! - [`rate`]: `max_rate`, per process or shared through Redis;
@@ -34,6 +36,7 @@ pub mod config;
 pub mod http;
 pub mod intake;
 pub mod keys;
+pub mod message;
 pub mod rate;
 pub mod recurring;
 pub mod redis_conn;

@@ -238,7 +238,7 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         {
             Some(e) => {
                 v["body"] = text(e.body).into();
-                v["message"] = crate::intake::envelope::describe(&e);
+                v["message"] = crate::message::envelope::describe(&e);
             }
             None => {
                 if let Some(body) = &found.body {
@@ -307,11 +307,11 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
 
 /// The message an intake stored as `body`, when `b` has an intake and the
 /// body is one (a task scheduled another way is a plain body).
-fn intake_message<'a>(b: &Business, body: &'a [u8]) -> Option<crate::intake::Envelope<'a>> {
+fn intake_message<'a>(b: &Business, body: &'a [u8]) -> Option<crate::message::Envelope<'a>> {
     if !b.stores_envelopes() {
         return None;
     }
-    crate::intake::envelope::decode(body)
+    crate::message::envelope::decode(body)
 }
 
 /// "in 5s" for a time ahead, "5s ago" for one past.

@@ -8,7 +8,6 @@
 //! and body, where RabbitMQ routes it as the plugin's `x-delayed-type` did.
 //!
 //! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
-//! - [`envelope`]: the compact stored form of a message;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
 //! - `write`: the Redis side (`src/lua/intake.lua`).
@@ -16,7 +15,6 @@
 mod consumer;
 pub mod delay;
 mod delivered;
-pub mod envelope;
 pub mod topology;
 mod write;
 
@@ -27,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::intake_settings::Settings;
-pub use envelope::Envelope;
+use crate::message::envelope::{self, Envelope};
 
 use crate::amqp::Broker;
 use crate::config::Business;

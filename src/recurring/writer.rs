@@ -219,7 +219,7 @@ impl Writer {
                 };
                 let props =
                     crate::amqp::properties(&self.business, &self.keys.pending, &claimed, due);
-                crate::intake::envelope::encode(rk, &props, &s.body)
+                crate::message::envelope::encode(rk, &props, &s.body)
                     .unwrap_or_else(|_| s.body.clone())
             }
         };

@@ -177,11 +177,11 @@ pub async fn get(
         match b
             .intake
             .as_ref()
-            .and_then(|_| crate::intake::envelope::decode(body))
+            .and_then(|_| crate::message::envelope::decode(body))
         {
             Some(e) => {
                 v["body"] = serde_json::to_value(Shown::of(e.body)).unwrap_or_default();
-                v["message"] = crate::intake::envelope::describe(&e);
+                v["message"] = crate::message::envelope::describe(&e);
             }
             None => v["body"] = serde_json::to_value(Shown::of(body)).unwrap_or_default(),
         }
