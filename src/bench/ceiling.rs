@@ -55,7 +55,7 @@ pub(super) async fn raw_publish(
                             attempt: 1,
                             body: None,
                         };
-                        crate::amqp::properties(b, &key, &claimed, claimed.due_ms)
+                        crate::message::properties(b, &key, &claimed, claimed.due_ms)
                     }
                 };
                 let confirm = ch

@@ -20,17 +20,14 @@ mod write;
 
 use std::sync::Arc;
 
-use lapin::message::BasicReturnMessage;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::intake_settings::Settings;
-use crate::message::envelope::{self, Envelope};
 
 use crate::amqp::Broker;
 use crate::config::Business;
 use crate::redis_conn::RedisConn;
-use crate::store::Claimed;
 use crate::telemetry::Health;
 
 /// Starts the intake of every business that has one; each task returns
@@ -52,34 +49,4 @@ pub fn start(
         })
         .map(|intake| tokio::spawn(intake.run(broker.clone(), stop.clone())))
         .collect()
-}
-
-/// The message to publish for a claimed member of an intake business: the
-/// stored envelope, or `None` for a plain body (a task scheduled another
-/// way, published as any id-mode task).
-pub fn outgoing<'a>(business: &Business, claimed: &'a Claimed) -> Option<Envelope<'a>> {
-    if !business.stores_envelopes() {
-        return None;
-    }
-    envelope::decode(claimed.body())
-}
-
-/// Whether `ret` is the intake message `claimed` was published as: the same
-/// body, routing key and `message_id`. `None` for a member that is not an
-/// intake message.
-pub fn returned_is(
-    business: &Business,
-    claimed: &Claimed,
-    ret: &BasicReturnMessage,
-) -> Option<bool> {
-    // The body is the envelope's tail: most members fail this cheap test.
-    if !claimed.body().ends_with(&ret.delivery.data) {
-        return outgoing(business, claimed).map(|_| false);
-    }
-    let e = outgoing(business, claimed)?;
-    Some(
-        e.body == ret.delivery.data.as_slice()
-            && e.routing_key == ret.delivery.routing_key.as_str()
-            && e.properties.message_id() == ret.delivery.properties.message_id(),
-    )
 }

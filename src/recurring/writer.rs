@@ -218,7 +218,7 @@ impl Writer {
                     body: Some(s.body.clone()),
                 };
                 let props =
-                    crate::amqp::properties(&self.business, &self.keys.pending, &claimed, due);
+                    crate::message::properties(&self.business, &self.keys.pending, &claimed, due);
                 crate::message::envelope::encode(rk, &props, &s.body)
                     .unwrap_or_else(|_| s.body.clone())
             }
