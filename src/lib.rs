@@ -22,6 +22,7 @@
 //!   each delivered once;
 //! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! - [`telemetry`]: logs, metrics, connection health;
+//! - [`text`]: bytes and durations shown to people, by the CLI and the API;
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the console and its JSON API;
 //! - [`tasks`]: one task addressed by its member (id or body): look up,
 //!   cancel, reschedule, list;
@@ -46,5 +47,6 @@ pub mod store;
 pub mod supervisor;
 pub mod tasks;
 pub mod telemetry;
+pub mod text;
 pub mod tls;
 pub mod unread;

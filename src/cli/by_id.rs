@@ -9,10 +9,11 @@ use std::io::Read;
 
 use clap::Args;
 
-use super::{escape_bytes, human_ms, parse_at, redis_conn, text, ConfigArg, Failure};
+use super::{parse_at, redis_conn, ConfigArg, Failure};
 use crate::config::{self, Business, Config, MemberMode};
 use crate::redis_conn::RedisConn;
 use crate::tasks::{self, Cancelled, Range, TaskState};
+use crate::text::{escape_bytes, human_ms, text};
 
 /// Exit code: the task is in flight.
 pub const EXIT_IN_FLIGHT: u8 = 3;

@@ -171,7 +171,7 @@ impl Shown {
             }
         }
         Self {
-            text: crate::cli::text(&b[..end]),
+            text: crate::text::text(&b[..end]),
             bytes: b.len(),
             truncated: end < b.len(),
         }

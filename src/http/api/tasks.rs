@@ -281,7 +281,7 @@ pub async fn schedule(
         "bytes": body.as_ref().unwrap_or(&member).len(),
     });
     let what = if b.member.is_id() {
-        let id = crate::cli::text(&member);
+        let id = crate::text::text(&member);
         v["id"] = id.clone().into();
         format!("id \"{id}\"")
     } else {
