@@ -202,23 +202,7 @@ pub(super) fn validate_business(
     ));
     let timing = timing(name, &mut rb, problems);
     problems.extend(lease_too_short(name, timing.lease));
-    let score_unit = one_of(
-        &field("score_unit"),
-        rb.score_unit.as_deref(),
-        &[("ms", "", ScoreUnit::Millis), ("s", "", ScoreUnit::Seconds)],
-        problems,
-    );
-    let properties = one_of(
-        &field("properties"),
-        rb.properties.as_deref(),
-        &[
-            ("standard", "", Properties::Standard),
-            ("full", "", Properties::Full),
-            ("no-headers", "", Properties::NoHeaders),
-            ("bare", "", Properties::Bare),
-        ],
-        problems,
-    );
+    let (score_unit, properties) = formats(name, &rb, problems);
     let intake = rb
         .intake
         .take()
@@ -402,6 +386,29 @@ fn timing(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Timin
             .clone()
             .map(|w| duration("dedup_window", Some(w), "1h", limits::DEDUP_WINDOW)),
     }
+}
+
+/// How scores are read and which properties each message carries.
+fn formats(name: &str, rb: &RawBusiness, problems: &mut Vec<String>) -> (ScoreUnit, Properties) {
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
+    let score_unit = one_of(
+        &field("score_unit"),
+        rb.score_unit.as_deref(),
+        &[("ms", "", ScoreUnit::Millis), ("s", "", ScoreUnit::Seconds)],
+        problems,
+    );
+    let properties = one_of(
+        &field("properties"),
+        rb.properties.as_deref(),
+        &[
+            ("standard", "", Properties::Standard),
+            ("full", "", Properties::Full),
+            ("no-headers", "", Properties::NoHeaders),
+            ("bare", "", Properties::Bare),
+        ],
+        problems,
+    );
+    (score_unit, properties)
 }
 
 /// `member`: body or id, id implied by an intake or a schedule; a
