@@ -277,38 +277,10 @@ async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
                 health.up();
                 tracing::info!(node = nodes.name(node), "connected to RabbitMQ");
                 let conn = Arc::new(conn);
-                let mut events = conn.events_listener();
+                let events = conn.events_listener();
                 conn_tx.send_replace(Some(conn.clone()));
-                let mut check = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => {
-                            let _ = conn.close(200, "delayd stopping".into()).await;
-                            conn_tx.send_replace(None);
-                            return;
-                        }
-                        ev = events.next() => match ev {
-                            Some(Event::ConnectionBlocked(reason)) => watch.blocked(Some(reason.as_str())),
-                            Some(Event::ConnectionUnblocked) => watch.blocked(None),
-                            // Channel errors arrive here too; only a dead
-                            // connection needs a new one.
-                            Some(Event::Error(e)) if !conn.status().connected() => {
-                                health.down(&format_args!("RabbitMQ node {}: connection lost ({e})", nodes.name(node)));
-                                break;
-                            }
-                            None => {
-                                health.down(&format_args!("RabbitMQ node {}: connection lost (event stream ended)", nodes.name(node)));
-                                break;
-                            }
-                            _ => {}
-                        },
-                        _ = check.tick() => {
-                            if !conn.status().connected() {
-                                health.down(&format_args!("RabbitMQ node {}: connection closed", nodes.name(node)));
-                                break;
-                            }
-                        }
-                    }
+                if !hold(&conn, events, &watch, nodes.name(node), &stop).await {
+                    return;
                 }
                 conn_tx.send_replace(None);
                 watch.unblocked_quietly();
@@ -350,6 +322,50 @@ async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Watches a live connection through its `events`: relays the broker's
+/// blocking, and returns true once the connection is lost, or false at
+/// `stop`, after closing it.
+async fn hold(
+    conn: &Arc<Connection>,
+    mut events: impl futures::Stream<Item = Event> + Unpin,
+    watch: &Watch,
+    node: &str,
+    stop: &CancellationToken,
+) -> bool {
+    let health = &watch.health;
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => {
+                let _ = conn.close(200, "delayd stopping".into()).await;
+                watch.conn_tx.send_replace(None);
+                return false;
+            }
+            ev = events.next() => match ev {
+                Some(Event::ConnectionBlocked(reason)) => watch.blocked(Some(reason.as_str())),
+                Some(Event::ConnectionUnblocked) => watch.blocked(None),
+                // Channel errors arrive here too; only a dead
+                // connection needs a new one.
+                Some(Event::Error(e)) if !conn.status().connected() => {
+                    health.down(&format_args!("RabbitMQ node {node}: connection lost ({e})"));
+                    return true;
+                }
+                None => {
+                    health.down(&format_args!("RabbitMQ node {node}: connection lost (event stream ended)"));
+                    return true;
+                }
+                _ => {}
+            },
+            _ = check.tick() => {
+                if !conn.status().connected() {
+                    health.down(&format_args!("RabbitMQ node {node}: connection closed"));
+                    return true;
                 }
             }
         }
