@@ -22,8 +22,9 @@ use lapin::{BasicProperties, Connection};
 
 use super::report::{median, percentile, row};
 use super::{
-    body_of, declare_bench_queue, fail, memory_usage, rss_kb, start_consumer, wall_ms_f, BenchArgs,
-    BenchError, BenchState, Counter, Names,
+    body_of, confirm_channel, declare_bench_queue, drain_confirms, fail, join_publishers,
+    memory_usage, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError, BenchState, Counter,
+    Names,
 };
 use crate::config;
 use crate::redis_conn::RedisConn;
@@ -302,13 +303,7 @@ async fn publish(
     let per = n.div_ceil(channels);
     let mut tasks = Vec::new();
     for c in 0..channels {
-        let ch = amqp
-            .create_channel()
-            .await
-            .map_err(|e| fail("channel")(e.to_string()))?;
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| fail("confirm_select")(e.to_string()))?;
+        let ch = confirm_channel(amqp).await?;
         let (exchange, rk) = (exchange.to_string(), routing_key.to_string());
         let range = (c * per)..((c + 1) * per).min(n);
         tasks.push(tokio::spawn(async move {
@@ -345,18 +340,10 @@ async fn publish(
                     .await?;
                 inflight.push(confirm);
             }
-            while let Some(r) = inflight.next().await {
-                r?;
-            }
-            let _ = ch.close(200, "done".into()).await;
-            Ok::<(), lapin::Error>(())
+            drain_confirms(&ch, &mut inflight).await
         }));
     }
-    for t in tasks {
-        t.await
-            .map_err(|e| fail("publisher")(e.to_string()))?
-            .map_err(|e| fail("publisher")(e.to_string()))?;
-    }
+    join_publishers(tasks, "publisher").await?;
     Ok(())
 }
 

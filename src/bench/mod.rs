@@ -257,6 +257,43 @@ async fn delete_topology(ch: &lapin::Channel, exchange: &str, queue: &str) {
         .await;
 }
 
+/// A channel in confirm mode, for a publisher.
+async fn confirm_channel(amqp: &Connection) -> Result<lapin::Channel, BenchError> {
+    let ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| fail("confirm_select")(e.to_string()))?;
+    Ok(ch)
+}
+
+/// Waits for every confirm still in flight on `ch`, then closes it.
+async fn drain_confirms(
+    ch: &lapin::Channel,
+    inflight: &mut FuturesUnordered<lapin::PublisherConfirm>,
+) -> Result<(), lapin::Error> {
+    while let Some(r) = inflight.next().await {
+        r?;
+    }
+    let _ = ch.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// Waits for every publisher task; the first that failed names the error.
+async fn join_publishers(
+    tasks: Vec<tokio::task::JoinHandle<Result<(), lapin::Error>>>,
+    what: &str,
+) -> Result<(), BenchError> {
+    for t in tasks {
+        t.await
+            .map_err(|e| fail(what)(e.to_string()))?
+            .map_err(|e| fail(what)(e.to_string()))?;
+    }
+    Ok(())
+}
+
 struct Names {
     exchange: String,
     queue: String,
