@@ -77,14 +77,17 @@ pub async fn list(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| {
-            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
-        })
+        .map(|t| task_row(&t.member, t.due_ms))
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
         "tasks": rows, "cursor": page.cursor,
     })))
+}
+
+/// One pending task of a page: its member as shown, its handle, its due time.
+fn task_row(member: &[u8], due_ms: i64) -> Value {
+    json!({ "member": Shown::of(member), "handle": handle(member), "due_ms": due_ms })
 }
 
 /// Query of `GET /search`.
@@ -137,9 +140,7 @@ pub async fn search(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| {
-            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
-        })
+        .map(|t| task_row(&t.member, t.due_ms))
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,
