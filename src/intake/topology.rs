@@ -180,17 +180,7 @@ pub async fn exchange_type_if_not_fanout(
     name: &str,
 ) -> Result<Option<String>, lapin::Error> {
     let ch = conn.create_channel().await?;
-    let r = ch
-        .exchange_declare(
-            name.into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
+    let r = declare_fanout(&ch, name).await;
     match r {
         Ok(()) => {
             let _ = ch.close(200, "ok".into()).await;
