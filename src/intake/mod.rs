@@ -23,8 +23,6 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::config::intake_settings::Settings;
-
 use crate::amqp::Broker;
 use crate::config::Business;
 use crate::redis_conn::RedisConn;

@@ -11,5 +11,3 @@
 
 pub mod occurrences;
 pub mod writer;
-
-pub use crate::config::recurring_section::Schedule;
