@@ -146,10 +146,16 @@ pub fn is_return_of(
 /// stored envelope, or `None` for a plain body (a task scheduled another
 /// way, published as any id-mode task).
 fn outgoing<'a>(business: &Business, claimed: &'a Claimed) -> Option<Envelope<'a>> {
+    stored(business, claimed.body())
+}
+
+/// The message stored as `body`, when `business` stores envelopes and the
+/// body is one (a task scheduled another way is a plain body).
+pub fn stored<'a>(business: &Business, body: &'a [u8]) -> Option<Envelope<'a>> {
     if !business.stores_envelopes() {
         return None;
     }
-    envelope::decode(claimed.body())
+    envelope::decode(body)
 }
 
 /// Whether `ret` is the intake message `claimed` was published as: the same

@@ -235,7 +235,7 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         match found
             .body
             .as_deref()
-            .and_then(|body| intake_message(&b, body))
+            .and_then(|body| crate::message::stored(&b, body))
         {
             Some(e) => {
                 v["body"] = text(e.body).into();
@@ -287,7 +287,7 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         match found
             .body
             .as_deref()
-            .and_then(|body| intake_message(&b, body))
+            .and_then(|body| crate::message::stored(&b, body))
         {
             Some(e) => {
                 println!("routing key: {}", escape_bytes(e.routing_key.as_bytes()));
@@ -304,15 +304,6 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         return Err(Failure::status(EXIT_NOT_PENDING));
     }
     Ok(())
-}
-
-/// The message an intake stored as `body`, when `b` has an intake and the
-/// body is one (a task scheduled another way is a plain body).
-fn intake_message<'a>(b: &Business, body: &'a [u8]) -> Option<crate::message::Envelope<'a>> {
-    if !b.stores_envelopes() {
-        return None;
-    }
-    crate::message::envelope::decode(body)
 }
 
 /// "in 5s" for a time ahead, "5s ago" for one past.
