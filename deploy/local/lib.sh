@@ -245,13 +245,15 @@ PATH="${PATH%:}"
 case "$DELAYD_SERVERS" in
 rabbitmq3-redis7)
 	SET_REDIS_PORT=6379 SET_AMQP_PORT=5672 SET_STATE_DIR="$DELAYD_LOCAL_DIR"
-	SET_RABBITMQ=3 SET_REDIS=redis-7
+	SET_RABBITMQ=3 SET_REDIS=redis-7 SET_KHEPRI=
 	;;
 rabbitmq4-redis8 | rabbitmq4-valkey8)
+	# One RabbitMQ 4 set keeps its metadata in Khepri (the only store of
+	# RabbitMQ 4.3), the other in Mnesia: the matrix covers both.
 	if [[ "$DELAYD_SERVERS" == *valkey8 ]]; then
-		SET_REDIS_PORT=6580 SET_AMQP_PORT=5872 SET_REDIS=valkey-8
+		SET_REDIS_PORT=6580 SET_AMQP_PORT=5872 SET_REDIS=valkey-8 SET_KHEPRI=1
 	else
-		SET_REDIS_PORT=6480 SET_AMQP_PORT=5772 SET_REDIS=redis-8
+		SET_REDIS_PORT=6480 SET_AMQP_PORT=5772 SET_REDIS=redis-8 SET_KHEPRI=
 	fi
 	SET_RABBITMQ=4 SET_STATE_DIR="$DELAYD_LOCAL_DIR/$DELAYD_SERVERS"
 	# redis-server, redis-cli, rabbitmq-server and rabbitmqctl from the tree.
@@ -266,7 +268,7 @@ rabbitmq4-redis8 | rabbitmq4-valkey8)
 esac
 export DELAYD_SERVERS
 # shellcheck disable=SC2034 # used by the scripts that source this file
-readonly SET_REDIS_PORT SET_AMQP_PORT SET_STATE_DIR SET_RABBITMQ SET_REDIS
+readonly SET_REDIS_PORT SET_AMQP_PORT SET_STATE_DIR SET_RABBITMQ SET_REDIS SET_KHEPRI
 
 # redis_version PORT: "redis-7.0.15" or "valkey-8.1.1", from INFO server.
 redis_version() {

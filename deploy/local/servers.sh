@@ -169,6 +169,13 @@ rabbitmq_start() {
 		return 0
 	fi
 	rmq_start "$RMQ_DIR" "$RMQ_NODE" "$AMQP_PORT" "$DIST_PORT"
+	if [[ -n "$SET_KHEPRI" ]]; then
+		# Experimental in 4.0 (hence the flag); enabling it again is a no-op.
+		rmq_ctl "$RMQ_DIR" "$RMQ_NODE" "$AMQP_PORT" "$DIST_PORT" -q \
+			enable_feature_flag --experimental khepri_db >/dev/null ||
+			die "RabbitMQ node $RMQ_NODE: enabling the khepri_db feature flag failed"
+		log "RabbitMQ node $RMQ_NODE keeps its metadata in Khepri (khepri_db enabled)"
+	fi
 }
 
 rabbitmq_stop() {

@@ -247,3 +247,15 @@ pub async fn wait_consumed_queue(amqp: &Connection, queue: &str, d: &Daemon) {
         d.tail()
     );
 }
+
+/// Waits until nothing consumes `queue`: after a kill, RabbitMQ still counts
+/// the dead instance's consumer until it notices the closed socket.
+pub async fn wait_unconsumed_queue(amqp: &Connection, queue: &str) {
+    let gone = eventually(Duration::from_secs(20), || async {
+        passive_queue(amqp, queue)
+            .await
+            .is_ok_and(|q| q.consumer_count() == 0)
+    })
+    .await;
+    assert!(gone, "{queue} still has a consumer after 20s");
+}

@@ -15,6 +15,8 @@ pub struct RawAmqp {
     sock: TcpStream,
     /// Publishes confirmed so far; the broker numbers them from 1.
     published: u64,
+    /// The `version` the broker announced in `connection.start`.
+    version: String,
 }
 
 /// A message as a 0-9-1 consumer receives it, bytes unparsed.
@@ -196,6 +198,17 @@ fn method(class: u16, id: u16, args: &[u8]) -> Vec<u8> {
     p
 }
 
+/// The `version` server property of a `connection.start`'s arguments
+/// (major and minor protocol version, then the server-properties table).
+fn announced_version(start: &[u8]) -> String {
+    let len = u32::from_be_bytes(start[2..6].try_into().unwrap()) as usize;
+    parse_table(&start[6..6 + len])
+        .into_iter()
+        .find(|f| f.key == b"version")
+        .map(|f| String::from_utf8_lossy(&f.value[4..]).into_owned())
+        .unwrap_or_default()
+}
+
 impl RawAmqp {
     /// Connects to `url` (`amqp://user:pass@host:port/vhost`), opens
     /// channel 1 and puts it in confirm mode.
@@ -207,9 +220,14 @@ impl RawAmqp {
         let vhost = vhost.replace("%2f", "/").replace("%2F", "/");
         let vhost = if vhost.is_empty() { "/".into() } else { vhost };
         let sock = TcpStream::connect(hostport).await.unwrap();
-        let mut c = Self { sock, published: 0 };
+        let mut c = Self {
+            sock,
+            published: 0,
+            version: String::new(),
+        };
         c.sock.write_all(b"AMQP\x00\x00\x09\x01").await.unwrap();
-        c.expect_method(0, 10, 10).await;
+        let start = c.expect_method(0, 10, 10).await;
+        c.version = announced_version(&start);
         let mut args = long_bytes(&[]);
         short_str(&mut args, b"PLAIN");
         args.extend_from_slice(&long_bytes(format!("\0{user}\0{pass}").as_bytes()));
@@ -229,6 +247,15 @@ impl RawAmqp {
         c.send(1, 1, &method(85, 10, &[0])).await;
         c.expect_method(1, 85, 11).await;
         c
+    }
+
+    /// The broker's major version (3 or 4): RabbitMQ 4 re-encodes a header
+    /// table it routes, where RabbitMQ 3 passes it through as published.
+    pub fn rabbitmq_major(&self) -> u32 {
+        let major = self.version.split('.').next().unwrap_or_default();
+        major
+            .parse()
+            .unwrap_or_else(|_| panic!("broker version {:?}", self.version))
     }
 
     async fn send(&mut self, kind: u8, channel: u16, payload: &[u8]) {

@@ -257,6 +257,13 @@ impl PrivateRabbit {
         self.run("stop", Duration::from_secs(90)).await;
         self.running = false;
     }
+
+    /// SIGKILL of the node's Erlang VM, as a crash; [`PrivateRabbit::start`]
+    /// brings it back on its data.
+    pub async fn kill(&mut self) {
+        self.run("kill", Duration::from_secs(30)).await;
+        self.running = false;
+    }
 }
 
 impl Drop for PrivateRabbit {
