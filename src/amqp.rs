@@ -1,7 +1,6 @@
 //! The RabbitMQ side: supervised connections (to one of the configured nodes
 //! at a time, clear text or TLS), one for publishing and one for the
-//! intakes' consuming, confirm-mode channels for the scanners, and the
-//! message delayd publishes.
+//! intakes' consuming, and confirm-mode channels for the scanners.
 
 mod nodes;
 pub mod unreadable;
@@ -16,13 +15,12 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, Event};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AmqpConfig, Business, Properties};
-use crate::store::Claimed;
+use crate::config::AmqpConfig;
 use crate::telemetry::{Backoff, Health, METRICS};
 
 /// A RabbitMQ failure.
@@ -279,38 +277,10 @@ async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
                 health.up();
                 tracing::info!(node = nodes.name(node), "connected to RabbitMQ");
                 let conn = Arc::new(conn);
-                let mut events = conn.events_listener();
+                let events = conn.events_listener();
                 conn_tx.send_replace(Some(conn.clone()));
-                let mut check = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => {
-                            let _ = conn.close(200, "delayd stopping".into()).await;
-                            conn_tx.send_replace(None);
-                            return;
-                        }
-                        ev = events.next() => match ev {
-                            Some(Event::ConnectionBlocked(reason)) => watch.blocked(Some(reason.as_str())),
-                            Some(Event::ConnectionUnblocked) => watch.blocked(None),
-                            // Channel errors arrive here too; only a dead
-                            // connection needs a new one.
-                            Some(Event::Error(e)) if !conn.status().connected() => {
-                                health.down(&format_args!("RabbitMQ node {}: connection lost ({e})", nodes.name(node)));
-                                break;
-                            }
-                            None => {
-                                health.down(&format_args!("RabbitMQ node {}: connection lost (event stream ended)", nodes.name(node)));
-                                break;
-                            }
-                            _ => {}
-                        },
-                        _ = check.tick() => {
-                            if !conn.status().connected() {
-                                health.down(&format_args!("RabbitMQ node {}: connection closed", nodes.name(node)));
-                                break;
-                            }
-                        }
-                    }
+                if !hold(&conn, events, &watch, nodes.name(node), &stop).await {
+                    return;
                 }
                 conn_tx.send_replace(None);
                 watch.unblocked_quietly();
@@ -358,135 +328,74 @@ async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
     }
 }
 
+/// Watches a live connection through its `events`: relays the broker's
+/// blocking, and returns true once the connection is lost, or false at
+/// `stop`, after closing it.
+async fn hold(
+    conn: &Arc<Connection>,
+    mut events: impl futures::Stream<Item = Event> + Unpin,
+    watch: &Watch,
+    node: &str,
+    stop: &CancellationToken,
+) -> bool {
+    let health = &watch.health;
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => {
+                let _ = conn.close(200, "delayd stopping".into()).await;
+                watch.conn_tx.send_replace(None);
+                return false;
+            }
+            ev = events.next() => match ev {
+                Some(Event::ConnectionBlocked(reason)) => watch.blocked(Some(reason.as_str())),
+                Some(Event::ConnectionUnblocked) => watch.blocked(None),
+                // Channel errors arrive here too; only a dead
+                // connection needs a new one.
+                Some(Event::Error(e)) if !conn.status().connected() => {
+                    health.down(&format_args!("RabbitMQ node {node}: connection lost ({e})"));
+                    return true;
+                }
+                None => {
+                    health.down(&format_args!("RabbitMQ node {node}: connection lost (event stream ended)"));
+                    return true;
+                }
+                _ => {}
+            },
+            _ = check.tick() => {
+                if !conn.status().connected() {
+                    health.down(&format_args!("RabbitMQ node {node}: connection closed"));
+                    return true;
+                }
+            }
+        }
+    }
+}
+
 /// How long a connection must have lived to count as healthy, so that the
 /// reconnect backoff starts over.
 const HEALTHY_CONNECTION: Duration = Duration::from_secs(30);
 
-/// A stable id for one scheduled delivery: the same key, member and due time
-/// always give the same id, so consumers can drop a redelivery after a crash.
-pub fn message_id(key: &str, member: &[u8], due_ms: i64) -> String {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(&(key.len() as u64).to_le_bytes());
-    h.update(key.as_bytes());
-    h.update(&(member.len() as u64).to_le_bytes());
-    h.update(member);
-    h.update(&due_ms.to_le_bytes());
-    format!("{:032x}", h.digest128())
-}
-
-/// The `message_id` of a claimed member's message: per (key, body, due
-/// time) in body mode; per (business, id) in id mode, so consumers can
-/// de-duplicate an id across reschedules, retries and redeliveries.
-pub fn claimed_message_id(business: &Business, key: &str, claimed: &Claimed) -> String {
-    match claimed.body {
-        Some(_) => message_id(&business.name, &claimed.member, 0),
-        None => message_id(key, &claimed.member, claimed.due_ms),
-    }
-}
-
-/// The properties of one claimed member's message: persistent unless
-/// configured otherwise, a stable `message_id`, and what `properties` adds
-/// (see [`Properties`]).
-pub fn properties(
-    business: &Business,
-    key: &str,
-    claimed: &Claimed,
-    now_ms: i64,
-) -> BasicProperties {
-    let mut props = BasicProperties::default();
-    if business.properties != Properties::Bare {
-        props = props.with_message_id(ShortString::from(claimed_message_id(
-            business, key, claimed,
-        )));
-    }
-    match business.properties {
-        Properties::Standard => props = standard_properties(props, business, claimed),
-        Properties::Full | Properties::NoHeaders => {
-            props = props.with_timestamp((now_ms.max(0) / 1000) as u64)
-        }
-        Properties::Bare => {}
-    }
-    if business.properties == Properties::Full {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            "x-delayd-business".into(),
-            AMQPValue::LongString(LongString::from(business.name.as_str())),
-        );
-        headers.insert(
-            "x-delayd-due".into(),
-            AMQPValue::LongLongInt(claimed.due_ms),
-        );
-        headers.insert(
-            "x-delayd-attempt".into(),
-            AMQPValue::LongLongInt(claimed.attempt as i64),
-        );
-        props = props.with_headers(headers);
-    }
-    if business.persistent {
-        props = props.with_delivery_mode(2);
-    }
-    if let Some(ct) = &business.content_type {
-        props = props.with_content_type(ShortString::from(ct.as_str()));
-    }
-    props
-}
-
-/// The default message's facts in standard properties, which cost the broker
-/// next to nothing; a header table, which costs it a tenth or more of its
-/// speed, only on the rare retry.
-fn standard_properties(
-    props: BasicProperties,
-    business: &Business,
-    claimed: &Claimed,
-) -> BasicProperties {
-    let mut props = props
-        .with_type(ShortString::from(business.name.as_str()))
-        .with_app_id(ShortString::from("delayd"))
-        .with_timestamp((claimed.due_ms.max(0) / 1000) as u64);
-    if claimed.attempt > 1 {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            "x-delayd-attempt".into(),
-            AMQPValue::LongLongInt(claimed.attempt as i64),
-        );
-        props = props.with_headers(headers);
-    }
-    props
-}
-
-/// Publishes one claimed member with [`properties`], body unchanged and
+/// Publishes one message (see [`crate::message`]) to `exchange`, with
 /// `mandatory` so an unroutable publish comes back.
 pub async fn publish(
     channel: &Channel,
-    business: &Business,
-    key: &str,
-    claimed: &Claimed,
-    now_ms: i64,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
 ) -> Result<lapin::PublisherConfirm, lapin::Error> {
     let mandatory = BasicPublishOptions {
         mandatory: true,
         immediate: false,
     };
-    // An intake message goes out as its producer published it.
-    if let Some(m) = crate::intake::outgoing(business, claimed) {
-        return channel
-            .basic_publish(
-                ShortString::from(business.exchange.as_str()),
-                ShortString::from(m.routing_key),
-                mandatory,
-                m.body,
-                m.properties,
-            )
-            .await;
-    }
-    let props = properties(business, key, claimed, now_ms);
     channel
         .basic_publish(
-            ShortString::from(business.exchange.as_str()),
-            ShortString::from(business.routing_key.as_str()),
+            ShortString::from(exchange),
+            ShortString::from(routing_key),
             mandatory,
-            claimed.body(),
-            props,
+            body,
+            properties,
         )
         .await
 }
@@ -503,23 +412,6 @@ pub async fn publish(
 /// settler reads from the confirms themselves).
 pub fn confirm_frames_done(channel: &Channel) {
     let _ = channel.wait_for_confirms().now_or_never();
-}
-
-/// Whether the broker's return `ret` is the message published for
-/// `claimed`: the same body and, where the return carries one, the same
-/// `message_id` (for an intake message, also the same routing key).
-pub fn is_return_of(
-    business: &Business,
-    key: &str,
-    claimed: &Claimed,
-    ret: &lapin::message::BasicReturnMessage,
-) -> bool {
-    if let Some(is) = crate::intake::returned_is(business, claimed, ret) {
-        return is;
-    }
-    let id = ret.properties.message_id().as_ref().map(|s| s.as_str());
-    claimed.body() == ret.delivery.data.as_slice()
-        && id.is_none_or(|id| id == claimed_message_id(business, key, claimed))
 }
 
 /// Checks that `exchange` exists without creating it (a passive declare).
@@ -595,7 +487,7 @@ mod tests {
         AmqpConfig {
             urls: urls
                 .iter()
-                .map(|u| crate::config::SecretUrl::new(*u))
+                .map(|u| crate::secret::SecretUrl::new(*u))
                 .collect(),
             tls: Default::default(),
             connect_timeout: Duration::from_secs(1),
@@ -622,17 +514,5 @@ mod tests {
             login_user(&amqp(&["amqps://h/%2f?auth_mechanism=external"])),
             None
         );
-    }
-
-    #[test]
-    fn message_id_is_stable_and_distinguishes_inputs() {
-        let a = message_id("k", b"body", 1000);
-        assert_eq!(a, message_id("k", b"body", 1000));
-        assert_eq!(a.len(), 32);
-        assert_ne!(a, message_id("k", b"body", 1001));
-        assert_ne!(a, message_id("k2", b"body", 1000));
-        assert_ne!(a, message_id("k", b"bodx", 1000));
-        // Length prefixes keep key and member from running into each other.
-        assert_ne!(message_id("ab", b"c", 1), message_id("a", b"bc", 1));
     }
 }

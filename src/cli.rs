@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Business, Config};
 use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{KeyFamily, Store, Totals};
+use crate::text::human_ms;
 
 mod by_id;
 mod check;
@@ -225,14 +225,6 @@ fn shards(cfg: &Config, business: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-fn human_ms(ms: Option<i64>) -> String {
-    match ms {
-        None => "-".into(),
-        Some(ms) if ms > 100 * 365 * 86_400_000 => "far future".into(),
-        Some(ms) => humantime::format_duration(Duration::from_millis(ms as u64)).to_string(),
-    }
-}
-
 async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
     let conn = redis_conn(cfg).await?;
     let mut rows = Vec::new();
@@ -286,30 +278,9 @@ fn parse_at(s: &str) -> Result<i64, Failure> {
     crate::tasks::when::parse_at(s).map_err(|e| Failure::usage(format!("--at \"{s}\": {e}")))
 }
 
-/// Bytes as JSON text: the string itself when it is UTF-8, escaped when not.
-pub fn text(b: &[u8]) -> String {
-    match std::str::from_utf8(b) {
-        Ok(s) => s.to_string(),
-        Err(_) => escape_bytes(b),
-    }
-}
-
-/// Shows bytes as text where printable, `\xNN` where not.
-pub fn escape_bytes(b: &[u8]) -> String {
-    b.iter()
-        .flat_map(|&c| std::ascii::escape_default(c))
-        .map(char::from)
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escape_shows_binary_safely() {
-        assert_eq!(escape_bytes(b"ok\x00\xff"), "ok\\x00\\xff");
-    }
 
     #[test]
     fn at_names_the_flag() {

@@ -2,29 +2,42 @@
 //!
 //! Producers `ZADD key <due> <body>`; delayd claims what is due with an
 //! atomic Lua script, publishes it with confirms and `mandatory`, and only
-//! then forgets it. Where each concern lives:
+//! then forgets it. Where each concern lives, from the ground floor up; a
+//! module imports only from its own floor's neighbours and from below:
 //!
-//! - [`config`]: the TOML file, environment overrides and validation;
-//! - [`redis_conn`]: one connection type for every Redis mode (standalone,
-//!   cluster, sentinel), clear text or TLS;
-//! - [`keys`]: hash tags, cluster slots and shard names;
-//! - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
-//! - [`amqp`]: the RabbitMQ side: nodes, TLS, a supervised connection and the message;
-//! - [`tls`]: the CA and client certificate files the configuration names;
-//! - [`rate`]: `max_rate`, per process or shared through Redis;
-//! - [`scanner`]: one claim → publish → settle loop;
-//! - [`intake`]: a drop-in for the delayed-message plugin: consume what
-//!   producers publish with `x-delay`, store it, deliver it when due;
-//! - [`recurring`]: cron schedules whose occurrences are written ahead,
-//!   each delivered once;
-//! - [`supervisor`]: starts and restarts scanners, signals and clean stop;
-//! - [`telemetry`]: logs, metrics, connection health;
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the console and its JSON API;
-//! - [`tasks`]: one task addressed by its member (id or body): look up,
-//!   cancel, reschedule, list;
-//! - [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...);
-//! - [`unread`]: members under key names a business does not read;
-//! - [`bench`]: `delayd bench`, measured against the raw broker ceiling.
+//! 1. what everything uses:
+//!    - [`keys`]: hash tags, cluster slots and shard names;
+//!    - [`secret`]: URLs and passwords that print redacted;
+//!    - [`tls`]: the CA and client certificate files the configuration names;
+//!    - [`text`]: bytes and durations shown to people, by the CLI and the API;
+//! 2. [`config`]: the TOML file, environment overrides and validation; each
+//!    feature's section (`[http]`, intake, recurring) is parsed and checked
+//!    here, and the features read what it gives them;
+//! 3. the servers' clients and what they report:
+//!    - [`telemetry`]: logs, metrics, connection health;
+//!    - [`redis_conn`]: one connection type for every Redis mode
+//!      (standalone, cluster, sentinel), clear text or TLS;
+//!    - [`amqp`]: the RabbitMQ side: nodes, TLS, supervised connections and
+//!      channels;
+//! 4. what is stored and what is sent:
+//!    - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
+//!    - [`message`]: what is published for a claimed member, and the stored
+//!      form of an intake message;
+//!    - [`unread`]: members under key names a business does not read;
+//! 5. the features:
+//!    - [`rate`]: `max_rate`, per process or shared through Redis;
+//!    - [`tasks`]: one task addressed by its member (id or body): look up,
+//!      cancel, reschedule, list;
+//!    - [`scanner`]: one claim → publish → settle loop;
+//!    - [`intake`]: a drop-in for the delayed-message plugin: consume what
+//!      producers publish with `x-delay`, store it, deliver it when due;
+//!    - [`recurring`]: cron schedules whose occurrences are written ahead,
+//!      each delivered once;
+//! 6. the faces: [`http`] (`/metrics`, `/healthz`, `/readyz`, the console
+//!    and its JSON API) and [`bench`] (`delayd bench`, measured against the
+//!    raw broker ceiling);
+//! 7. [`supervisor`]: starts and restarts scanners, signals and clean stop;
+//! 8. [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...).
 
 pub mod amqp;
 pub mod bench;
@@ -33,13 +46,16 @@ pub mod config;
 pub mod http;
 pub mod intake;
 pub mod keys;
+pub mod message;
 pub mod rate;
 pub mod recurring;
 pub mod redis_conn;
 pub mod scanner;
+pub mod secret;
 pub mod store;
 pub mod supervisor;
 pub mod tasks;
 pub mod telemetry;
+pub mod text;
 pub mod tls;
 pub mod unread;

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{Broker, Role};
-use crate::config::{Config, RedisMode};
+use crate::config::{Business, Config, RedisMode};
 use crate::http::HttpState;
 use crate::rate::Limiter;
 use crate::redis_conn::{Redis, RedisConn};
@@ -189,25 +189,14 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     }
     let businesses = distinct_businesses(&lanes);
     // Intakes start once their businesses' scanners can deliver.
-    let intakes = match &consuming {
-        Some(consuming) => {
-            let with_intake: Vec<_> = businesses
-                .iter()
-                .filter(|b| b.intake.is_some())
-                .cloned()
-                .collect();
-            let own_user = crate::amqp::login_user(&config.amqp).map(Arc::from);
-            crate::intake::start(
-                &with_intake,
-                &conn,
-                consuming,
-                &redis_health,
-                own_user,
-                &stop,
-            )
-        }
-        None => Vec::new(),
-    };
+    let intakes = start_intakes(
+        &config,
+        &businesses,
+        &conn,
+        consuming.as_ref(),
+        &redis_health,
+        &stop,
+    );
     let writers = crate::recurring::writer::start(&businesses, &conn, &stop);
     let scanners = spawn_scanners(&config, &lanes, &broker, &stop, &deadlines);
     tracing::info!(
@@ -224,6 +213,28 @@ pub async fn run(config: Config) -> Result<(), RunError> {
     tokio::time::sleep(Duration::from_millis(50)).await;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Starts the intake of every business that has one, on the consuming
+/// connection (there is none when no business has an intake).
+fn start_intakes(
+    config: &Config,
+    businesses: &[Arc<Business>],
+    conn: &RedisConn,
+    consuming: Option<&Broker>,
+    redis_health: &Arc<Health>,
+    stop: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let Some(consuming) = consuming else {
+        return Vec::new();
+    };
+    let with_intake: Vec<_> = businesses
+        .iter()
+        .filter(|b| b.intake.is_some())
+        .cloned()
+        .collect();
+    let own_user = crate::amqp::login_user(&config.amqp).map(Arc::from);
+    crate::intake::start(&with_intake, conn, consuming, redis_health, own_user, stop)
 }
 
 /// When a business's stop must end: set by the first signal, read by its
@@ -302,8 +313,8 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
 }
 
 /// Each business once, as its lanes share it.
-fn distinct_businesses(lanes: &[Arc<Lane>]) -> Vec<Arc<crate::config::Business>> {
-    let mut businesses: Vec<Arc<crate::config::Business>> = Vec::new();
+fn distinct_businesses(lanes: &[Arc<Lane>]) -> Vec<Arc<Business>> {
+    let mut businesses: Vec<Arc<Business>> = Vec::new();
     for l in lanes {
         if !businesses.iter().any(|b| Arc::ptr_eq(b, &l.business)) {
             businesses.push(l.business.clone());
@@ -562,27 +573,13 @@ async fn subscribe_node(
             }
         }
     };
-    let connect_timeout = crate::redis_conn::CONNECT_TIMEOUT;
     loop {
-        // Managed services often forbid CONFIG; subscribing anyway costs
-        // nothing and works when the operator enabled the events.
-        let flags =
-            match tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection())
-                .await
-            {
-                Ok(Ok(mut c)) => {
-                    if let Some(risk) = crate::store::eviction_risk(&mut c).await {
-                        tracing::warn!(node = %addr, "{risk}");
-                    }
-                    crate::store::keyspace_flags(&mut c).await
-                }
-                _ => {
-                    if !sleep(backoff.next_delay()).await {
-                        return;
-                    }
-                    continue;
-                }
-            };
+        let Some(flags) = node_flags(&client, &addr).await else {
+            if !sleep(backoff.next_delay()).await {
+                return;
+            }
+            continue;
+        };
         let enabled = flags
             .as_deref()
             .map(crate::store::flags_notify_zsets)
@@ -598,36 +595,12 @@ async fn subscribe_node(
             }
             continue;
         }
-        let mut pubsub = match tokio::time::timeout(connect_timeout, client.get_async_pubsub())
-            .await
-        {
-            Ok(Ok(p)) => p,
-            other => {
-                if let Ok(Err(e)) = other {
-                    tracing::debug!(node = %addr, error = %e, "keyspace subscription failed; polling meanwhile");
-                }
-                if !sleep(backoff.next_delay()).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        let mut channels = std::collections::HashMap::new();
-        let mut ok = true;
-        for l in &lanes {
-            let ch = format!("__keyspace@{db}__:{}", l.store.keys().pending);
-            if pubsub.subscribe(&ch).await.is_err() {
-                ok = false;
-                break;
-            }
-            channels.insert(ch.into_bytes(), l.clone());
-        }
-        if !ok {
+        let Some((pubsub, channels)) = subscribe_lanes(&client, &addr, db, &lanes).await else {
             if !sleep(backoff.next_delay()).await {
                 return;
             }
             continue;
-        }
+        };
         backoff.reset();
         state.subscribed.store(true, Ordering::Relaxed);
         changed.notify_one();
@@ -635,41 +608,105 @@ async fn subscribe_node(
         for l in &lanes {
             l.lead_wake.notify_one();
         }
-        let mut stream = pubsub.into_on_message();
-        let recheck = tokio::time::sleep(Duration::from_secs(60));
-        tokio::pin!(recheck);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = &mut recheck => break,
-                msg = stream.next() => match msg {
-                    Some(msg) => {
-                        let payload: &[u8] = msg.get_payload_bytes();
-                        // Events that can make a member due sooner; delayd's
-                        // own claims raise zrem, which must not wake it.
-                        if matches!(
-                            payload,
-                            b"zadd" | b"zincr" | b"zunionstore" | b"zinterstore"
-                                | b"zdiffstore" | b"zrangestore" | b"rename_to"
-                                | b"restore" | b"copy_to"
-                        ) {
-                            if let Some(l) = channels.get(msg.get_channel_name().as_bytes()) {
-                                l.lead_wake.notify_one();
-                            }
-                        }
-                    }
-                    None => {
-                        tracing::debug!(node = %addr, "keyspace subscription dropped; polling until it is back");
-                        break;
-                    }
-                }
-            }
+        if !relay(pubsub, &channels, &addr, &stop).await {
+            return;
         }
         state.subscribed.store(false, Ordering::Relaxed);
         changed.notify_one();
         // A node that drops every subscription at once must not be hammered.
         if !sleep(backoff.next_delay()).await {
             return;
+        }
+    }
+}
+
+/// The node's `notify-keyspace-events` flags (`None` inside where CONFIG is
+/// refused), after a warning if its eviction policy could drop members;
+/// `None` when the node does not answer.
+async fn node_flags(client: &redis::Client, addr: &str) -> Option<Option<String>> {
+    let connect = client.get_multiplexed_async_connection();
+    let Ok(Ok(mut c)) = tokio::time::timeout(crate::redis_conn::CONNECT_TIMEOUT, connect).await
+    else {
+        return None;
+    };
+    if let Some(risk) = crate::store::eviction_risk(&mut c).await {
+        tracing::warn!(node = %addr, "{risk}");
+    }
+    // Managed services often forbid CONFIG; subscribing anyway costs
+    // nothing and works when the operator enabled the events.
+    Some(crate::store::keyspace_flags(&mut c).await)
+}
+
+/// Lanes by the keyspace channel of their pending key.
+type Channels = std::collections::HashMap<Vec<u8>, Arc<Lane>>;
+
+/// A subscription to every lane's keyspace channel on this node (only the
+/// keys it holds will ever publish); `None` when it cannot be made.
+async fn subscribe_lanes(
+    client: &redis::Client,
+    addr: &str,
+    db: i64,
+    lanes: &[Arc<Lane>],
+) -> Option<(redis::aio::PubSub, Channels)> {
+    let pubsub = tokio::time::timeout(
+        crate::redis_conn::CONNECT_TIMEOUT,
+        client.get_async_pubsub(),
+    );
+    let mut pubsub = match pubsub.await {
+        Ok(Ok(p)) => p,
+        other => {
+            if let Ok(Err(e)) = other {
+                tracing::debug!(node = %addr, error = %e, "keyspace subscription failed; polling meanwhile");
+            }
+            return None;
+        }
+    };
+    let mut channels = Channels::new();
+    for l in lanes {
+        let ch = format!("__keyspace@{db}__:{}", l.store.keys().pending);
+        pubsub.subscribe(&ch).await.ok()?;
+        channels.insert(ch.into_bytes(), l.clone());
+    }
+    Some((pubsub, channels))
+}
+
+/// Wakes a lane whenever an event on its channel may have made a member due
+/// sooner. Returns false at `stop`; true when the stream drops or after a
+/// minute, for the caller to read the flags again.
+async fn relay(
+    pubsub: redis::aio::PubSub,
+    channels: &Channels,
+    addr: &str,
+    stop: &CancellationToken,
+) -> bool {
+    let mut stream = pubsub.into_on_message();
+    let recheck = tokio::time::sleep(Duration::from_secs(60));
+    tokio::pin!(recheck);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = &mut recheck => return true,
+            msg = stream.next() => match msg {
+                Some(msg) => {
+                    let payload: &[u8] = msg.get_payload_bytes();
+                    // Events that can make a member due sooner; delayd's
+                    // own claims raise zrem, which must not wake it.
+                    if matches!(
+                        payload,
+                        b"zadd" | b"zincr" | b"zunionstore" | b"zinterstore"
+                            | b"zdiffstore" | b"zrangestore" | b"rename_to"
+                            | b"restore" | b"copy_to"
+                    ) {
+                        if let Some(l) = channels.get(msg.get_channel_name().as_bytes()) {
+                            l.lead_wake.notify_one();
+                        }
+                    }
+                }
+                None => {
+                    tracing::debug!(node = %addr, "keyspace subscription dropped; polling until it is back");
+                    return true;
+                }
+            }
         }
     }
 }

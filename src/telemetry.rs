@@ -1,6 +1,8 @@
 //! Logs, Prometheus metrics, connection health and paused businesses; the
 //! HTTP side that serves them is [`crate::http`].
 
+pub mod intake;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -81,7 +83,7 @@ pub struct Metrics {
     /// 1 while an operator has paused the business (read on scrape).
     pub operator_paused: IntGaugeVec,
     /// What the intakes took in.
-    pub intake: crate::intake::Metrics,
+    pub intake: intake::Metrics,
     /// Occurrences of recurring schedules skipped by their catch-up policy.
     pub recurring_missed: IntCounterVec,
 }
@@ -105,124 +107,110 @@ fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGau
     g
 }
 
+fn float_gauge(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::GaugeVec {
+    let g = prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+fn flag(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+/// Lateness buckets, in seconds: milliseconds matter, minutes are an outage.
+const LATENESS_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid metric");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric");
+    h
+}
+
 impl Metrics {
     fn new() -> Self {
         let r = Registry::new();
         let b = &["business"];
         let br = &["business", "reason"];
-        let oldest_overdue = prometheus::GaugeVec::new(
-            Opts::new(
-                "delayd_oldest_overdue_seconds",
-                "Age of the oldest due member still pending",
-            ),
-            b,
-        )
-        .expect("valid metric");
-        r.register(Box::new(oldest_overdue.clone()))
-            .expect("unique metric");
-        let lateness = HistogramVec::new(
-            HistogramOpts::new(
-                "delayd_lateness_seconds",
-                "Time from a member's due time to the broker's confirm",
-            )
-            .buckets(vec![
-                0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0, 300.0,
-            ]),
-            b,
-        )
-        .expect("valid metric");
-        r.register(Box::new(lateness.clone()))
-            .expect("unique metric");
-        let amqp_blocked = IntGauge::new(
-            "delayd_amqp_blocked",
-            "1 while RabbitMQ blocks publishing (memory or disk alarm)",
-        )
-        .expect("valid metric");
-        r.register(Box::new(amqp_blocked.clone()))
-            .expect("unique metric");
+        // Most metrics are per business.
+        let count = |name: &str, help: &str| counter(&r, name, help, b);
+        let level = |name: &str, help: &str| gauge(&r, name, help, b);
         Self {
-            claimed: counter(&r, "delayd_claimed_total", "Members claimed from Redis", b),
-            published: counter(
-                &r,
-                "delayd_published_total",
-                "Members published to RabbitMQ",
-                b,
-            ),
-            confirmed: counter(
-                &r,
-                "delayd_confirmed_total",
-                "Members confirmed by RabbitMQ and removed",
-                b,
-            ),
-            returned: counter(
-                &r,
-                "delayd_returned_total",
-                "Publishes returned as unroutable",
-                b,
-            ),
-            nacked: counter(&r, "delayd_nacked_total", "Publishes nacked by RabbitMQ", b),
+            claimed: count("delayd_claimed_total", "Members claimed from Redis"),
+            published: count("delayd_published_total", "Members published to RabbitMQ"),
+            confirmed: count("delayd_confirmed_total", "Members confirmed by RabbitMQ and removed"),
+            returned: count("delayd_returned_total", "Publishes returned as unroutable"),
+            nacked: count("delayd_nacked_total", "Publishes nacked by RabbitMQ"),
             retried: counter(
                 &r,
                 "delayd_retried_total",
                 "Members rescheduled with backoff",
                 br,
             ),
-            recovered: counter(
-                &r,
-                "delayd_recovered_total",
-                "Expired leases moved back to pending",
-                b,
-            ),
-            released: counter(
-                &r,
-                "delayd_released_total",
-                "Unconfirmed members handed back to pending",
-                b,
-            ),
+            recovered: count("delayd_recovered_total", "Expired leases moved back to pending"),
+            released: count("delayd_released_total", "Unconfirmed members handed back to pending"),
             dead_lettered: counter(
                 &r,
                 "delayd_dead_lettered_total",
                 "Members moved to the dead set",
                 br,
             ),
-            deduplicated: counter(
+            deduplicated: count("delayd_deduplicated_total", "Ids dropped at claim because they were delivered within dedup_window"),
+            pending: level("delayd_pending", "Members pending in Redis"),
+            inflight: level("delayd_inflight", "Members claimed and awaiting a confirm"),
+            dead: level("delayd_dead", "Dead members"),
+            oldest_overdue: float_gauge(
                 &r,
-                "delayd_deduplicated_total",
-                "Ids dropped at claim because they were delivered within dedup_window",
+                "delayd_oldest_overdue_seconds",
+                "Age of the oldest due member still pending",
                 b,
             ),
-            pending: gauge(&r, "delayd_pending", "Members pending in Redis", b),
-            inflight: gauge(
-                &r,
-                "delayd_inflight",
-                "Members claimed and awaiting a confirm",
-                b,
-            ),
-            dead: gauge(&r, "delayd_dead", "Dead members", b),
-            oldest_overdue,
             pending_due_within: gauge(
                 &r,
                 "delayd_pending_due_within",
                 "Pending members due within the window from now, overdue ones included",
                 &["business", "window"],
             ),
-            lateness,
+            lateness: histogram(
+                &r,
+                "delayd_lateness_seconds",
+                "Time from a member's due time to the broker's confirm",
+                LATENESS_BUCKETS,
+                b,
+            ),
             connection_up: gauge(&r, "delayd_connection_up", "1 while connected", &["server"]),
-            amqp_blocked,
-            paused: gauge(
+            amqp_blocked: flag(
                 &r,
-                "delayd_publish_paused",
-                "1 while the business's exchange is missing or forbidden; members stay pending",
-                b,
+                "delayd_amqp_blocked",
+                "1 while RabbitMQ blocks publishing (memory or disk alarm)",
             ),
-            operator_paused: gauge(
-                &r,
-                "delayd_business_paused",
-                "1 while an operator has paused the business (delayd pause, or the console): nothing is claimed, pending work stays",
-                b,
-            ),
-            intake: crate::intake::Metrics::new(&r),
+            paused: level("delayd_publish_paused", "1 while the business's exchange is missing or forbidden; members stay pending"),
+            operator_paused: level("delayd_business_paused", "1 while an operator has paused the business (delayd pause, or the console): nothing is claimed, pending work stays"),
+            intake: intake::Metrics::new(&r),
             recurring_missed: counter(
                 &r,
                 "delayd_recurring_missed_total",

@@ -39,7 +39,7 @@ async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
         assert_eq!(r.content_type.as_deref(), Some("application/octet-stream"));
         assert_eq!(
             r.message_id.as_deref(),
-            Some(delayd::amqp::message_id(&b.key, &r.body, r.due()).as_str())
+            Some(delayd::message::message_id(&b.key, &r.body, r.due()).as_str())
         );
         assert!(matches!(
             r.headers.get("x-delayd-business"),
@@ -104,7 +104,7 @@ async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_o
             );
             assert_eq!(
                 r.message_id.as_deref(),
-                Some(delayd::amqp::message_id(&b.key, b"retried", due).as_str())
+                Some(delayd::message::message_id(&b.key, b"retried", due).as_str())
             );
             assert!(
                 matches!(attempt, Some(AMQPValue::LongLongInt(2))),
@@ -147,7 +147,7 @@ async fn properties_no_headers_keeps_the_message_id_and_bare_sends_nothing_else(
         assert_eq!(r.delivery_mode, Some(2));
         assert_eq!(
             r.message_id.as_deref(),
-            Some(delayd::amqp::message_id(&b.key, &r.body, now).as_str())
+            Some(delayd::message::message_id(&b.key, &r.body, now).as_str())
         );
     }
     for r in &s.inboxes[1].all() {
@@ -401,7 +401,7 @@ async fn sigkill_mid_drain_then_restart_delivers_every_member() {
         assert_eq!(r.due(), now as i64, "due time changed by the recovery");
         assert_eq!(
             r.message_id.as_deref(),
-            Some(delayd::amqp::message_id(&b.key, &r.body, now as i64).as_str())
+            Some(delayd::message::message_id(&b.key, &r.body, now as i64).as_str())
         );
     }
     assert_family_empty(&mut s.redis, &b.key).await;

@@ -399,7 +399,7 @@ async fn seqs_of(
             .unwrap();
         let seq = env
             .as_deref()
-            .and_then(delayd::intake::envelope::decode)
+            .and_then(delayd::message::envelope::decode)
             .and_then(|e| seq_of(e.body));
         if let Some(seq) = seq {
             out.insert(id.clone(), seq);

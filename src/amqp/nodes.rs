@@ -10,7 +10,8 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties};
 
 use super::AmqpError;
-use crate::config::{AmqpConfig, SecretUrl};
+use crate::config::AmqpConfig;
+use crate::secret::SecretUrl;
 
 /// One node: where it is, and how it may be shown.
 struct Node {
@@ -171,7 +172,7 @@ pub fn parse_uri(url: &SecretUrl) -> Result<AMQPUri, AmqpError> {
         .parse()
         .map_err(|reason: String| AmqpError::Url {
             url: url.redacted(),
-            reason: crate::config::url_reason(url.expose(), &reason),
+            reason: crate::secret::url_reason(url.expose(), &reason),
         })?;
     if uri.query.heartbeat.is_none() {
         uri.query.heartbeat = Some(10);
@@ -201,7 +202,7 @@ fn connector(cfg: &AmqpConfig) -> Result<RustlsConnector, AmqpError> {
 
 /// One sentence on why a connection failed and what to do about it.
 fn explain(e: &lapin::Error, tls: bool) -> String {
-    let raw = crate::config::redact_url(&e.to_string());
+    let raw = crate::secret::redact_url(&e.to_string());
     let debug = format!("{e:?}");
     let has = |needle: &str| raw.contains(needle) || debug.contains(needle);
     let hint = if has("UnknownIssuer") {

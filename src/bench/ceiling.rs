@@ -18,13 +18,7 @@ pub(super) async fn raw_publish(
 ) -> Result<f64, BenchError> {
     let mut chans = Vec::new();
     for _ in 0..channels {
-        let ch = amqp
-            .create_channel()
-            .await
-            .map_err(|e| fail("channel")(e.to_string()))?;
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| fail("confirm_select")(e.to_string()))?;
+        let ch = confirm_channel(amqp).await?;
         chans.push(ch);
     }
     let start = Instant::now();
@@ -55,7 +49,7 @@ pub(super) async fn raw_publish(
                             attempt: 1,
                             body: None,
                         };
-                        crate::amqp::properties(b, &key, &claimed, claimed.due_ms)
+                        crate::message::properties(b, &key, &claimed, claimed.due_ms)
                     }
                 };
                 let confirm = ch
@@ -72,17 +66,9 @@ pub(super) async fn raw_publish(
                     .await?;
                 inflight.push(confirm);
             }
-            while let Some(r) = inflight.next().await {
-                r?;
-            }
-            let _ = ch.close(200, "done".into()).await;
-            Ok::<(), lapin::Error>(())
+            drain_confirms(&ch, &mut inflight).await
         }));
     }
-    for t in tasks {
-        t.await
-            .map_err(|e| fail("raw publisher")(e.to_string()))?
-            .map_err(|e| fail("raw publisher")(e.to_string()))?;
-    }
+    join_publishers(tasks, "raw publisher").await?;
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }

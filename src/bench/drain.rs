@@ -23,48 +23,20 @@ pub(super) async fn delayd_drain(
 ) -> Result<(f64, f64, Option<(u64, u64)>, u64), BenchError> {
     let procs = &watch.redis[..];
     let shards = fams.len().max(1);
-    let id_of = |i: usize| format!("r{round}-{i:09}").into_bytes();
     let (secs, _): (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
-    let due = (secs - 1) * 1000;
     // Members 0..staged are staged; each shard gets one more at the end.
     let n = n.max(2 * shards);
-    let staged = n - shards;
-    for start in (0..staged).step_by(5000) {
-        let end = (start + 5000).min(staged);
-        for (s, fam) in fams.iter().enumerate() {
-            let mut cmd = redis::cmd("ZADD");
-            cmd.arg(crate::keys::helper_key(&fam.pending, "staging"));
-            let mut bodies = redis::cmd("HSET");
-            bodies.arg(crate::keys::helper_key(&fam.pending, "body-staging"));
-            let mut any = false;
-            for i in (start..end).filter(|i| i % shards == s) {
-                let body = body_of(&format!("r{round}"), i, size);
-                if id_mode {
-                    cmd.arg(due).arg(id_of(i));
-                    bodies.arg(id_of(i)).arg(body);
-                } else {
-                    cmd.arg(due).arg(body);
-                }
-                any = true;
-            }
-            if !any {
-                continue;
-            }
-            let _: i64 = cmd
-                .query_async(redis)
-                .await
-                .map_err(|e| fail("redis")(e.to_string()))?;
-            if id_mode {
-                let _: i64 = bodies
-                    .query_async(redis)
-                    .await
-                    .map_err(|e| fail("redis")(e.to_string()))?;
-            }
-        }
-    }
+    let backlog = Backlog {
+        round,
+        size,
+        id_mode,
+        due: (secs - 1) * 1000,
+        staged: n - shards,
+    };
+    backlog.stage(redis, fams).await?;
     let mut bytes = 0u64;
     for fam in fams {
         for k in [
@@ -74,41 +46,129 @@ pub(super) async fn delayd_drain(
             bytes += memory_usage(redis, &k, 0).await?;
         }
     }
-    let per_task = bytes as f64 / staged as f64;
+    let per_task = bytes as f64 / backlog.staged as f64;
     let ticks_before = cpu_ticks(procs);
     let daemon_before = proc_ticks(watch.daemon);
     let start = Instant::now();
-    for (s, fam) in fams.iter().enumerate() {
-        let i = staged + s;
-        let last = body_of(&format!("r{round}"), i, size);
-        let mut pipe = redis::pipe();
-        // One transaction per shard: no claim sees an id before its body.
-        pipe.atomic();
-        if id_mode {
-            pipe.cmd("RENAME")
-                .arg(crate::keys::helper_key(&fam.pending, "body-staging"))
-                .arg(&fam.body)
-                .ignore()
-                .cmd("HSET")
-                .arg(&fam.body)
-                .arg(id_of(i))
-                .arg(&last)
-                .ignore();
-        }
-        pipe.cmd("RENAME")
-            .arg(crate::keys::helper_key(&fam.pending, "staging"))
-            .arg(&fam.pending)
-            .ignore();
-        pipe.cmd("ZADD")
-            .arg(&fam.pending)
-            .arg(due)
-            .arg(if id_mode { id_of(i) } else { last })
-            .ignore();
-        let _: () = pipe
-            .query_async(redis)
-            .await
-            .map_err(|e| fail("redis")(e.to_string()))?;
+    backlog.swap_in(redis, fams).await?;
+    wait_drained(redis, fams, n, start).await?;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let ticks = (!procs.is_empty()).then(|| {
+        let after = cpu_ticks(procs);
+        (
+            after.0.saturating_sub(ticks_before.0),
+            after.1.saturating_sub(ticks_before.1),
+        )
+    });
+    let daemon_ticks = proc_ticks(watch.daemon).saturating_sub(daemon_before);
+    Ok((rate, per_task, ticks, daemon_ticks))
+}
+
+/// The backlog of one round: `staged` members due at `due`, then one more
+/// per shard.
+struct Backlog {
+    round: usize,
+    size: usize,
+    id_mode: bool,
+    due: i64,
+    staged: usize,
+}
+
+impl Backlog {
+    fn id(&self, i: usize) -> Vec<u8> {
+        format!("r{}-{i:09}", self.round).into_bytes()
     }
+
+    fn body(&self, i: usize) -> Vec<u8> {
+        body_of(&format!("r{}", self.round), i, self.size)
+    }
+
+    /// Writes members 0..staged into each shard's staging keys (member `i`
+    /// into shard `i mod M`), 5000 at a time.
+    async fn stage(&self, redis: &mut RedisConn, fams: &[KeyFamily]) -> Result<(), BenchError> {
+        let shards = fams.len().max(1);
+        for start in (0..self.staged).step_by(5000) {
+            let end = (start + 5000).min(self.staged);
+            for (s, fam) in fams.iter().enumerate() {
+                let mut cmd = redis::cmd("ZADD");
+                cmd.arg(crate::keys::helper_key(&fam.pending, "staging"));
+                let mut bodies = redis::cmd("HSET");
+                bodies.arg(crate::keys::helper_key(&fam.pending, "body-staging"));
+                let mut any = false;
+                for i in (start..end).filter(|i| i % shards == s) {
+                    let body = self.body(i);
+                    if self.id_mode {
+                        cmd.arg(self.due).arg(self.id(i));
+                        bodies.arg(self.id(i)).arg(body);
+                    } else {
+                        cmd.arg(self.due).arg(body);
+                    }
+                    any = true;
+                }
+                if !any {
+                    continue;
+                }
+                let _: i64 = cmd
+                    .query_async(redis)
+                    .await
+                    .map_err(|e| fail("redis")(e.to_string()))?;
+                if self.id_mode {
+                    let _: i64 = bodies
+                        .query_async(redis)
+                        .await
+                        .map_err(|e| fail("redis")(e.to_string()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Renames each shard's staging keys into place and adds its last
+    /// member with a ZADD, in one transaction per shard.
+    async fn swap_in(&self, redis: &mut RedisConn, fams: &[KeyFamily]) -> Result<(), BenchError> {
+        for (s, fam) in fams.iter().enumerate() {
+            let i = self.staged + s;
+            let last = self.body(i);
+            let mut pipe = redis::pipe();
+            // One transaction per shard: no claim sees an id before its body.
+            pipe.atomic();
+            if self.id_mode {
+                pipe.cmd("RENAME")
+                    .arg(crate::keys::helper_key(&fam.pending, "body-staging"))
+                    .arg(&fam.body)
+                    .ignore()
+                    .cmd("HSET")
+                    .arg(&fam.body)
+                    .arg(self.id(i))
+                    .arg(&last)
+                    .ignore();
+            }
+            pipe.cmd("RENAME")
+                .arg(crate::keys::helper_key(&fam.pending, "staging"))
+                .arg(&fam.pending)
+                .ignore();
+            pipe.cmd("ZADD")
+                .arg(&fam.pending)
+                .arg(self.due)
+                .arg(if self.id_mode { self.id(i) } else { last })
+                .ignore();
+            let _: () = pipe
+                .query_async(redis)
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Waits until no shard holds a pending or in-flight member, at most 600 s
+/// after `start`.
+async fn wait_drained(
+    redis: &mut RedisConn,
+    fams: &[KeyFamily],
+    n: usize,
+    start: Instant,
+) -> Result<(), BenchError> {
     let limit = Duration::from_secs(600);
     loop {
         let (mut p, mut i) = (0u64, 0u64);
@@ -126,7 +186,7 @@ pub(super) async fn delayd_drain(
             i += fi;
         }
         if p == 0 && i == 0 {
-            break;
+            return Ok(());
         }
         if start.elapsed() > limit {
             return Err(BenchError::Runtime(format!(
@@ -135,16 +195,6 @@ pub(super) async fn delayd_drain(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    let ticks = (!procs.is_empty()).then(|| {
-        let after = cpu_ticks(procs);
-        (
-            after.0.saturating_sub(ticks_before.0),
-            after.1.saturating_sub(ticks_before.1),
-        )
-    });
-    let daemon_ticks = proc_ticks(watch.daemon).saturating_sub(daemon_before);
-    Ok((rate, per_task, ticks, daemon_ticks))
 }
 
 /// The recipe delayd replaces, for comparison: one Lua call pops one due

@@ -22,8 +22,9 @@ use lapin::{BasicProperties, Connection};
 
 use super::report::{median, percentile, row};
 use super::{
-    body_of, declare_bench_queue, fail, memory_usage, rss_kb, start_consumer, wall_ms_f, BenchArgs,
-    BenchError, BenchState, Counter, Names,
+    body_of, confirm_channel, declare_bench_queue, drain_confirms, fail, join_publishers,
+    memory_usage, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError, BenchState, Counter,
+    Names,
 };
 use crate::config;
 use crate::redis_conn::RedisConn;
@@ -61,7 +62,6 @@ pub(super) async fn bench(
     amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
-    let n = args.messages;
     let intake = IntakeNames {
         exchange: format!("{}-intake", names.exchange),
         queue: format!("{}-intake", names.queue),
@@ -99,42 +99,7 @@ pub(super) async fn bench(
     let fams: Vec<KeyFamily> = business.keys().iter().map(|k| KeyFamily::new(k)).collect();
     wait_consumer(amqp, &intake.queue).await?;
 
-    let mut plain_rates = Vec::new();
-    let mut intake_rates = Vec::new();
-    let mut ratios = Vec::new();
-    let mut memory = Vec::new();
-    for round in 1..=args.rounds.max(1) {
-        let plain = plain_rate(amqp, &intake, names, n, args.size).await?;
-        let start = Instant::now();
-        publish(
-            amqp,
-            &intake.exchange,
-            &names.routing_key,
-            n,
-            args.size,
-            None,
-            |_| FAR_MS,
-        )
-        .await?;
-        wait_stored(redis, &fams, n, Duration::from_secs(120)).await?;
-        let rate = n as f64 / start.elapsed().as_secs_f64();
-        memory.push(memory_per_task(redis, &fams).await? / n as f64);
-        for f in &fams {
-            let _: i64 = redis::cmd("DEL")
-                .arg(&f.pending)
-                .arg(&f.body)
-                .query_async(redis)
-                .await
-                .map_err(|e| fail("redis")(e.to_string()))?;
-        }
-        eprintln!(
-            "bench: round {round}: plain publish->consume {plain:.0} msg/s, intake {rate:.0} msg/s, ratio {:.3}",
-            rate / plain
-        );
-        plain_rates.push(plain);
-        intake_rates.push(rate);
-        ratios.push(rate / plain);
-    }
+    let r = rounds(args, amqp, &intake, names, redis, &fams).await?;
 
     eprintln!(
         "bench: lateness at {STEADY_RATE}/s with x-delay {NEAR_MS} ms for {} s ...",
@@ -165,43 +130,114 @@ pub(super) async fn bench(
             redis::cmd("DEL").arg(&f.all()[..]).query_async(redis).await;
     }
 
+    report(args, &r, [&steady, &burst, &control], burst_took, rss);
+    let _ = counter.received.load(Ordering::Relaxed);
+    Ok(())
+}
+
+/// Per-round figures: the broker's own publish-to-consume rate, the
+/// intake's publish-to-stored rate, their ratio, and Redis memory per
+/// stored message.
+#[derive(Default)]
+struct Rounds {
+    plain: Vec<f64>,
+    intake: Vec<f64>,
+    ratios: Vec<f64>,
+    memory: Vec<f64>,
+}
+
+/// Each round: the plain rate, then `n` messages through the intake until
+/// stored, measured and deleted.
+async fn rounds(
+    args: &BenchArgs,
+    amqp: &Connection,
+    intake: &IntakeNames,
+    names: &Names,
+    redis: &mut RedisConn,
+    fams: &[KeyFamily],
+) -> Result<Rounds, BenchError> {
+    let n = args.messages;
+    let mut r = Rounds::default();
+    for round in 1..=args.rounds.max(1) {
+        let plain = plain_rate(amqp, intake, names, n, args.size).await?;
+        let start = Instant::now();
+        publish(
+            amqp,
+            &intake.exchange,
+            &names.routing_key,
+            n,
+            args.size,
+            None,
+            |_| FAR_MS,
+        )
+        .await?;
+        wait_stored(redis, fams, n, Duration::from_secs(120)).await?;
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        r.memory
+            .push(memory_per_task(redis, fams).await? / n as f64);
+        for f in fams {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&f.pending)
+                .arg(&f.body)
+                .query_async(redis)
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+        }
+        eprintln!(
+            "bench: round {round}: plain publish->consume {plain:.0} msg/s, intake {rate:.0} msg/s, ratio {:.3}",
+            rate / plain
+        );
+        r.plain.push(plain);
+        r.intake.push(rate);
+        r.ratios.push(rate / plain);
+    }
+    Ok(r)
+}
+
+/// Prints the table: rates, memory, the three lateness phases (steady,
+/// under a burst, the burst elsewhere), the burst's time and the RSS.
+fn report(
+    args: &BenchArgs,
+    r: &Rounds,
+    [steady, burst, control]: [&Lateness; 3],
+    burst_took: Duration,
+    rss: (u64, u64),
+) {
     super::report::heading(&format!(
-        "delayd bench --intake: {n} x {}-byte persistent messages with x-delay, {} rounds, one run",
+        "delayd bench --intake: {} x {}-byte persistent messages with x-delay, {} rounds, one run",
+        args.messages,
         args.size,
-        ratios.len()
+        r.ratios.len()
     ));
     row(
         "plain publish -> consume",
-        &format!("{:.0} msg/s", median(&plain_rates)),
+        &format!("{:.0} msg/s", median(&r.plain)),
         "median; confirmed publisher, one consumer acking with multiple",
     );
     row(
         "intake (publish -> stored)",
-        &format!("{:.0} msg/s", median(&intake_rates)),
-        &format!(
-            "median; rounds {}",
-            super::report::join_rates(&intake_rates)
-        ),
+        &format!("{:.0} msg/s", median(&r.intake)),
+        &format!("median; rounds {}", super::report::join_rates(&r.intake)),
     );
     row(
         "intake / plain",
-        &format!("{:.3}", median(&ratios)),
+        &format!("{:.3}", median(&r.ratios)),
         &format!(
             "median of per-round ratios {}",
-            super::report::join_ratios(&ratios)
+            super::report::join_ratios(&r.ratios)
         ),
     );
     row(
         "Redis memory per pending message",
-        &format!("{:.0} B", median(&memory)),
+        &format!("{:.0} B", median(&r.memory)),
         &format!(
             "MEMORY USAGE of K and {{K}}:body, {}-byte bodies, x-delay header, no message_id",
             args.size
         ),
     );
-    lateness_row(&format!("lateness at {STEADY_RATE}/s (x-delay)"), &steady);
-    lateness_row(&format!("  due while {BURST} are taken in"), &burst);
-    lateness_row("  the same, burst to a plain queue", &control);
+    lateness_row(&format!("lateness at {STEADY_RATE}/s (x-delay)"), steady);
+    lateness_row(&format!("  due while {BURST} are taken in"), burst);
+    lateness_row("  the same, burst to a plain queue", control);
     row(
         "  burst publish time",
         &format!("{:.1} s", burst_took.as_secs_f64()),
@@ -214,8 +250,6 @@ pub(super) async fn bench(
         &format!("{:.1} MB", rss.1 as f64 / 1024.0),
         &format!("peak {:.1} MB", rss.0 as f64 / 1024.0),
     );
-    let _ = counter.received.load(Ordering::Relaxed);
-    Ok(())
 }
 
 /// What the lateness phases publish with and measure by.
@@ -269,13 +303,7 @@ async fn publish(
     let per = n.div_ceil(channels);
     let mut tasks = Vec::new();
     for c in 0..channels {
-        let ch = amqp
-            .create_channel()
-            .await
-            .map_err(|e| fail("channel")(e.to_string()))?;
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| fail("confirm_select")(e.to_string()))?;
+        let ch = confirm_channel(amqp).await?;
         let (exchange, rk) = (exchange.to_string(), routing_key.to_string());
         let range = (c * per)..((c + 1) * per).min(n);
         tasks.push(tokio::spawn(async move {
@@ -312,18 +340,10 @@ async fn publish(
                     .await?;
                 inflight.push(confirm);
             }
-            while let Some(r) = inflight.next().await {
-                r?;
-            }
-            let _ = ch.close(200, "done".into()).await;
-            Ok::<(), lapin::Error>(())
+            drain_confirms(&ch, &mut inflight).await
         }));
     }
-    for t in tasks {
-        t.await
-            .map_err(|e| fail("publisher")(e.to_string()))?
-            .map_err(|e| fail("publisher")(e.to_string()))?;
-    }
+    join_publishers(tasks, "publisher").await?;
     Ok(())
 }
 
@@ -342,7 +362,7 @@ async fn plain_rate(
         .await
         .map_err(|e| fail("channel")(e.to_string()))?;
     ch.basic_qos(
-        crate::intake::settings::defaults::PREFETCH,
+        crate::config::intake_settings::defaults::PREFETCH,
         BasicQosOptions::default(),
     )
     .await

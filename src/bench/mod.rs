@@ -207,28 +207,22 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         _ = signals.next() => Err(BenchError::Runtime("bench interrupted; cleaned up".into())),
     };
     signals.handle().close();
-    // Clean up whatever happened above.
+    clean_up(&mut state, &names, &amqp, &mut redis).await;
+    let _ = amqp.close(200, "bench done".into()).await;
+    outcome
+}
+
+/// Removes whatever the run made, whatever happened in it: the daemon it
+/// started, its exchanges and queues, its keys and its temporary config.
+async fn clean_up(state: &mut BenchState, names: &Names, amqp: &Connection, redis: &mut RedisConn) {
     if let Some(mut child) = state.daemon.take() {
         stop_child(&mut child);
     }
     let ch = amqp.create_channel().await.ok();
     if let Some(ch) = ch {
-        let _ = ch
-            .queue_delete(names.queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-        let _ = ch
-            .exchange_delete(
-                names.exchange.as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
+        delete_topology(&ch, &names.exchange, &names.queue).await;
         for (x, q) in &state.intake_names {
-            let _ = ch
-                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                .await;
-            let _ = ch
-                .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
-                .await;
+            delete_topology(&ch, x, q).await;
         }
     }
     // One DEL per key family: on a cluster, each shard's keys share a slot
@@ -245,14 +239,59 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             .arg(crate::keys::helper_key(key, "staging"))
             .arg(crate::keys::helper_key(key, "body-staging"))
             .arg(crate::keys::helper_key(key, "recipe"))
-            .query_async(&mut redis)
+            .query_async(redis)
             .await;
     }
     if let Some(path) = state.config_path.take() {
         let _ = std::fs::remove_file(path);
     }
-    let _ = amqp.close(200, "bench done".into()).await;
-    outcome
+}
+
+/// Deletes a queue, then an exchange, ignoring what is already gone.
+async fn delete_topology(ch: &lapin::Channel, exchange: &str, queue: &str) {
+    let _ = ch
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+        .await;
+}
+
+/// A channel in confirm mode, for a publisher.
+async fn confirm_channel(amqp: &Connection) -> Result<lapin::Channel, BenchError> {
+    let ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| fail("confirm_select")(e.to_string()))?;
+    Ok(ch)
+}
+
+/// Waits for every confirm still in flight on `ch`, then closes it.
+async fn drain_confirms(
+    ch: &lapin::Channel,
+    inflight: &mut FuturesUnordered<lapin::PublisherConfirm>,
+) -> Result<(), lapin::Error> {
+    while let Some(r) = inflight.next().await {
+        r?;
+    }
+    let _ = ch.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// Waits for every publisher task; the first that failed names the error.
+async fn join_publishers(
+    tasks: Vec<tokio::task::JoinHandle<Result<(), lapin::Error>>>,
+    what: &str,
+) -> Result<(), BenchError> {
+    for t in tasks {
+        t.await
+            .map_err(|e| fail(what)(e.to_string()))?
+            .map_err(|e| fail(what)(e.to_string()))?;
+    }
+    Ok(())
 }
 
 struct Names {

@@ -9,10 +9,11 @@ use std::io::Read;
 
 use clap::Args;
 
-use super::{escape_bytes, human_ms, parse_at, redis_conn, text, ConfigArg, Failure};
+use super::{parse_at, redis_conn, ConfigArg, Failure};
 use crate::config::{self, Business, Config, MemberMode};
 use crate::redis_conn::RedisConn;
 use crate::tasks::{self, Cancelled, Range, TaskState};
+use crate::text::{escape_bytes, human_ms, text};
 
 /// Exit code: the task is in flight.
 pub const EXIT_IN_FLIGHT: u8 = 3;
@@ -234,11 +235,11 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         match found
             .body
             .as_deref()
-            .and_then(|body| intake_message(&b, body))
+            .and_then(|body| crate::message::stored(&b, body))
         {
             Some(e) => {
                 v["body"] = text(e.body).into();
-                v["message"] = crate::intake::envelope::describe(&e);
+                v["message"] = crate::message::envelope::describe(&e);
             }
             None => {
                 if let Some(body) = &found.body {
@@ -286,7 +287,7 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         match found
             .body
             .as_deref()
-            .and_then(|body| intake_message(&b, body))
+            .and_then(|body| crate::message::stored(&b, body))
         {
             Some(e) => {
                 println!("routing key: {}", escape_bytes(e.routing_key.as_bytes()));
@@ -303,15 +304,6 @@ pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
         return Err(Failure::status(EXIT_NOT_PENDING));
     }
     Ok(())
-}
-
-/// The message an intake stored as `body`, when `b` has an intake and the
-/// body is one (a task scheduled another way is a plain body).
-fn intake_message<'a>(b: &Business, body: &'a [u8]) -> Option<crate::intake::Envelope<'a>> {
-    if !b.stores_envelopes() {
-        return None;
-    }
-    crate::intake::envelope::decode(body)
 }
 
 /// "in 5s" for a time ahead, "5s ago" for one past.

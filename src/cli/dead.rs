@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use super::{escape_bytes, redis_conn, stores, ConfigArg, Failure};
+use super::{redis_conn, stores, ConfigArg, Failure};
 use crate::config;
+use crate::text::escape_bytes;
 
 /// What to do with the dead set.
 #[derive(Debug, Subcommand)]

@@ -1,5 +1,6 @@
 //! A `[businesses.NAME]` section: one delay queue.
 
+use super::recurring_section::Schedule;
 use super::*;
 
 /// One stream of delayed work: a Redis key (or shards of it) dispatched to
@@ -57,9 +58,9 @@ pub struct Business {
     /// Whether members are bodies or task ids.
     pub member: MemberMode,
     /// Messages published with `x-delay` to an intake exchange, when set.
-    pub intake: Option<crate::intake::Settings>,
+    pub intake: Option<intake_settings::Settings>,
     /// Recurring schedules whose occurrences delayd writes ahead.
-    pub recurring: Vec<crate::recurring::Schedule>,
+    pub recurring: Vec<Schedule>,
 }
 
 impl Business {
@@ -156,75 +157,24 @@ pub(super) fn overlapping_families(businesses: &[Business]) -> Vec<String> {
     problems
 }
 
+/// Checks one `[businesses.NAME]` section, adding one line per problem to
+/// `problems` (in the order the fields are read); `None` if it has any.
 pub(super) fn validate_business(
     name: &str,
-    rb: RawBusiness,
+    mut rb: RawBusiness,
     mode: RedisMode,
     path: &Path,
     problems: &mut Vec<String>,
 ) -> Option<Business> {
     let before = problems.len();
     let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
-    let mut need = |f: &str, v: Option<String>, empty_ok: bool| -> String {
-        required(&field(f), v, empty_ok, problems)
-    };
-    let key = need("key", rb.key, false);
-    // The default exchange is named "", so an empty exchange is legitimate.
-    let exchange = need("exchange", rb.exchange, true);
-    // An intake message keeps its own routing key; the business's is only
-    // for tasks scheduled another way.
-    let routing_key = need(
-        "routing_key",
-        rb.routing_key
-            .or_else(|| rb.intake.as_ref().map(|_| String::new())),
-        true,
-    );
-    for (field, value) in [
-        ("exchange", exchange.as_str()),
-        ("routing_key", routing_key.as_str()),
-        ("content_type", rb.content_type.as_deref().unwrap_or("")),
-    ] {
-        check_short_string(
-            &format!("business \"{name}\", field \"{field}\""),
-            value,
-            problems,
-        );
-    }
-    check_short_string(
-        &format!(
-            "business name \"{}...\"",
-            name.chars().take(16).collect::<String>()
-        ),
-        name,
-        problems,
-    );
-    if key.contains('}') && !crate::keys::has_hash_tag(&key) {
-        problems.push(format!(
-            "business \"{name}\", field \"key\": \"{key}\" has a '}}' but no hash tag such as {{tag}}, so its helper keys could not share its cluster slot"
-        ));
-    }
-
-    let mut size = |f: &str, v: Option<i64>, default: usize, max: usize| -> usize {
-        size_within(&field(f), v, default as i64, max as i64, problems) as usize
-    };
-    let scanners = size("scanners", rb.scanners, defaults::SCANNERS, 64);
-    let batch_size = size("batch_size", rb.batch_size, defaults::BATCH_SIZE, 10_000);
-    let window = size("window", rb.window, defaults::WINDOW, 100_000);
-    let shards = size("shards", rb.shards, 1, 1024);
-    let max_attempts = size(
-        "max_attempts",
-        rb.max_attempts,
-        defaults::MAX_ATTEMPTS as usize,
-        1000,
-    ) as u32;
-    let max_rate = rb
-        .max_rate
-        .map(|r| size("max_rate", Some(r), 1, 10_000_000) as u32);
-    if mode == RedisMode::Cluster && shards > 1 && crate::keys::has_hash_tag(&key) {
-        problems.push(format!(
-            "business \"{name}\", field \"key\": \"{key}\" has a hash tag, so on a cluster all {shards} shards would share one slot and one master; drop the {{...}} from the key (delayd tags each shard itself)"
-        ));
-    }
+    let Names {
+        key,
+        exchange,
+        routing_key,
+    } = names(name, &mut rb, problems);
+    let sizes = sizes(name, &rb, problems);
+    problems.extend(shards_share_a_slot(name, &key, mode, sizes.shards));
     // One default in every mode: a producer's key names must not depend on
     // where Redis runs.
     let shard_names = one_of(
@@ -245,59 +195,202 @@ pub(super) fn validate_business(
         ],
         problems,
     );
-    if max_rate_scope == RateScope::Cluster && max_rate.is_none() {
-        problems.push(format!(
-            "business \"{name}\", field \"max_rate_scope\" = \"cluster\" needs max_rate (publishes per second shared by every process)"
-        ));
+    problems.extend(shared_rate_without_rate(
+        name,
+        max_rate_scope,
+        sizes.max_rate,
+    ));
+    let timing = timing(name, &mut rb, problems);
+    problems.extend(lease_too_short(name, timing.lease));
+    let (score_unit, properties) = formats(name, &rb, problems);
+    let intake = rb
+        .intake
+        .take()
+        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
+    let recurring = rb.recurring.take().map_or_else(Vec::new, |raw| {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        recurring_section::validate(name, raw, dir, problems)
+    });
+    problems.extend(schedules_by_body(name, &recurring, rb.member.as_deref()));
+    let member = member_mode(name, &rb, intake.is_some(), &recurring, &timing, problems);
+    if problems.len() > before {
+        return None;
     }
+    Some(Business {
+        name: name.to_string(),
+        key,
+        exchange,
+        routing_key,
+        scanners: sizes.scanners,
+        batch_size: sizes.batch_size,
+        window: sizes.window.max(sizes.batch_size),
+        lease: timing.lease,
+        max_attempts: sizes.max_attempts,
+        retry_backoff: timing.retry_backoff,
+        retry_backoff_max: timing.retry_backoff_max,
+        score_unit,
+        shards: sizes.shards,
+        shard_names,
+        ignore_unread_keys: rb.ignore_unread_keys.unwrap_or(false),
+        persistent: rb.persistent.unwrap_or(true),
+        content_type: rb.content_type.filter(|c| !c.is_empty()),
+        properties,
+        shutdown_timeout: timing.shutdown_timeout,
+        max_rate: sizes.max_rate,
+        max_rate_scope,
+        poll_interval: timing.poll_interval,
+        watchdog_interval: timing.watchdog_interval,
+        member,
+        intake: intake.flatten(),
+        recurring,
+    })
+}
 
+/// Where a business's messages come from and go: its key, exchange and
+/// routing key.
+struct Names {
+    key: String,
+    exchange: String,
+    routing_key: String,
+}
+
+/// `key`, `exchange` and `routing_key`, each set, each an AMQP short string
+/// where AMQP carries it (the business's name and `content_type` too).
+fn names(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Names {
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
+    let mut need = |f: &str, v: Option<String>, empty_ok: bool| -> String {
+        required(&field(f), v, empty_ok, problems)
+    };
+    let key = need("key", rb.key.take(), false);
+    // The default exchange is named "", so an empty exchange is legitimate.
+    let exchange = need("exchange", rb.exchange.take(), true);
+    // An intake message keeps its own routing key; the business's is only
+    // for tasks scheduled another way.
+    let routing_key = need(
+        "routing_key",
+        rb.routing_key
+            .take()
+            .or_else(|| rb.intake.as_ref().map(|_| String::new())),
+        true,
+    );
+    for (f, value) in [
+        ("exchange", exchange.as_str()),
+        ("routing_key", routing_key.as_str()),
+        ("content_type", rb.content_type.as_deref().unwrap_or("")),
+    ] {
+        check_short_string(&field(f), value, problems);
+    }
+    check_short_string(
+        &format!(
+            "business name \"{}...\"",
+            name.chars().take(16).collect::<String>()
+        ),
+        name,
+        problems,
+    );
+    problems.extend(brace_without_hash_tag(name, &key));
+    Names {
+        key,
+        exchange,
+        routing_key,
+    }
+}
+
+/// A business's counts: scanners, batch, window, shards, attempts and rate.
+struct Sizes {
+    scanners: usize,
+    batch_size: usize,
+    window: usize,
+    shards: usize,
+    max_attempts: u32,
+    max_rate: Option<u32>,
+}
+
+/// The counts, each within its range.
+fn sizes(name: &str, rb: &RawBusiness, problems: &mut Vec<String>) -> Sizes {
+    let mut size = |f: &str, v: Option<i64>, default: usize, max: usize| -> usize {
+        let place = format!("business \"{name}\", field \"{f}\"");
+        size_within(&place, v, default as i64, max as i64, problems) as usize
+    };
+    Sizes {
+        scanners: size("scanners", rb.scanners, defaults::SCANNERS, 64),
+        batch_size: size("batch_size", rb.batch_size, defaults::BATCH_SIZE, 10_000),
+        window: size("window", rb.window, defaults::WINDOW, 100_000),
+        shards: size("shards", rb.shards, 1, 1024),
+        max_attempts: size(
+            "max_attempts",
+            rb.max_attempts,
+            defaults::MAX_ATTEMPTS as usize,
+            1000,
+        ) as u32,
+        max_rate: rb
+            .max_rate
+            .map(|r| size("max_rate", Some(r), 1, 10_000_000) as u32),
+    }
+}
+
+/// A business's durations.
+struct Timing {
+    lease: Duration,
+    retry_backoff: Duration,
+    retry_backoff_max: Duration,
+    shutdown_timeout: Duration,
+    poll_interval: Duration,
+    watchdog_interval: Duration,
+    dedup_window: Option<Duration>,
+}
+
+/// The durations, each longer than zero and within its limit; a bad one
+/// is a problem and stands at its default meanwhile.
+fn timing(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Timing {
     let mut duration = |field: &str, v: Option<String>, default: &str, max: Duration| -> Duration {
         let s = v.unwrap_or_else(|| default.to_string());
         let place = format!("business \"{name}\", field \"{field}\"");
         parse_duration(&place, &s, max, problems)
             .unwrap_or_else(|| humantime::parse_duration(default).unwrap_or(Duration::from_secs(1)))
     };
-    let lease = duration("lease", rb.lease, defaults::LEASE, limits::LEASE);
-    let retry_backoff = duration(
-        "retry_backoff",
-        rb.retry_backoff,
-        defaults::RETRY_BACKOFF,
-        limits::RETRY_BACKOFF,
-    );
-    let retry_backoff_max = duration(
-        "retry_backoff_max",
-        rb.retry_backoff_max,
-        defaults::RETRY_BACKOFF_MAX,
-        limits::RETRY_BACKOFF,
-    );
-    let shutdown_timeout = duration(
-        "shutdown_timeout",
-        rb.shutdown_timeout,
-        defaults::SHUTDOWN_TIMEOUT,
-        limits::SHUTDOWN_TIMEOUT,
-    );
-    let poll_interval = duration(
-        "poll_interval",
-        rb.poll_interval,
-        defaults::POLL_INTERVAL,
-        limits::IDLE,
-    );
-    let watchdog_interval = duration(
-        "watchdog_interval",
-        rb.watchdog_interval,
-        defaults::WATCHDOG_INTERVAL,
-        limits::IDLE,
-    );
-    let dedup_window = rb
-        .dedup_window
-        .clone()
-        .map(|w| duration("dedup_window", Some(w), "1h", limits::DEDUP_WINDOW));
-    if lease < Duration::from_secs(1) {
-        problems.push(format!(
-            "business \"{name}\", field \"lease\" must be at least 1s (got {}): a shorter lease expires under ordinary confirm delays and causes duplicates",
-            humantime::format_duration(lease)
-        ));
+    Timing {
+        lease: duration("lease", rb.lease.take(), defaults::LEASE, limits::LEASE),
+        retry_backoff: duration(
+            "retry_backoff",
+            rb.retry_backoff.take(),
+            defaults::RETRY_BACKOFF,
+            limits::RETRY_BACKOFF,
+        ),
+        retry_backoff_max: duration(
+            "retry_backoff_max",
+            rb.retry_backoff_max.take(),
+            defaults::RETRY_BACKOFF_MAX,
+            limits::RETRY_BACKOFF,
+        ),
+        shutdown_timeout: duration(
+            "shutdown_timeout",
+            rb.shutdown_timeout.take(),
+            defaults::SHUTDOWN_TIMEOUT,
+            limits::SHUTDOWN_TIMEOUT,
+        ),
+        poll_interval: duration(
+            "poll_interval",
+            rb.poll_interval.take(),
+            defaults::POLL_INTERVAL,
+            limits::IDLE,
+        ),
+        watchdog_interval: duration(
+            "watchdog_interval",
+            rb.watchdog_interval.take(),
+            defaults::WATCHDOG_INTERVAL,
+            limits::IDLE,
+        ),
+        dedup_window: rb
+            .dedup_window
+            .clone()
+            .map(|w| duration("dedup_window", Some(w), "1h", limits::DEDUP_WINDOW)),
     }
+}
+
+/// How scores are read and which properties each message carries.
+fn formats(name: &str, rb: &RawBusiness, problems: &mut Vec<String>) -> (ScoreUnit, Properties) {
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
     let score_unit = one_of(
         &field("score_unit"),
         rb.score_unit.as_deref(),
@@ -315,29 +408,38 @@ pub(super) fn validate_business(
         ],
         problems,
     );
-    let intake = rb
-        .intake
-        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
-    let recurring = rb.recurring.map_or_else(Vec::new, |raw| {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        crate::recurring::settings::validate(name, raw, dir, problems)
-    });
-    if !recurring.is_empty() && rb.member.as_deref() == Some("body") {
-        problems.push(format!("business \"{name}\", field \"member\": recurring schedules store each occurrence by its id, so they need member = \"id\" (or no member setting, which implies it)"));
-    }
+    (score_unit, properties)
+}
+
+/// `member`: body or id, id implied by an intake or a schedule; a
+/// `dedup_window` needs id mode.
+fn member_mode(
+    name: &str,
+    rb: &RawBusiness,
+    has_intake: bool,
+    recurring: &[Schedule],
+    timing: &Timing,
+    problems: &mut Vec<String>,
+) -> MemberMode {
     // An intake or a schedule addresses every message by its id: id mode
     // is implied.
     let member_setting = rb
         .member
         .as_deref()
-        .or(intake.as_ref().map(|_| "id"))
+        .or(has_intake.then_some("id"))
         .or((!recurring.is_empty()).then_some("id"));
     let member = one_of(
-        &field("member"),
+        &format!("business \"{name}\", field \"member\""),
         member_setting,
         &[
             ("body", "", MemberMode::Body),
-            ("id", "", MemberMode::Id { dedup_window }),
+            (
+                "id",
+                "",
+                MemberMode::Id {
+                    dedup_window: timing.dedup_window,
+                },
+            ),
         ],
         problems,
     );
@@ -349,35 +451,41 @@ pub(super) fn validate_business(
             "business \"{name}\", field \"dedup_window\" needs member = \"id\": in body mode identical bodies already collapse while pending, and delivered bodies are not remembered"
         ));
     }
-    if problems.len() > before {
-        return None;
-    }
-    Some(Business {
-        name: name.to_string(),
-        key,
-        exchange,
-        routing_key,
-        scanners,
-        batch_size,
-        window: window.max(batch_size),
-        lease,
-        max_attempts,
-        retry_backoff,
-        retry_backoff_max,
-        score_unit,
-        shards,
-        shard_names,
-        ignore_unread_keys: rb.ignore_unread_keys.unwrap_or(false),
-        persistent: rb.persistent.unwrap_or(true),
-        content_type: rb.content_type.filter(|c| !c.is_empty()),
-        properties,
-        shutdown_timeout,
-        max_rate,
-        max_rate_scope,
-        poll_interval,
-        watchdog_interval,
-        member,
-        intake: intake.flatten(),
-        recurring,
-    })
+    member
+}
+
+/// A key with a `}` but no `{tag}`: its helper keys could not share its slot.
+fn brace_without_hash_tag(name: &str, key: &str) -> Option<String> {
+    (key.contains('}') && !crate::keys::has_hash_tag(key)).then(|| format!(
+        "business \"{name}\", field \"key\": \"{key}\" has a '}}' but no hash tag such as {{tag}}, so its helper keys could not share its cluster slot"
+    ))
+}
+
+/// On a cluster, shards of a hash-tagged key would all share one slot.
+fn shards_share_a_slot(name: &str, key: &str, mode: RedisMode, shards: usize) -> Option<String> {
+    (mode == RedisMode::Cluster && shards > 1 && crate::keys::has_hash_tag(key)).then(|| format!(
+        "business \"{name}\", field \"key\": \"{key}\" has a hash tag, so on a cluster all {shards} shards would share one slot and one master; drop the {{...}} from the key (delayd tags each shard itself)"
+    ))
+}
+
+/// A rate shared through Redis needs a rate.
+fn shared_rate_without_rate(name: &str, scope: RateScope, max_rate: Option<u32>) -> Option<String> {
+    (scope == RateScope::Cluster && max_rate.is_none()).then(|| format!(
+        "business \"{name}\", field \"max_rate_scope\" = \"cluster\" needs max_rate (publishes per second shared by every process)"
+    ))
+}
+
+/// A lease under a second expires under ordinary confirm delays.
+fn lease_too_short(name: &str, lease: Duration) -> Option<String> {
+    (lease < Duration::from_secs(1)).then(|| format!(
+        "business \"{name}\", field \"lease\" must be at least 1s (got {}): a shorter lease expires under ordinary confirm delays and causes duplicates",
+        humantime::format_duration(lease)
+    ))
+}
+
+/// Schedules store each occurrence by its id: body mode cannot hold them.
+fn schedules_by_body(name: &str, recurring: &[Schedule], member: Option<&str>) -> Option<String> {
+    (!recurring.is_empty() && member == Some("body")).then(|| format!(
+        "business \"{name}\", field \"member\": recurring schedules store each occurrence by its id, so they need member = \"id\" (or no member setting, which implies it)"
+    ))
 }

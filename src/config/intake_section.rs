@@ -1,5 +1,6 @@
 //! A business's `[businesses.NAME.intake]` section.
 
+use super::intake_settings::{defaults, QueueType, Settings, UserId, XDelay};
 use super::*;
 
 /// The `intake` section's rules: both names set, usable on the broker and
@@ -10,8 +11,7 @@ pub(super) fn validate_intake(
     member: Option<&str>,
     target: &str,
     problems: &mut Vec<String>,
-) -> Option<crate::intake::Settings> {
-    use crate::intake::settings::{defaults, QueueType, Settings, UserId, XDelay};
+) -> Option<Settings> {
     let before = problems.len();
     let place = |field: &str| format!("business \"{name}\", field \"intake.{field}\"");
     let mut named = |field: &str, v: Option<String>| -> String {

@@ -106,7 +106,7 @@ pub(super) fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigErro
     let mut problems = Vec::new();
     let redis = validate_redis(raw.redis, &mut problems);
     let amqp = validate_amqp(raw.amqp, &mut problems);
-    let http = crate::http::settings::validate(raw.http, &mut problems);
+    let http = http_section::validate(raw.http, &mut problems);
     let (log_format, log_level) = {
         let log = raw.log.unwrap_or(RawLog {
             format: None,
@@ -138,7 +138,7 @@ pub(super) fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigErro
         }
     }
     problems.extend(overlapping_families(&businesses));
-    problems.extend(crate::intake::settings::shared_queues(&businesses));
+    problems.extend(intake_settings::shared_queues(&businesses));
 
     if !problems.is_empty() {
         return Err(ConfigError::Invalid {

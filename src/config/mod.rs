@@ -10,15 +10,18 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::keys::ShardNames;
+use crate::secret::{url_reason, Secret, SecretUrl};
 
 mod amqp_section;
 mod business;
 mod check;
+mod http_section;
 mod intake_section;
+pub mod intake_settings;
 mod load;
 mod raw;
+pub mod recurring_section;
 mod redis_section;
-mod secret;
 #[cfg(test)]
 mod tests;
 
@@ -29,7 +32,6 @@ use intake_section::*;
 pub use load::*;
 use raw::*;
 pub use redis_section::*;
-pub use secret::*;
 
 /// A configuration problem a user can fix by editing the file or environment.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@ use super::*;
 pub(super) struct RawConfig {
     pub(super) redis: Option<RawRedis>,
     pub(super) amqp: Option<RawAmqp>,
-    pub(super) http: Option<crate::http::settings::RawHttp>,
+    pub(super) http: Option<http_section::RawHttp>,
     pub(super) log: Option<RawLog>,
     pub(super) businesses: Option<BTreeMap<String, RawBusiness>>,
 }
@@ -75,7 +75,7 @@ pub(super) struct RawBusiness {
     pub(super) dedup_window: Option<String>,
     pub(super) intake: Option<RawIntake>,
     pub(super) recurring:
-        Option<std::collections::BTreeMap<String, crate::recurring::settings::RawSchedule>>,
+        Option<std::collections::BTreeMap<String, recurring_section::RawSchedule>>,
 }
 
 /// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).

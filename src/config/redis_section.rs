@@ -131,8 +131,59 @@ pub(super) fn validate_redis(raw: Option<RawRedis>, problems: &mut Vec<String>) 
         ],
         problems,
     );
-    let url = raw.url.filter(|u| !u.expose().is_empty());
-    let listed = raw.urls.unwrap_or_default();
+    let urls = node_urls(mode, raw.url, raw.urls.unwrap_or_default(), problems);
+    for (field, u) in &urls {
+        problems.extend(bad_url(mode, field, u));
+    }
+    let tls = urls
+        .first()
+        .is_some_and(|(_, u)| u.expose().starts_with("rediss://"));
+    if urls
+        .iter()
+        .any(|(_, u)| u.expose().starts_with("rediss://") != tls)
+    {
+        problems.push(
+            "[redis] fields \"url\"/\"urls\": mix rediss:// (TLS) and redis:// (clear text); use one for every node".into(),
+        );
+    }
+    let master_name = raw.master_name.filter(|m| !m.is_empty());
+    problems.extend(sentinel_fields(
+        mode,
+        &master_name,
+        raw.sentinel_password.is_some(),
+    ));
+    let files = crate::tls::TlsFiles {
+        ca_file: raw.tls_ca_file,
+        cert_file: raw.tls_cert_file,
+        key_file: raw.tls_key_file,
+    };
+    if !files.is_empty() && !tls && !urls.is_empty() {
+        problems.push(format!(
+            "[redis] field \"{}\" needs rediss:// URLs: with redis:// the connection is not encrypted and the file would be ignored",
+            files.first_field()
+        ));
+    } else {
+        files.check("redis", problems);
+    }
+    RedisConfig {
+        mode,
+        urls: urls.into_iter().map(|(_, u)| u).collect(),
+        master_name,
+        sentinel_password: raw.sentinel_password,
+        tls: files,
+    }
+}
+
+/// The nodes' URLs with the field each came from: one `url` for a
+/// standalone server; for a cluster or Sentinel, `url` (one more node) and
+/// `urls`, at least one.
+fn node_urls(
+    mode: RedisMode,
+    url: Option<SecretUrl>,
+    listed: Vec<SecretUrl>,
+    problems: &mut Vec<String>,
+) -> Vec<(String, SecretUrl)> {
+    let url = url.filter(|u| !u.expose().is_empty());
     let mut urls: Vec<(String, SecretUrl)> = Vec::new();
     match mode {
         RedisMode::Standalone => {
@@ -171,49 +222,49 @@ pub(super) fn validate_redis(raw: Option<RawRedis>, problems: &mut Vec<String>) 
             }
         }
     }
-    for (field, u) in &urls {
-        let text = u.expose();
-        let schemes: &[&str] = if mode == RedisMode::Standalone {
-            &["redis://", "rediss://", "unix://", "redis+unix://"]
-        } else {
-            &["redis://", "rediss://"]
-        };
-        if !schemes.iter().any(|p| text.starts_with(p)) {
-            problems.push(format!(
-                "[redis] field \"{field}\" must start with {} (got {})",
-                schemes.join(" or "),
-                u.redacted()
-            ));
-        } else if text.contains("#insecure") || text.contains("?insecure") {
-            problems.push(format!(
-                "[redis] field \"{field}\": \"insecure\" would turn off the check of the server's certificate, which delayd does not allow; trust a private CA with tls_ca_file instead"
-            ));
-        } else if let Err(e) = redis::IntoConnectionInfo::into_connection_info(text) {
-            problems.push(format!(
-                "[redis] field \"{field}\" is not a valid Redis URL ({}): {}",
-                url_reason(text, &e.to_string()),
-                u.redacted()
-            ));
-        } else if mode == RedisMode::Cluster && url_db(text).is_some_and(|db| db != 0) {
-            problems.push(format!(
-                "[redis] field \"{field}\": a cluster has only database 0 (got {})",
-                u.redacted()
-            ));
-        }
+    urls
+}
+
+/// What is wrong with one node's URL, if anything: its scheme, `insecure`,
+/// its syntax, or a database other than 0 on a cluster.
+fn bad_url(mode: RedisMode, field: &str, u: &SecretUrl) -> Option<String> {
+    let text = u.expose();
+    let schemes: &[&str] = if mode == RedisMode::Standalone {
+        &["redis://", "rediss://", "unix://", "redis+unix://"]
+    } else {
+        &["redis://", "rediss://"]
+    };
+    if !schemes.iter().any(|p| text.starts_with(p)) {
+        Some(format!(
+            "[redis] field \"{field}\" must start with {} (got {})",
+            schemes.join(" or "),
+            u.redacted()
+        ))
+    } else if text.contains("#insecure") || text.contains("?insecure") {
+        Some(format!(
+            "[redis] field \"{field}\": \"insecure\" would turn off the check of the server's certificate, which delayd does not allow; trust a private CA with tls_ca_file instead"
+        ))
+    } else if let Err(e) = redis::IntoConnectionInfo::into_connection_info(text) {
+        Some(format!(
+            "[redis] field \"{field}\" is not a valid Redis URL ({}): {}",
+            url_reason(text, &e.to_string()),
+            u.redacted()
+        ))
+    } else if mode == RedisMode::Cluster && url_db(text).is_some_and(|db| db != 0) {
+        Some(format!(
+            "[redis] field \"{field}\": a cluster has only database 0 (got {})",
+            u.redacted()
+        ))
+    } else {
+        None
     }
-    let tls = urls
-        .first()
-        .is_some_and(|(_, u)| u.expose().starts_with("rediss://"));
-    if urls
-        .iter()
-        .any(|(_, u)| u.expose().starts_with("rediss://") != tls)
-    {
-        problems.push(
-            "[redis] fields \"url\"/\"urls\": mix rediss:// (TLS) and redis:// (clear text); use one for every node".into(),
-        );
-    }
-    let master_name = raw.master_name.filter(|m| !m.is_empty());
-    match (mode, &master_name) {
+}
+
+/// `master_name` and `sentinel_password` are Sentinel's, and Sentinel
+/// needs the master's name.
+fn sentinel_fields(mode: RedisMode, master_name: &Option<String>, password: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    match (mode, master_name) {
         (RedisMode::Sentinel, None) => problems.push(
             "[redis] field \"master_name\" is required for mode = \"sentinel\": the name the sentinels monitor the master under (SENTINEL MASTERS lists it)".into(),
         ),
@@ -223,32 +274,13 @@ pub(super) fn validate_redis(raw: Option<RawRedis>, problems: &mut Vec<String>) 
             mode.name()
         )),
     }
-    if raw.sentinel_password.is_some() && mode != RedisMode::Sentinel {
+    if password && mode != RedisMode::Sentinel {
         problems.push(format!(
             "[redis] field \"sentinel_password\" is for mode = \"sentinel\" (mode is \"{}\")",
             mode.name()
         ));
     }
-    let files = crate::tls::TlsFiles {
-        ca_file: raw.tls_ca_file,
-        cert_file: raw.tls_cert_file,
-        key_file: raw.tls_key_file,
-    };
-    if !files.is_empty() && !tls && !urls.is_empty() {
-        problems.push(format!(
-            "[redis] field \"{}\" needs rediss:// URLs: with redis:// the connection is not encrypted and the file would be ignored",
-            files.first_field()
-        ));
-    } else {
-        files.check("redis", problems);
-    }
-    RedisConfig {
-        mode,
-        urls: urls.into_iter().map(|(_, u)| u).collect(),
-        master_name,
-        sentinel_password: raw.sentinel_password,
-        tls: files,
-    }
+    problems
 }
 
 /// The database number in a `redis://host:port/N` URL, if it names one.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::secret::redact_url;
 use std::io::Write;
 
 const BASE: &str = r#"

@@ -46,7 +46,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 fn role_of(state: &HttpState, given: &str) -> Option<Role> {
-    let is = |t: &Option<crate::config::Secret>| {
+    let is = |t: &Option<crate::secret::Secret>| {
         t.as_ref()
             .is_some_and(|t| same(t.expose().as_bytes(), given.as_bytes()))
     };

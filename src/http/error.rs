@@ -4,6 +4,9 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+/// Largest request body accepted (a task's body travels inside it).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+
 /// An API failure, shown to the caller as one line.
 #[derive(Debug)]
 pub struct ApiError {
@@ -74,7 +77,7 @@ impl From<axum::extract::rejection::JsonRejection> for ApiError {
                 status,
                 format!(
                     "the request body is larger than {} bytes; send a smaller body",
-                    super::api::MAX_REQUEST_BYTES
+                    MAX_REQUEST_BYTES
                 ),
             );
         }

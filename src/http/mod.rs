@@ -2,7 +2,6 @@
 //! console page at `/`, and the JSON API under `/api/v1` that the page,
 //! scripts and producers without Redis use.
 //!
-//! - [`settings`]: the `[http]` section (listen address, tokens, host names);
 //! - `probes`: metrics and health, as before the console;
 //! - `api`: one handler per action, calling the same functions as the CLI
 //!   ([`crate::tasks`], [`crate::store`]);
@@ -19,8 +18,9 @@ use std::sync::{Arc, OnceLock};
 use axum::routing::get;
 use tokio::sync::Mutex;
 
-use crate::config::{Business, Config, Secret};
+use crate::config::{Business, Config};
 use crate::redis_conn::RedisConn;
+use crate::secret::Secret;
 use crate::store::Store;
 use crate::telemetry::Health;
 
@@ -31,7 +31,6 @@ mod guard;
 mod page;
 mod probes;
 mod rates;
-pub mod settings;
 
 /// What the HTTP handlers need.
 pub struct HttpState {

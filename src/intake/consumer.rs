@@ -27,9 +27,10 @@ use crate::redis_conn::RedisConn;
 use crate::telemetry::{Backoff, Health, METRICS};
 
 use super::delay::{self, Due};
-use super::settings::Settings;
 use super::write::{self, Item, Writer};
-use super::{delivered, envelope, topology};
+use super::{delivered, topology};
+use crate::config::intake_settings::Settings;
+use crate::message::envelope;
 
 /// Batches being written at once; with the prefetch, what keeps the broker
 /// delivering while Redis writes.

@@ -6,7 +6,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
 
 use super::delay::{self, Due};
-use super::settings::{Settings, UserId, XDelay};
+use crate::config::intake_settings::{Settings, UserId, XDelay};
 
 /// The delivered properties, and the `user_id` dropped from them, if any.
 pub fn properties(
@@ -102,7 +102,7 @@ mod tests {
         Settings {
             exchange: "x".into(),
             queue: "q".into(),
-            queue_type: super::super::settings::QueueType::Classic,
+            queue_type: crate::config::intake_settings::QueueType::Classic,
             prefetch: 10,
             batch_size: 10,
             dead_letter_exchange: None,

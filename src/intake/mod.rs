@@ -7,9 +7,7 @@
 //! to the business's exchange with the producer's routing key, properties
 //! and body, where RabbitMQ routes it as the plugin's `x-delayed-type` did.
 //!
-//! - [`settings`]: the `[businesses.NAME.intake]` section;
 //! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
-//! - [`envelope`]: the compact stored form of a message;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
 //! - `write`: the Redis side (`src/lua/intake.lua`).
@@ -17,26 +15,17 @@
 mod consumer;
 pub mod delay;
 mod delivered;
-pub mod envelope;
-mod metrics;
-pub mod settings;
 pub mod topology;
 mod write;
 
 use std::sync::Arc;
 
-use lapin::message::BasicReturnMessage;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-pub use envelope::Envelope;
-pub use metrics::Metrics;
-pub use settings::Settings;
 
 use crate::amqp::Broker;
 use crate::config::Business;
 use crate::redis_conn::RedisConn;
-use crate::store::Claimed;
 use crate::telemetry::Health;
 
 /// Starts the intake of every business that has one; each task returns
@@ -58,34 +47,4 @@ pub fn start(
         })
         .map(|intake| tokio::spawn(intake.run(broker.clone(), stop.clone())))
         .collect()
-}
-
-/// The message to publish for a claimed member of an intake business: the
-/// stored envelope, or `None` for a plain body (a task scheduled another
-/// way, published as any id-mode task).
-pub fn outgoing<'a>(business: &Business, claimed: &'a Claimed) -> Option<Envelope<'a>> {
-    if !business.stores_envelopes() {
-        return None;
-    }
-    envelope::decode(claimed.body())
-}
-
-/// Whether `ret` is the intake message `claimed` was published as: the same
-/// body, routing key and `message_id`. `None` for a member that is not an
-/// intake message.
-pub fn returned_is(
-    business: &Business,
-    claimed: &Claimed,
-    ret: &BasicReturnMessage,
-) -> Option<bool> {
-    // The body is the envelope's tail: most members fail this cheap test.
-    if !claimed.body().ends_with(&ret.delivery.data) {
-        return outgoing(business, claimed).map(|_| false);
-    }
-    let e = outgoing(business, claimed)?;
-    Some(
-        e.body == ret.delivery.data.as_slice()
-            && e.routing_key == ret.delivery.routing_key.as_str()
-            && e.properties.message_id() == ret.delivery.properties.message_id(),
-    )
 }

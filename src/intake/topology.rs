@@ -7,7 +7,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ExchangeKind};
 
-use super::settings::{QueueType, Settings};
+use crate::config::intake_settings::{QueueType, Settings};
 
 /// The binding key delayd binds the intake queue with: every routing key
 /// matches it on a fanout or topic exchange.
@@ -180,17 +180,7 @@ pub async fn exchange_type_if_not_fanout(
     name: &str,
 ) -> Result<Option<String>, lapin::Error> {
     let ch = conn.create_channel().await?;
-    let r = ch
-        .exchange_declare(
-            name.into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
+    let r = declare_fanout(&ch, name).await;
     match r {
         Ok(()) => {
             let _ = ch.close(200, "ok".into()).await;

@@ -6,12 +6,8 @@
 //! and delivered by the scanners like any task. Its `message_id` is stable,
 //! so a consumer can de-duplicate the one duplicate a crash can cause.
 //!
-//! - [`settings`]: the `[businesses.NAME.recurring.SCHEDULE]` sections;
 //! - [`occurrences`]: when they fall, with the daylight-saving rules;
 //! - [`writer`]: the task that writes them (`src/lua/recurring.lua`).
 
 pub mod occurrences;
-pub mod settings;
 pub mod writer;
-
-pub use settings::Schedule;

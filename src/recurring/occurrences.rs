@@ -16,7 +16,7 @@ use chrono::offset::LocalResult;
 use chrono::{DateTime, TimeZone};
 use chrono_tz::Tz;
 
-use super::settings::Schedule;
+use crate::config::recurring_section::Schedule;
 
 /// Occurrences of `s` after `after_ms` (exclusive) and at most `until_ms`,
 /// oldest first, at most `limit` of them.
@@ -55,7 +55,7 @@ fn is_second_pass(t: &DateTime<Tz>, tz: Tz) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recurring::settings::{parse_cron, CatchUp};
+    use crate::config::recurring_section::{parse_cron, CatchUp};
     use chrono::NaiveDate;
 
     fn schedule(cron: &str, tz: Tz) -> Schedule {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::occurrences::between;
-use super::settings::{CatchUp, Schedule};
+use crate::config::recurring_section::{CatchUp, Schedule};
 use crate::config::Business;
 use crate::keys::KeyFamily;
 use crate::redis_conn::RedisConn;
@@ -218,8 +218,8 @@ impl Writer {
                     body: Some(s.body.clone()),
                 };
                 let props =
-                    crate::amqp::properties(&self.business, &self.keys.pending, &claimed, due);
-                crate::intake::envelope::encode(rk, &props, &s.body)
+                    crate::message::properties(&self.business, &self.keys.pending, &claimed, due);
+                crate::message::envelope::encode(rk, &props, &s.body)
                     .unwrap_or_else(|_| s.body.clone())
             }
         };

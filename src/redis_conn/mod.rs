@@ -20,7 +20,8 @@ use redis::{
     RedisFuture, RedisResult, Script, Value,
 };
 
-use crate::config::{RedisConfig, RedisMode, SecretUrl};
+use crate::config::{RedisConfig, RedisMode};
+use crate::secret::SecretUrl;
 
 /// How long one connection attempt (TCP, TLS handshake, first reply) may
 /// take. A `rediss://` URL pointing at a clear-text Redis never completes
@@ -58,7 +59,7 @@ use sentinel::SentinelConn;
 /// particular, whose raw text ("invalid peer certificate: UnknownIssuer")
 /// does not say what to change.
 pub fn describe(e: &RedisError) -> String {
-    let raw = crate::config::redact_url(&e.to_string());
+    let raw = crate::secret::redact_url(&e.to_string());
     // rustls's wording varies between its error's Debug and Display forms.
     let lower = raw.to_lowercase().replace(['_', ' '], "");
     let has = |s: &str| lower.contains(s);

@@ -341,7 +341,8 @@ impl<'a> Scanner<'a> {
         let publishes = futures::future::join_all(members.iter().map(|(_, c)| {
             let progress = &progress;
             async move {
-                let r = amqp::publish(ch, b, key, c, now_ms).await;
+                let m = message::of(b, key, c, now_ms);
+                let r = amqp::publish(ch, &b.exchange, m.routing_key, m.body, m.properties).await;
                 progress.fetch_add(1, Ordering::Relaxed);
                 r
             }

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::amqp::{self, Broker};
 use crate::config::Business;
+use crate::message;
 use crate::rate::{Limiter, Take};
 use crate::store::{Back, BackPolicy, Claimed, Held, Store};
 use crate::telemetry::{Backoff, Health, METRICS};

@@ -295,7 +295,7 @@ pub(super) fn settle_confirms(
             ret.reply_text.as_str()
         );
         let key = &lane.store.keys().pending;
-        let is_it = |h: &Holding| amqp::is_return_of(&lane.business, key, &h.claimed, &ret);
+        let is_it = |h: &Holding| message::is_return_of(&lane.business, key, &h.claimed, &ret);
         // Every member the return can belong to is taken as returned: a
         // duplicate is acceptable, a member deleted as delivered is lost.
         let mut found = false;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
-use super::error::ApiError;
+use super::error::{ApiError, MAX_REQUEST_BYTES};
 use super::HttpState;
 use crate::config::Business;
 use crate::redis_conn::RedisConn;
@@ -25,8 +25,6 @@ mod overview;
 mod pause;
 mod tasks;
 
-/// Largest request body accepted (a task's body travels inside it).
-pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 /// Longest a request waits on Redis before it answers 503.
 const REDIS_BOUND: Duration = Duration::from_secs(5);
 /// Most bytes of a body or member an answer carries; the rest is cut and
@@ -171,7 +169,7 @@ impl Shown {
             }
         }
         Self {
-            text: crate::cli::text(&b[..end]),
+            text: crate::text::text(&b[..end]),
             bytes: b.len(),
             truncated: end < b.len(),
         }

@@ -77,14 +77,17 @@ pub async fn list(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| {
-            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
-        })
+        .map(|t| task_row(&t.member, t.due_ms))
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
         "tasks": rows, "cursor": page.cursor,
     })))
+}
+
+/// One pending task of a page: its member as shown, its handle, its due time.
+fn task_row(member: &[u8], due_ms: i64) -> Value {
+    json!({ "member": Shown::of(member), "handle": handle(member), "due_ms": due_ms })
 }
 
 /// Query of `GET /search`.
@@ -137,9 +140,7 @@ pub async fn search(
     let rows: Vec<Value> = page
         .tasks
         .iter()
-        .map(|t| {
-            json!({ "member": Shown::of(&t.member), "handle": handle(&t.member), "due_ms": t.due_ms })
-        })
+        .map(|t| task_row(&t.member, t.due_ms))
         .collect();
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,
@@ -177,11 +178,11 @@ pub async fn get(
         match b
             .intake
             .as_ref()
-            .and_then(|_| crate::intake::envelope::decode(body))
+            .and_then(|_| crate::message::envelope::decode(body))
         {
             Some(e) => {
                 v["body"] = serde_json::to_value(Shown::of(e.body)).unwrap_or_default();
-                v["message"] = crate::intake::envelope::describe(&e);
+                v["message"] = crate::message::envelope::describe(&e);
             }
             None => v["body"] = serde_json::to_value(Shown::of(body)).unwrap_or_default(),
         }
@@ -281,7 +282,7 @@ pub async fn schedule(
         "bytes": body.as_ref().unwrap_or(&member).len(),
     });
     let what = if b.member.is_id() {
-        let id = crate::cli::text(&member);
+        let id = crate::text::text(&member);
         v["id"] = id.clone().into();
         format!("id \"{id}\"")
     } else {

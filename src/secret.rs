@@ -1,7 +1,9 @@
-//! Secrets in the configuration: URLs and passwords that print redacted
+//! Secrets: URLs and passwords that print redacted
 //! wherever they are shown.
 
-use super::*;
+use std::fmt;
+
+use serde::Deserialize;
 
 /// A URL that may carry a password: it prints with the password masked, so it
 /// can go into logs and `check` output without leaking the secret.
@@ -64,7 +66,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// `pass=...` and `password=...` query values replaced by `***`.
-pub(super) fn redact_query(rest: &str) -> String {
+fn redact_query(rest: &str) -> String {
     let Some(q) = rest.find('?') else {
         return rest.to_string();
     };

@@ -120,139 +120,158 @@ pub(crate) fn validate(
     config_dir: &Path,
     problems: &mut Vec<String>,
 ) -> Vec<Schedule> {
-    let mut out = Vec::new();
-    for (name, r) in raw {
-        let place = |field: &str| {
-            format!("business \"{business}\", schedule \"{name}\", field \"{field}\"")
-        };
-        let before = problems.len();
-        if name.is_empty() || name.contains('@') || name.len() > 200 {
-            problems.push(format!(
-                "business \"{business}\", schedule \"{name}\": a schedule name must be 1 to 200 bytes without '@' (it starts each occurrence's id)"
-            ));
-        }
-        let cron = match r.cron.as_deref() {
-            None => {
-                problems.push(format!("{} is required", place("cron")));
-                None
-            }
-            Some(text) => match parse_cron(text) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    problems.push(format!("{}: {e}", place("cron")));
-                    None
-                }
-            },
-        };
-        let tz = match r.tz.as_deref() {
-            None => Some(chrono_tz::Tz::UTC),
-            Some(t) => match chrono_tz::Tz::from_str(t) {
-                Ok(tz) => Some(tz),
-                Err(_) => {
+    raw.into_iter()
+        .filter_map(|(name, r)| schedule(business, name, r, config_dir, problems))
+        .collect()
+}
+
+/// One schedule, or `None` with its problems pushed.
+fn schedule(
+    business: &str,
+    name: String,
+    r: RawSchedule,
+    config_dir: &Path,
+    problems: &mut Vec<String>,
+) -> Option<Schedule> {
+    let place =
+        |field: &str| format!("business \"{business}\", schedule \"{name}\", field \"{field}\"");
+    let before = problems.len();
+    problems.extend(bad_name(business, &name));
+    let cron = cron(&place("cron"), r.cron.as_deref(), problems);
+    let tz = time_zone(&place("tz"), r.tz.as_deref(), problems);
+    let body = body(business, &name, r.body, r.body_file, config_dir, problems);
+    if let Some(rk) = &r.routing_key {
+        crate::config::check_short_string(&place("routing_key"), rk, problems);
+    }
+    let catch_up = crate::config::one_of(
+        &place("catch_up"),
+        Some(r.catch_up.as_deref().unwrap_or(defaults::CATCH_UP)),
+        &[
+            ("none", "", CatchUp::None),
+            ("last", "", CatchUp::Last),
+            ("all", "", CatchUp::All),
+        ],
+        problems,
+    );
+    let window_text = r
+        .catch_up_window
+        .unwrap_or_else(|| defaults::CATCH_UP_WINDOW.to_string());
+    let catch_up_window = crate::config::parse_duration(
+        &place("catch_up_window"),
+        &window_text,
+        MAX_CATCH_UP_WINDOW,
+        problems,
+    );
+    let ahead_text = r
+        .write_ahead
+        .unwrap_or_else(|| defaults::WRITE_AHEAD.to_string());
+    let write_ahead = crate::config::parse_duration(
+        &place("write_ahead"),
+        &ahead_text,
+        MAX_WRITE_AHEAD,
+        problems,
+    );
+    if write_ahead.is_some_and(|d| d < Duration::from_secs(1)) {
+        problems.push(format!(
+            "{} must be at least 1s (got \"{ahead_text}\")",
+            place("write_ahead")
+        ));
+    }
+    if let Some(c) = &cron {
+        problems.extend(never_matches(&place("cron"), c, tz, r.cron.as_deref()));
+    }
+    if problems.len() != before {
+        return None;
+    }
+    Some(Schedule {
+        name,
+        cron_text: r.cron.unwrap_or_default(),
+        cron: cron?,
+        tz: tz?,
+        body: body?,
+        routing_key: r.routing_key,
+        catch_up,
+        catch_up_window: catch_up_window?,
+        write_ahead: write_ahead?,
+    })
+}
+
+/// A schedule's name starts each occurrence's id: 1 to 200 bytes, no `@`.
+fn bad_name(business: &str, name: &str) -> Option<String> {
+    (name.is_empty() || name.contains('@') || name.len() > 200).then(|| format!(
+        "business \"{business}\", schedule \"{name}\": a schedule name must be 1 to 200 bytes without '@' (it starts each occurrence's id)"
+    ))
+}
+
+/// `cron`: required, and a cron expression.
+fn cron(place: &str, text: Option<&str>, problems: &mut Vec<String>) -> Option<Cron> {
+    let Some(text) = text else {
+        problems.push(format!("{place} is required"));
+        return None;
+    };
+    parse_cron(text)
+        .map_err(|e| problems.push(format!("{place}: {e}")))
+        .ok()
+}
+
+/// `tz`: an IANA time zone, UTC when unset.
+fn time_zone(place: &str, text: Option<&str>, problems: &mut Vec<String>) -> Option<chrono_tz::Tz> {
+    let Some(t) = text else {
+        return Some(chrono_tz::Tz::UTC);
+    };
+    chrono_tz::Tz::from_str(t)
+        .map_err(|_| problems.push(format!(
+            "{place}: \"{t}\" is not an IANA time zone; write e.g. \"Europe/Berlin\", \"America/New_York\" or \"UTC\""
+        )))
+        .ok()
+}
+
+/// `body` or `body_file` (read relative to `config_dir`), exactly one.
+fn body(
+    business: &str,
+    name: &str,
+    body: Option<String>,
+    body_file: Option<String>,
+    config_dir: &Path,
+    problems: &mut Vec<String>,
+) -> Option<Vec<u8>> {
+    let schedule = format!("business \"{business}\", schedule \"{name}\"");
+    match (body, body_file) {
+        (Some(b), None) => Some(b.into_bytes()),
+        (None, Some(f)) => {
+            let path = config_dir.join(&f);
+            std::fs::read(&path)
+                .map_err(|e| {
                     problems.push(format!(
-                        "{}: \"{t}\" is not an IANA time zone; write e.g. \"Europe/Berlin\", \"America/New_York\" or \"UTC\"",
-                        place("tz")
-                    ));
-                    None
-                }
-            },
-        };
-        let body = match (r.body, r.body_file) {
-            (Some(b), None) => Some(b.into_bytes()),
-            (None, Some(f)) => {
-                let path = config_dir.join(&f);
-                match std::fs::read(&path) {
-                    Ok(b) => Some(b),
-                    Err(e) => {
-                        problems.push(format!(
-                            "{}: cannot read {}: {e}",
-                            place("body_file"),
-                            path.display()
-                        ));
-                        None
-                    }
-                }
-            }
-            (Some(_), Some(_)) => {
-                problems.push(format!(
-                    "business \"{business}\", schedule \"{name}\": set body or body_file, not both"
-                ));
-                None
-            }
-            (None, None) => {
-                problems.push(format!(
-                    "business \"{business}\", schedule \"{name}\": body or body_file is required"
-                ));
-                None
-            }
-        };
-        if let Some(rk) = &r.routing_key {
-            crate::config::check_short_string(&place("routing_key"), rk, problems);
+                        "{schedule}, field \"body_file\": cannot read {}: {e}",
+                        path.display()
+                    ))
+                })
+                .ok()
         }
-        let catch_up = crate::config::one_of(
-            &place("catch_up"),
-            Some(r.catch_up.as_deref().unwrap_or(defaults::CATCH_UP)),
-            &[
-                ("none", "", CatchUp::None),
-                ("last", "", CatchUp::Last),
-                ("all", "", CatchUp::All),
-            ],
-            problems,
-        );
-        let window_text = r
-            .catch_up_window
-            .unwrap_or_else(|| defaults::CATCH_UP_WINDOW.to_string());
-        let catch_up_window = crate::config::parse_duration(
-            &place("catch_up_window"),
-            &window_text,
-            MAX_CATCH_UP_WINDOW,
-            problems,
-        );
-        let ahead_text = r
-            .write_ahead
-            .unwrap_or_else(|| defaults::WRITE_AHEAD.to_string());
-        let write_ahead = crate::config::parse_duration(
-            &place("write_ahead"),
-            &ahead_text,
-            MAX_WRITE_AHEAD,
-            problems,
-        );
-        if write_ahead.is_some_and(|d| d < Duration::from_secs(1)) {
-            problems.push(format!(
-                "{} must be at least 1s (got \"{ahead_text}\")",
-                place("write_ahead")
-            ));
+        (Some(_), Some(_)) => {
+            problems.push(format!("{schedule}: set body or body_file, not both"));
+            None
         }
-        if let Some(c) = &cron {
-            let now = chrono::Utc::now().with_timezone(&tz.unwrap_or(chrono_tz::Tz::UTC));
-            if c.find_next_occurrence(&now, false).is_err() {
-                problems.push(format!(
-                    "{}: \"{}\" never matches a date",
-                    place("cron"),
-                    r.cron.as_deref().unwrap_or("")
-                ));
-            }
-        }
-        if problems.len() != before {
-            continue;
-        }
-        if let (Some(cron), Some(tz), Some(body), Some(catch_up_window), Some(write_ahead)) =
-            (cron, tz, body, catch_up_window, write_ahead)
-        {
-            out.push(Schedule {
-                name: name.clone(),
-                cron_text: r.cron.unwrap_or_default(),
-                cron,
-                tz,
-                body,
-                routing_key: r.routing_key,
-                catch_up,
-                catch_up_window,
-                write_ahead,
-            });
+        (None, None) => {
+            problems.push(format!("{schedule}: body or body_file is required"));
+            None
         }
     }
-    out
+}
+
+/// A cron expression that never comes due from now on, in `tz` (UTC when
+/// the zone itself is a problem).
+fn never_matches(
+    place: &str,
+    cron: &Cron,
+    tz: Option<chrono_tz::Tz>,
+    text: Option<&str>,
+) -> Option<String> {
+    let now = chrono::Utc::now().with_timezone(&tz.unwrap_or(chrono_tz::Tz::UTC));
+    cron.find_next_occurrence(&now, false)
+        .is_err()
+        .then(|| format!("{place}: \"{}\" never matches a date", text.unwrap_or("")))
 }
 
 #[cfg(test)]

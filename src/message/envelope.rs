@@ -20,7 +20,8 @@ use lapin::BasicProperties;
 const MAGIC: u8 = 0xFF;
 const VERSION: u8 = 1;
 
-/// An intake message as delayd will deliver it.
+/// A message as delayd publishes it: an intake message as its producer
+/// published it, or one built for a claimed member ([`super::of`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Envelope<'a> {
     /// The routing key the producer published with.

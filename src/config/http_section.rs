@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// Where the HTTP side listens when `[http] listen` is not set: loopback,
 /// so the console is not reachable from elsewhere unless asked for.

@@ -1,0 +1,39 @@
+//! Text for people: bytes shown as text, durations in words. The commands
+//! and the HTTP API both show tasks with these.
+
+use std::time::Duration;
+
+/// Bytes as JSON text: the string itself when it is UTF-8, escaped when not.
+pub fn text(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) => s.to_string(),
+        Err(_) => escape_bytes(b),
+    }
+}
+
+/// Shows bytes as text where printable, `\xNN` where not.
+pub fn escape_bytes(b: &[u8]) -> String {
+    b.iter()
+        .flat_map(|&c| std::ascii::escape_default(c))
+        .map(char::from)
+        .collect()
+}
+
+/// A duration in words ("1h 5m"), "-" for none, "far future" past a century.
+pub fn human_ms(ms: Option<i64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms > 100 * 365 * 86_400_000 => "far future".into(),
+        Some(ms) => humantime::format_duration(Duration::from_millis(ms as u64)).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_shows_binary_safely() {
+        assert_eq!(escape_bytes(b"ok\x00\xff"), "ok\\x00\\xff");
+    }
+}
