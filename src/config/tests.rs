@@ -256,10 +256,8 @@ fn a_node_with_another_scheme_is_named_by_position() {
 
 #[test]
 fn an_unparseable_node_url_is_named() {
-    let e = amqp_refused(
-        "url = \"amqp://u:pw@host:notaport/%2f\"",
-        &["[amqp] field \"url\" is not a valid AMQP URL"],
-    );
+    let url = "url = \"amqp://u:pw@host:notaport/%2f\"";
+    let e = amqp_refused(url, &["[amqp] field \"url\" is not a valid AMQP URL"]);
     assert!(!e.contains("pw@"), "{e}");
 }
 

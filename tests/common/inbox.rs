@@ -247,3 +247,62 @@ pub async fn wait_consumed_queue(amqp: &Connection, queue: &str, d: &Daemon) {
         d.tail()
     );
 }
+
+impl Inbox {
+    /// True once every body in `want` has arrived at least once; false
+    /// after `limit` (the caller says what that means).
+    pub async fn eventually_has(&self, want: &HashSet<Vec<u8>>, limit: Duration) -> bool {
+        eventually(limit, || {
+            let done = want.is_subset(&self.bodies());
+            async move { done }
+        })
+        .await
+    }
+}
+
+/// Binds `queue` to the business's exchange by its routing key, or with
+/// `bound = false` takes that binding away (a queue the flow loses and finds
+/// again).
+pub async fn set_bound(ch: &Channel, queue: &str, b: &BusinessSpec, bound: bool) {
+    let (q, ex, rk) = (
+        queue.into(),
+        b.exchange.as_str().into(),
+        b.routing_key.as_str().into(),
+    );
+    if bound {
+        ch.queue_bind(q, ex, rk, Default::default(), FieldTable::default())
+            .await
+            .unwrap();
+    } else {
+        ch.queue_unbind(q, ex, rk, FieldTable::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// Declares a durable exchange of `kind` (headers, topic, fanout).
+pub async fn declare_exchange_kind(ch: &Channel, exchange: &str, kind: lapin::ExchangeKind) {
+    let options = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.exchange_declare(exchange.into(), kind, options, FieldTable::default())
+        .await
+        .unwrap();
+}
+
+/// Declares a durable queue bound to nothing (the test binds it).
+pub async fn declare_queue(ch: &Channel, queue: &str) {
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(queue.into(), options, FieldTable::default())
+        .await
+        .unwrap();
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+pub async fn queue_exists(conn: &Connection, queue: &str) -> bool {
+    passive_queue(conn, queue).await.is_ok()
+}
