@@ -61,13 +61,7 @@ async fn overview_shows_counts_rates_lateness_and_paused_businesses() {
             .unwrap();
     }
     c.setup.inbox().wait_for(5, Duration::from_secs(10)).await;
-    let _: () = redis::cmd("ZADD")
-        .arg(&gone.key)
-        .arg(now)
-        .arg("stuck")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = query(&mut r, "ZADD", (&gone.key, now, "stuck")).await;
 
     // Rates cover at least a second of samples.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -134,13 +128,12 @@ async fn histogram_counts_each_window_over_every_shard() {
     for (i, (off, _)) in plan.iter().enumerate() {
         // Both shards: the histogram sums them.
         for shard in 0..2 {
-            let _: () = redis::cmd("ZADD")
-                .arg(format!("{}:{shard}", b.key))
-                .arg(now + off)
-                .arg(format!("task-{i}"))
-                .query_async(&mut r)
-                .await
-                .unwrap();
+            let _: () = query(
+                &mut r,
+                "ZADD",
+                (format!("{}:{shard}", b.key), now + off, format!("task-{i}")),
+            )
+            .await;
         }
     }
     let h = api_get(c.port, &format!("/api/v1/businesses/{}/histogram", b.name)).await;
@@ -855,13 +848,7 @@ async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size(
     )
     .await;
     assert_eq!(purged.json["count"], 1, "{}", purged.text);
-    let left: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&fam.dead)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let left: Vec<Vec<u8>> = zrange(&mut r, &fam.dead).await;
     assert!(left.contains(&b"a\\xff".to_vec()), "the ASCII member went");
     assert!(
         !left.contains(&b"a\xff".to_vec()),

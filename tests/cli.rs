@@ -216,13 +216,7 @@ async fn schedule_then_inspect_json_shows_it_pending() {
     assert_eq!(row["in_flight"], 0, "{out}");
     assert_eq!(row["dead"], 0, "{out}");
     let mut redis = redis().await;
-    let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let members: Vec<Vec<u8>> = zrange(&mut redis, &key).await;
     assert_eq!(members, vec![b"body".to_vec()]);
     del(&mut redis, &key).await;
 }
@@ -316,23 +310,11 @@ async fn dead_requeue_and_purge_count_first_then_act_on_one_member_or_a_reason()
         out.trim(),
         "requeued 2 dead members of business \"billing\", due now"
     );
-    let pending: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let pending: Vec<String> = zrange(&mut r, &key).await;
     assert_eq!(pending, ["a", "b"]);
     let out = run(&["purge", "-c", cfg, "billing", "--member", "d"]);
     assert_eq!(out.trim(), "purged 1 dead members of business \"billing\"");
-    let left: Vec<String> = redis::cmd("ZRANGE")
-        .arg(&fam.dead)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let left: Vec<String> = zrange(&mut r, &fam.dead).await;
     assert_eq!(left, ["c"]);
 
     let (code, _, err) = delayd(&[
@@ -359,11 +341,7 @@ fn bench_configs() -> std::collections::HashSet<PathBuf> {
 /// and a daemon still running on its config.
 async fn assert_bench_left_nothing(tag: &str, config: &Path) {
     let mut r = redis().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*delayd:bench:{tag}*"))
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let keys: Vec<String> = query(&mut r, "KEYS", format!("*delayd:bench:{tag}*")).await;
     assert!(keys.is_empty(), "bench left keys behind: {keys:?}");
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -484,13 +462,12 @@ async fn check_and_the_start_log_warn_of_an_allkeys_eviction_policy() {
     let mut redis_server = PrivateRedis::new(dir.path());
     redis_server.start();
     let mut conn = redis_at(&redis_server.url()).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("allkeys-lru")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () = query(
+        &mut conn,
+        "CONFIG",
+        ("SET", "maxmemory-policy", "allkeys-lru"),
+    )
+    .await;
     let b = BusinessSpec::random("evict");
     let c = Consumers::on(&amqp_url(), &[&b]).await;
     let config = write_config(c.dir.path(), &redis_server.url(), &amqp_url(), &[&b]);

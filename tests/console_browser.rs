@@ -361,13 +361,7 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
     let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
     let mut r = c.setup.redis.clone();
     let fam = family(&billing.key);
-    let _: () = redis::cmd("HSET")
-        .arg(&fam.body)
-        .arg("inv-7")
-        .arg("the invoice")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = query(&mut r, "HSET", (&fam.body, "inv-7", "the invoice")).await;
     seed_dead(
         &mut r,
         &billing.key,
@@ -401,12 +395,7 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
             .await,
         "a write button shows without the admin token"
     );
-    let still: Option<f64> = redis::cmd("ZSCORE")
-        .arg(&fam.dead)
-        .arg("inv-7")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let still: Option<f64> = zscore(&mut r, &fam.dead, "inv-7").await;
     assert!(still.is_some(), "refused, so still dead");
 
     // With the token: requeued, then delivered.
@@ -490,11 +479,7 @@ async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
     )
     .await;
     b.screenshot("paused").await;
-    let key: Option<String> = redis::cmd("GET")
-        .arg(family(&billing.key).paused)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let key: Option<String> = query(&mut r, "GET", family(&billing.key).paused).await;
     assert!(key.is_some_and(|v| v.ends_with(" admin_token")));
 
     b.click("#audit-link").await;

@@ -70,12 +70,7 @@ async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_o
         let mut c = s.redis.clone();
         let key = b.key.clone();
         async move {
-            let score: Option<f64> = redis::cmd("ZSCORE")
-                .arg(&key)
-                .arg("retried")
-                .query_async(&mut c)
-                .await
-                .unwrap();
+            let score: Option<f64> = zscore(&mut c, &key, "retried").await;
             score.is_some_and(|sc| sc > now as f64)
         }
     })
@@ -260,12 +255,7 @@ async fn zrem_cancels_a_member() {
         ],
     )
     .await;
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&b.key)
-        .arg("cancelled")
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut s.redis, "ZREM", (&b.key, "cancelled")).await;
     s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
     s.inboxes[0].settle(Duration::from_millis(800)).await;
     let got = s.inboxes[0].all();
@@ -417,11 +407,7 @@ async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once
     let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
     let _d = Daemon::start(&s.config);
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let _: () = query(&mut s.redis, "CONFIG", "RESETSTAT").await;
     // 600 producer writes (ZADDs, each one keyspace event) due in a week,
     // one every 5 ms, and one write due now in the middle of them.
     let week = 7 * 86_400_000;
@@ -488,20 +474,8 @@ async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
     s.inboxes[0].settle(Duration::from_millis(1000)).await;
     let delivered = s.inboxes[0].bodies();
     let f = family(&b.key);
-    let pending: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&b.key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
-    let inflight: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&f.inflight)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let pending: Vec<Vec<u8>> = zrange(&mut s.redis, &b.key).await;
+    let inflight: Vec<Vec<u8>> = zrange(&mut s.redis, &f.inflight).await;
     let both: Vec<&Vec<u8>> = pending.iter().filter(|m| delivered.contains(*m)).collect();
     assert!(
         both.is_empty(),

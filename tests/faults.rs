@@ -276,12 +276,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let f = family(&b.key);
-    let reason: String = redis::cmd("HGET")
-        .arg(&f.reasons)
-        .arg(&body)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let reason: String = query(&mut redis, "HGET", (&f.reasons, &body)).await;
     assert!(reason.contains("unroutable"), "reason: {reason}");
     // Dead means dead: it stays there and nothing else is left.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -453,12 +448,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reason: String = redis::cmd("HGET")
-        .arg(&f.reasons)
-        .arg(&oversize)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let reason: String = query(&mut redis, "HGET", (&f.reasons, &oversize)).await;
     assert!(
         reason.contains("larger than configured max size"),
         "reason should say why: {reason}"
@@ -491,12 +481,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
     }
     // +inf and 1e15 are never due: they stay pending, untouched.
     for (score, m) in &never {
-        let s: Option<f64> = redis::cmd("ZSCORE")
-            .arg(&b.key)
-            .arg(m)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
+        let s: Option<f64> = zscore(&mut redis, &b.key, m).await;
         assert_eq!(
             s,
             Some(*score),
@@ -516,12 +501,7 @@ async fn wrong_type_key_is_reported_and_other_businesses_go_on() {
     let b = BusinessSpec::random("fine");
     let s = Setup::new(&[&a, &b]).await;
     let (inbox, mut redis) = (s.inboxes[1].clone(), s.redis.clone());
-    let _: i64 = redis::cmd("RPUSH")
-        .arg(&a.key)
-        .arg("not-a-zset")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut redis, "RPUSH", (&a.key, "not-a-zset")).await;
     let mut d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut redis).await;
     let items = flow("fine", 50, 25, now, 200, 1000);

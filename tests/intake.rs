@@ -1572,12 +1572,7 @@ async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
     assert_eq!(t.inbox.all()[0].body, b"now");
     let mut r = t.redis.clone();
     for id in [&double, &digits] {
-        let score: Option<f64> = redis::cmd("ZSCORE")
-            .arg(&t.key)
-            .arg(id)
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let score: Option<f64> = zscore(&mut r, &t.key, id).await;
         assert_eq!(
             score,
             Some(delayd::intake::delay::LATEST_MS as f64),

@@ -401,11 +401,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     // Room for a few hundred of the messages below (each its own
     // `message_id`), no more.
-    let used: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let used: String = query(&mut r, "INFO", "memory").await;
     let used: u64 = used
         .lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
@@ -418,13 +414,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
         ("maxmemory-policy", "noeviction".to_string()),
         ("maxmemory", limit.to_string()),
     ] {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(k)
-            .arg(v)
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let _: () = query(&mut r, "CONFIG", ("SET", k, v)).await;
     }
     let all: Vec<Vec<u8>> = (0..1000)
         .map(|i| {
@@ -455,13 +445,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
         "Redis had room for all: the test did not fill it"
     );
     // Room again, as when deliveries drain a backlog.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = query(&mut r, "CONFIG", ("SET", "maxmemory", "0")).await;
     wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
     assert!(paused, "the pause was in the metric");
     assert!(d.logs().contains("taking in paused"), "{}", d.tail());

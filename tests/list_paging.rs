@@ -45,12 +45,7 @@ async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_ex
         cursor = page(&mut conn, cursor).await.cursor;
     }
     let shown_last = "m024999";
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&b.key)
-        .arg(shown_last)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut conn, "ZREM", (&b.key, shown_last)).await;
     let before = command_stats(&mut conn, "zrange").await.0;
     let started = std::time::Instant::now();
     let page = page(&mut conn, cursor).await;
@@ -75,11 +70,7 @@ async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_ex
 
 /// Bytes Redis has sent to clients so far.
 async fn sent_bytes(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let info: String = query(conn, "INFO", "stats").await;
     info.lines()
         .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
         .and_then(|v| v.trim().parse().ok())

@@ -92,11 +92,7 @@ async fn assert_budget_key_expires(redis: &mut redis::aio::MultiplexedConnection
         let mut r = redis.clone();
         let rate = rate.clone();
         async move {
-            let n: i64 = redis::cmd("EXISTS")
-                .arg(&rate)
-                .query_async(&mut r)
-                .await
-                .unwrap();
+            let n: i64 = query(&mut r, "EXISTS", &rate).await;
             n == 0
         }
     })

@@ -164,14 +164,7 @@ async fn a_removed_schedule_and_a_changed_one_take_back_their_future_occurrences
     let mut s = Setup::new(&[&b]).await;
     let mut d = Daemon::start(&s.config);
     let members = |mut r: redis::aio::MultiplexedConnection, key: String| async move {
-        let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let v: Vec<(String, f64)> = query(&mut r, "ZRANGE", (&key, 0, -1, "WITHSCORES")).await;
         v
     };
     let ok = eventually(Duration::from_secs(10), || {

@@ -514,13 +514,7 @@ async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
                 let body = format!("wake-{r}-{s}");
                 let before = inbox.len();
                 let t0 = wall_ms();
-                let _: i64 = redis::cmd("ZADD")
-                    .arg(k)
-                    .arg(0)
-                    .arg(&body)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+                let _: i64 = query(&mut conn, "ZADD", (k, 0, &body)).await;
                 let ok = eventually(Duration::from_secs(5), || {
                     let n = inbox.len();
                     async move { n > before }
@@ -561,11 +555,7 @@ async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
     probe(&mut conn).await;
     drop(daemon);
     for k in &f.keys {
-        let _: i64 = redis::cmd("DEL")
-            .arg(k)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: i64 = query(&mut conn, "DEL", k).await;
     }
 }
 
@@ -733,12 +723,7 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
         let body = r#"{"order":42,"action":"expire"}"#;
         let mut holders = Vec::new();
         for k in &keys {
-            let score: Option<f64> = redis::cmd("ZSCORE")
-                .arg(k)
-                .arg(body)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            let score: Option<f64> = zscore(&mut conn, k, body).await;
             if let Some(due) = score {
                 holders.push((k.clone(), due as i64));
             }
@@ -754,11 +739,7 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
             "order-42 due {due}, not ~30 s after {before}"
         );
         for k in &keys {
-            let _: i64 = redis::cmd("DEL")
-                .arg(k)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            let _: i64 = query(&mut conn, "DEL", k).await;
         }
     }
 }
