@@ -382,21 +382,7 @@ async fn bench_prints_its_table_and_cleans_up_also_when_terminated() {
 
     // A short complete run: every row of the table, exit 0.
     let before = bench_configs();
-    let (code, out, err) = delayd(&[
-        "bench",
-        "--config",
-        config,
-        "--messages",
-        "2000",
-        "--rounds",
-        "1",
-        "--rate",
-        "200",
-        "--lateness-secs",
-        "1",
-        "--idle-secs",
-        "1",
-    ]);
+    let (code, out, err) = short_bench(config, &[]);
     assert_eq!(code, 0, "bench failed:\n{out}\n{err}");
     for row in [
         "raw confirmed publish (ceiling)",

@@ -442,38 +442,6 @@ async fn forecast_gauge_counts_pending_due_within_a_minute_an_hour_and_a_day() {
     del_family(&mut redis, &b.key).await;
 }
 
-/// The fenced block of `lang` in docs/id-mode.md (there is exactly one).
-fn doc_block(lang: &str) -> String {
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/id-mode.md")).unwrap();
-    let open = format!("```{lang}\n");
-    let blocks: Vec<&str> = doc.split(&open).skip(1).collect();
-    assert_eq!(
-        blocks.len(),
-        1,
-        "docs/id-mode.md must have one ```{lang} block"
-    );
-    blocks[0].split("\n```").next().unwrap().to_string()
-}
-
-/// `deploy/local/clients.sh WHAT`: installs the client library if needed.
-fn client(what: &str) -> String {
-    let out = std::process::Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/deploy/local/clients.sh"
-        ))
-        .arg(what)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "clients.sh {what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// Runs a snippet against a fresh key and checks what the docs say it does:
 /// order-42 pending 60 s out with its body, order-43 cancelled with no body.
 async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: String) {
@@ -489,15 +457,10 @@ async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: 
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("REDIS_URL", redis_url())
         .env("DELAYD_KEY", &key);
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+    let what = file.to_string();
+    tokio::task::spawn_blocking(move || output_ok(cmd, &what))
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{file} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     let after = redis_now_ms(&mut redis).await;
     let due = zscore(&mut redis, &key, "order-42")
         .await
@@ -527,7 +490,13 @@ async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_snippet_in_the_docs_schedules_reschedules_and_cancels_atomically() {
     let python = client("python");
-    check_snippet(&python, &[], "snippet.py", doc_block("python")).await;
+    check_snippet(
+        &python,
+        &[],
+        "snippet.py",
+        doc_block("id-mode.md", "python"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -537,7 +506,7 @@ async fn the_node_snippet_in_the_docs_schedules_reschedules_and_cancels_atomical
         "node",
         &[("NODE_PATH", node_path)],
         "snippet.js",
-        doc_block("js"),
+        doc_block("id-mode.md", "js"),
     )
     .await;
 }

@@ -44,16 +44,8 @@ async fn target(ch: &Channel, name: &str, queue: &str) {
 
 /// Deletes what [`target`] and the intake declared on the shared broker.
 async fn remove_topology(ch: &Channel, target: &str, queue: &str, intake: &str) {
-    for q in [queue.to_string(), format!("{intake}.q")] {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for x in [target, intake] {
-        let _ = ch
-            .exchange_delete(x.into(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    let intake_queue = format!("{intake}.q");
+    delete_topology(ch, &[queue, &intake_queue], &[target, intake]).await;
 }
 
 /// Publishes `bodies` with `x-delay` and a `message_id` each, confirmed,

@@ -704,12 +704,7 @@ async fn missing_exchange_pauses_publishing_without_spinning() {
     let b = BusinessSpec::random("noexchange");
     let s = Setup::new(&[&b]).await;
     let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
-    let port = free_port(44000..45000, &[]);
-    let text = std::fs::read_to_string(config).unwrap().replace(
-        "listen = \"off\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    );
-    std::fs::write(config, text).unwrap();
+    let port = listen_on_free_port(config, 44000..45000);
     let mut redis = s.redis.clone();
     let d = Daemon::start(config);
     let now = redis_now_ms(&mut redis).await;

@@ -584,26 +584,11 @@ async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
     f.schedule(&mut conn, 3000, Duration::from_secs(6)).await;
     let daemon = Daemon::start(&f.config);
     f.inbox.wait_for(500, Duration::from_secs(30)).await;
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "--cluster",
-            "reshard",
-            &format!("127.0.0.1:{}", from.port),
-            "--cluster-from",
-            &from.id,
-            "--cluster-to",
-            &to.id,
-            "--cluster-slots",
-            "1",
-            "--cluster-yes",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "reshard failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let mut reshard = std::process::Command::new("redis-cli");
+    reshard.args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.port)]);
+    reshard.args(["--cluster-from", &from.id, "--cluster-to", &to.id]);
+    reshard.args(["--cluster-slots", "1", "--cluster-yes"]);
+    output_ok(reshard, "reshard");
     assert_eq!(
         c.master_of_slot(slot).await.port,
         to.port,
@@ -649,38 +634,14 @@ async fn two_processes_share_one_rate_across_shards_on_every_master() {
     drop((d1, d2));
 }
 
-/// The one fenced block of `lang` in docs/redis-modes.md.
-fn doc_block(lang: &str) -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/redis-modes.md"))
-        .unwrap();
-    let open = format!("```{lang}\n");
-    let blocks: Vec<&str> = doc.split(&open).skip(1).collect();
-    assert_eq!(
-        blocks.len(),
-        1,
-        "docs/redis-modes.md must have one ```{lang} block"
-    );
-    blocks[0].split("\n```").next().unwrap().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads() {
-    let out = std::process::Command::new("bash")
-        .arg(deploy_script("clients.sh"))
-        .arg("python")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "clients.sh python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let python = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let python = client("python");
     let c = cluster();
     let _turn = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let snippet = dir.path().join("producer.py");
-    std::fs::write(&snippet, doc_block("python")).unwrap();
+    std::fs::write(&snippet, doc_block("redis-modes.md", "python")).unwrap();
     let mut conn = c.conn().await;
     for shards in [3usize, 16] {
         let key = unique("test:snippet");
@@ -702,15 +663,9 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
             .env("REDIS_URL", format!("redis://127.0.0.1:{}", c.ports()[0]))
             .env("DELAYD_KEY", &key)
             .env("DELAYD_SHARDS", shards.to_string());
-        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        let out = tokio::task::spawn_blocking(move || output_ok(cmd, "producer.py"))
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "producer.py failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
         let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(str::to_string)
@@ -751,25 +706,13 @@ async fn bench_runs_against_a_cluster_with_its_shard_comparison() {
     let b = BusinessSpec::random("bench");
     let dir = tempfile::tempdir().unwrap();
     let config = write_config_redis(dir.path(), &c.section(), &amqp_url(), "off", &[&b]);
-    let (code, out, err) = delayd(&[
-        "bench",
-        "--config",
-        config.to_str().unwrap(),
-        "--messages",
-        "2000",
-        "--rounds",
-        "1",
-        "--rate",
-        "200",
-        "--lateness-secs",
-        "1",
-        "--idle-secs",
-        "1",
+    let extra = [
         "--business",
         "shard_names = \"spread\"",
         "--compare-shards",
         "3",
-    ]);
+    ];
+    let (code, out, err) = short_bench(config.to_str().unwrap(), &extra);
     assert_eq!(code, 0, "bench failed on a cluster:\n{out}\n{err}");
     for row in [
         "delayd / ceiling",

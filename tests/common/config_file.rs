@@ -105,3 +105,14 @@ fn write_config_full(
         .unwrap();
     path
 }
+
+/// Turns on `[http]` in the config at `path` on a free port of `range`
+/// (it was `listen = "off"`), and returns the port.
+pub fn listen_on_free_port(path: &Path, range: std::ops::Range<u16>) -> u16 {
+    let port = free_port(range, &[]);
+    let listen = format!("listen = \"127.0.0.1:{port}\"");
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains("listen = \"off\""), "{}", path.display());
+    std::fs::write(path, text.replace("listen = \"off\"", &listen)).unwrap();
+    port
+}

@@ -173,16 +173,12 @@ pub async fn consume_into(conn: &Connection, queue: &str, inbox: &Inbox, ack: bo
 /// of its own, since a refusal closes the channel it was asked on.
 async fn passive_queue(conn: &Connection, queue: &str) -> Result<lapin::Queue, lapin::Error> {
     let ch = conn.create_channel().await.unwrap();
-    let q = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch.queue_declare(queue.into(), options, FieldTable::default());
+    let q = q.await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(q)
 }
@@ -305,4 +301,15 @@ pub async fn declare_queue(ch: &Channel, queue: &str) {
 /// Whether `queue` exists (a passive declare on a channel of its own).
 pub async fn queue_exists(conn: &Connection, queue: &str) -> bool {
     passive_queue(conn, queue).await.is_ok()
+}
+
+/// Deletes what a test declared: `queues`, then `exchanges`. A name that is
+/// already gone is no error (the test may have deleted it itself).
+pub async fn delete_topology(ch: &Channel, queues: &[&str], exchanges: &[&str]) {
+    for q in queues {
+        let _ = ch.queue_delete((*q).into(), Default::default()).await;
+    }
+    for x in exchanges {
+        let _ = ch.exchange_delete((*x).into(), Default::default()).await;
+    }
 }
