@@ -146,8 +146,7 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let mut node = PrivateRabbit::started(dir.path(), "").await;
     let b = BusinessSpec::random("rabbit_restart");
     let queue = unique("q");
     let amqp = amqp_at(&node.url()).await;
@@ -392,9 +391,8 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
 async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanner() {
     // A private broker whose message size limit (5 MiB) is cheap to exceed.
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.advanced_config("[{rabbit, [{max_message_size, 5242880}]}].\n");
-    node.start().await;
+    let node =
+        PrivateRabbit::started(dir.path(), "[{rabbit, [{max_message_size, 5242880}]}].\n").await;
     let mut b = BusinessSpec::random("hostile");
     b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
     let s = Setup::on(&redis_url(), &node.url(), &[&b]).await;

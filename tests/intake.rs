@@ -405,36 +405,40 @@ async fn properties_and_headers_arrive_as_published() {
     let mut nested = FieldTable::default();
     nested.insert("n".into(), AMQPValue::ShortShortInt(-3));
     let mut h = FieldTable::default();
-    h.insert("x-delay".into(), AMQPValue::LongInt(300));
-    h.insert("b".into(), AMQPValue::Boolean(true));
-    h.insert("u8".into(), AMQPValue::ShortShortUInt(200));
-    h.insert("i8".into(), AMQPValue::ShortShortInt(-100));
-    h.insert("i16".into(), AMQPValue::ShortInt(-300));
-    h.insert("u16".into(), AMQPValue::ShortUInt(60000));
-    h.insert("i32".into(), AMQPValue::LongInt(-70000));
-    h.insert("u32".into(), AMQPValue::LongUInt(4_000_000_000));
-    h.insert("i64".into(), AMQPValue::LongLongInt(-(1 << 40)));
-    h.insert("f".into(), AMQPValue::Float(1.5));
-    h.insert("d".into(), AMQPValue::Double(2.25));
-    h.insert(
-        "dec".into(),
-        AMQPValue::DecimalValue(lapin::types::DecimalValue {
-            scale: 2,
-            value: 12345,
-        }),
-    );
-    h.insert(
-        "s".into(),
-        AMQPValue::LongString(LongString::from(b"\x00\xffbin".to_vec())),
-    );
-    h.insert(
-        "arr".into(),
-        AMQPValue::FieldArray(vec![AMQPValue::LongInt(1), AMQPValue::Void].into()),
-    );
-    h.insert("ts".into(), AMQPValue::Timestamp(1_700_000_000));
-    h.insert("t".into(), AMQPValue::FieldTable(nested));
-    h.insert("x".into(), AMQPValue::ByteArray(vec![1u8, 2, 3].into()));
-    h.insert("v".into(), AMQPValue::Void);
+    for (k, v) in [
+        ("x-delay", AMQPValue::LongInt(300)),
+        ("b", AMQPValue::Boolean(true)),
+        ("u8", AMQPValue::ShortShortUInt(200)),
+        ("i8", AMQPValue::ShortShortInt(-100)),
+        ("i16", AMQPValue::ShortInt(-300)),
+        ("u16", AMQPValue::ShortUInt(60000)),
+        ("i32", AMQPValue::LongInt(-70000)),
+        ("u32", AMQPValue::LongUInt(4_000_000_000)),
+        ("i64", AMQPValue::LongLongInt(-(1 << 40))),
+        ("f", AMQPValue::Float(1.5)),
+        ("d", AMQPValue::Double(2.25)),
+        (
+            "dec",
+            AMQPValue::DecimalValue(lapin::types::DecimalValue {
+                scale: 2,
+                value: 12345,
+            }),
+        ),
+        (
+            "s",
+            AMQPValue::LongString(LongString::from(b"\x00\xffbin".to_vec())),
+        ),
+        (
+            "arr",
+            AMQPValue::FieldArray(vec![AMQPValue::LongInt(1), AMQPValue::Void].into()),
+        ),
+        ("ts", AMQPValue::Timestamp(1_700_000_000)),
+        ("t", AMQPValue::FieldTable(nested)),
+        ("x", AMQPValue::ByteArray(vec![1u8, 2, 3].into())),
+        ("v", AMQPValue::Void),
+    ] {
+        h.insert(k.into(), v);
+    }
     let props = BasicProperties::default()
         .with_content_type(ShortString::from("application/json"))
         .with_content_encoding(ShortString::from("gzip"))

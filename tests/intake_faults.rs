@@ -158,8 +158,7 @@ async fn a_redis_restart_mid_intake_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rabbitmq_restart_mid_intake_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let mut node = PrivateRabbit::started(dir.path(), "").await;
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = ("br-target", "br-q", "br-intake");
@@ -201,8 +200,7 @@ async fn a_rabbitmq_restart_mid_intake_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let node = PrivateRabbit::started(dir.path(), "").await;
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = ("al-target", "al-q", "al-intake");
@@ -309,8 +307,7 @@ async fn publish_as(node: &PrivateRabbit, user: &str, exchange: &str, body: &[u8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producers_user_id_never_stops_delivery() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let node = PrivateRabbit::started(dir.path(), "").await;
     node.ctl(&["add_user", "shop", "shop"]).await;
     node.ctl(&["set_permissions", "-p", "/", "shop", ".*", ".*", ".*"])
         .await;
@@ -459,9 +456,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_channel_closed_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.advanced_config("[{rabbit, [{consumer_timeout, 2000}]}].");
-    node.start().await;
+    let node = PrivateRabbit::started(dir.path(), "[{rabbit, [{consumer_timeout, 2000}]}].").await;
     let mut server = PrivateRedis::new(dir.path());
     tokio::task::block_in_place(|| server.start());
     let amqp = amqp_at(&node.url()).await;

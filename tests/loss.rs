@@ -604,8 +604,7 @@ impl ReturnsFlow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rabbit = PrivateRabbit::new(dir.path());
-    rabbit.start().await;
+    let rabbit = PrivateRabbit::started(dir.path(), "").await;
     let mut b = BusinessSpec::random("blocked");
     b.extra = "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2".into();
     let s = Setup::on(&redis_url(), &rabbit.url(), &[&b]).await;

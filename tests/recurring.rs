@@ -287,15 +287,7 @@ async fn a_schedule_with_its_own_routing_key_publishes_with_it() {
         .extra
         .replace("properties = \"full\"", "properties = \"standard\"");
     let mut s = Setup::new(&[&b]).await;
-    s.ch.queue_bind(
-        s.queues[0].as_str().into(),
-        b.exchange.as_str().into(),
-        "tick.own".into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    bind_key(&s.ch, &s.queues[0], &b.exchange, "tick.own").await;
     let mut d = Daemon::start(&s.config);
     s.inbox().wait_for(2, Duration::from_secs(10)).await;
     d.signal(15);

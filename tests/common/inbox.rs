@@ -256,24 +256,25 @@ impl Inbox {
     }
 }
 
+/// Binds `queue` to `exchange` by `key`.
+pub async fn bind_key(ch: &Channel, queue: &str, exchange: &str, key: &str) {
+    let (q, ex) = (queue.into(), exchange.into());
+    ch.queue_bind(q, ex, key.into(), Default::default(), FieldTable::default())
+        .await
+        .unwrap();
+}
+
 /// Binds `queue` to the business's exchange by its routing key, or with
 /// `bound = false` takes that binding away (a queue the flow loses and finds
 /// again).
 pub async fn set_bound(ch: &Channel, queue: &str, b: &BusinessSpec, bound: bool) {
-    let (q, ex, rk) = (
-        queue.into(),
-        b.exchange.as_str().into(),
-        b.routing_key.as_str().into(),
-    );
     if bound {
-        ch.queue_bind(q, ex, rk, Default::default(), FieldTable::default())
-            .await
-            .unwrap();
-    } else {
-        ch.queue_unbind(q, ex, rk, FieldTable::default())
-            .await
-            .unwrap();
+        return bind_key(ch, queue, &b.exchange, &b.routing_key).await;
     }
+    let (ex, rk) = (b.exchange.as_str(), b.routing_key.as_str());
+    ch.queue_unbind(queue.into(), ex.into(), rk.into(), FieldTable::default())
+        .await
+        .unwrap();
 }
 
 /// Declares a durable exchange of `kind` (headers, topic, fanout).

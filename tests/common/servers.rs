@@ -184,6 +184,17 @@ impl PrivateRabbit {
         }
     }
 
+    /// A node in a directory under `dir`, started; `advanced` is its
+    /// `advanced.config` (Erlang terms), or empty for none.
+    pub async fn started(dir: &Path, advanced: &str) -> Self {
+        let mut node = Self::new(dir);
+        if !advanced.is_empty() {
+            node.advanced_config(advanced);
+        }
+        node.start().await;
+        node
+    }
+
     /// Writes `advanced.config` (Erlang terms) before the first start, e.g.
     /// `[{rabbit, [{max_message_size, 1048576}]}].`
     pub fn advanced_config(&self, terms: &str) {
