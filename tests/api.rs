@@ -105,8 +105,7 @@ async fn overview_shows_counts_rates_lateness_and_paused_businesses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histogram_counts_each_window_over_every_shard() {
-    let mut b = BusinessSpec::random("hist");
-    b.extra = "shards = 2".into();
+    let b = BusinessSpec::with_extra("hist", "shards = 2");
     let c = ConsoleDaemon::start(&[&b], None).await;
     let mut r = c.setup.redis.clone();
     let now = redis_now_ms(&mut r).await;
@@ -275,8 +274,7 @@ async fn a_task_is_found_by_id_with_its_body_cut_to_size() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn search_finds_bodies_by_prefix_over_shards_and_says_when_it_is_partial() {
-    let mut b = BusinessSpec::random("search");
-    b.extra = "shards = 2".into();
+    let b = BusinessSpec::with_extra("search", "shards = 2");
     let c = ConsoleDaemon::start(&[&b], None).await;
     let mut r = c.setup.redis.clone();
     let due = (redis_now_ms(&mut r).await + 3_600_000) as f64;
@@ -534,8 +532,7 @@ async fn without_a_token_the_api_is_read_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_members_are_counted_first_then_requeued_or_purged_by_member_reason_or_all() {
-    let mut b = BusinessSpec::random("dead");
-    b.extra = "shards = 2".into();
+    let b = BusinessSpec::with_extra("dead", "shards = 2");
     let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
     let mut r = c.setup.redis.clone();
     let unroutable = "returned as unroutable (312 NO_ROUTE) after 5 attempts";

@@ -445,8 +445,7 @@ async fn bench_prints_its_table_and_cleans_up_also_when_terminated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_the_start_log_warn_of_an_allkeys_eviction_policy() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
+    let redis_server = PrivateRedis::started(dir.path());
     let mut conn = redis_at(&redis_server.url()).await;
     let _: () = query(
         &mut conn,

@@ -11,8 +11,7 @@ use lapin::types::AMQPValue;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
-    let mut b = BusinessSpec::random("bin");
-    b.extra = "content_type = \"application/octet-stream\"".into();
+    let b = BusinessSpec::with_extra("bin", "content_type = \"application/octet-stream\"");
     let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let bodies: Vec<Vec<u8>> = vec![
@@ -57,8 +56,7 @@ async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_only_on_retries() {
-    let mut b = BusinessSpec::random("std");
-    b.extra = "properties = \"standard\"\nretry_backoff = \"1s\"".into();
+    let b = BusinessSpec::with_extra("std", "properties = \"standard\"\nretry_backoff = \"1s\"");
     // Nothing is bound yet: the first publish comes back unroutable.
     let mut s = Setup::unbound(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await;
@@ -120,10 +118,8 @@ async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn properties_no_headers_keeps_the_message_id_and_bare_sends_nothing_else() {
-    let mut b = BusinessSpec::random("nohdr");
-    b.extra = "properties = \"no-headers\"".into();
-    let mut bare = BusinessSpec::random("bare");
-    bare.extra = "properties = \"bare\"".into();
+    let b = BusinessSpec::with_extra("nohdr", "properties = \"no-headers\"");
+    let bare = BusinessSpec::with_extra("bare", "properties = \"bare\"");
     let mut s = Setup::new(&[&b, &bare]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let items: Vec<(f64, Vec<u8>)> = (0..20)
@@ -308,8 +304,7 @@ async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn score_unit_seconds_is_honoured() {
-    let mut b = BusinessSpec::random("secs");
-    b.extra = "score_unit = \"s\"".into();
+    let b = BusinessSpec::with_extra("secs", "score_unit = \"s\"");
     let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
@@ -328,8 +323,7 @@ async fn score_unit_seconds_is_honoured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_duplicates() {
-    let mut b = BusinessSpec::random("term");
-    b.extra = "max_rate = 2000".into();
+    let b = BusinessSpec::with_extra("term", "max_rate = 2000");
     let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 8000usize;
@@ -364,8 +358,7 @@ async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_du
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_drain_then_restart_delivers_every_member() {
-    let mut b = BusinessSpec::random("kill");
-    b.extra = "lease = \"2s\"\nmax_rate = 2000".into();
+    let b = BusinessSpec::with_extra("kill", "lease = \"2s\"\nmax_rate = 2000");
     let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 6000usize;
@@ -401,8 +394,7 @@ async fn sigkill_mid_drain_then_restart_delivers_every_member() {
 async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once() {
     // A private server, so the counts are delayd's and this test's alone.
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
+    let redis_server = PrivateRedis::started(dir.path());
     let b = BusinessSpec::random("farwrites");
     let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
     let _d = Daemon::start(&s.config);
@@ -449,10 +441,8 @@ async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
-    let mut b = BusinessSpec::random("frozen");
-    b.extra = "shutdown_timeout = \"3s\"".into();
+    let redis_server = PrivateRedis::started(dir.path());
+    let b = BusinessSpec::with_extra("frozen", "shutdown_timeout = \"3s\"");
     let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 30_000usize;
@@ -494,8 +484,7 @@ async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_within_their_bound_while_redis_is_frozen() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
+    let redis_server = PrivateRedis::started(dir.path());
     let mut b = BusinessSpec::random("scrape");
     // Four keys, each read for the gauges.
     b.extra = "shards = 4".into();

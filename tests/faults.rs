@@ -42,8 +42,7 @@ fn flow(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
-    let mut b = BusinessSpec::random("kills");
-    b.extra = "lease = \"2s\"".into();
+    let b = BusinessSpec::with_extra("kills", "lease = \"2s\"");
     let s = Setup::new(&[&b]).await;
     let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
 
@@ -89,8 +88,7 @@ async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let b = BusinessSpec::random("redis_restart");
     let s = Setup::on(&server.url(), &amqp_url(), &[&b]).await;
     let (config, inbox, mut rc) = (&s.config, s.inbox().clone(), s.redis.clone());
@@ -242,8 +240,7 @@ async fn whereabouts(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
-    let mut b = BusinessSpec::random("unroutable");
-    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let b = BusinessSpec::with_extra("unroutable", "max_attempts = 3\nretry_backoff = \"100ms\"");
     let dir = tempfile::tempdir().unwrap();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -325,8 +322,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
 /// everything arrives once the consumer makes room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_has_room() {
-    let mut b = BusinessSpec::random("nacked");
-    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let b = BusinessSpec::with_extra("nacked", "max_attempts = 3\nretry_backoff = \"100ms\"");
     let dir = tempfile::tempdir().unwrap();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -393,8 +389,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
     let dir = tempfile::tempdir().unwrap();
     let node =
         PrivateRabbit::started(dir.path(), "[{rabbit, [{max_message_size, 5242880}]}].\n").await;
-    let mut b = BusinessSpec::random("hostile");
-    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let b = BusinessSpec::with_extra("hostile", "max_attempts = 3\nretry_backoff = \"100ms\"");
     let s = Setup::on(&redis_url(), &node.url(), &[&b]).await;
     let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
 

@@ -205,8 +205,7 @@ async fn cancel_and_reschedule_of_an_in_flight_id_exit_3_and_leave_it_in_flight(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_mode_addresses_a_task_by_its_body_across_shards() {
     let dir = tempfile::tempdir().unwrap();
-    let mut b = BusinessSpec::random("bodies");
-    b.extra = "shards = 3".into();
+    let b = BusinessSpec::with_extra("bodies", "shards = 3");
     let cfg = config(dir.path(), &[&b]);
     let mut redis = redis().await;
     let keys: Vec<String> = (0..3).map(|i| format!("{}:{i}", b.key)).collect();

@@ -24,16 +24,22 @@ fn intake_config(
     intake: &str,
 ) -> (std::path::PathBuf, String) {
     let key = unique("test:intake-fault");
-    let spec = BusinessSpec {
+    let spec = intake_spec(&key, target, "retry_backoff = \"100ms\"\n", intake, "");
+    (write_config(dir, redis_url, amqp_url, &[&spec]), key)
+}
+
+/// The business `delayed` on `key`, delivering to `target`, with
+/// `business` lines, and its intake on `intake` with `more` lines.
+fn intake_spec(key: &str, target: &str, business: &str, intake: &str, more: &str) -> BusinessSpec {
+    BusinessSpec {
         name: "delayed".into(),
-        key: key.clone(),
+        key: key.into(),
         exchange: target.into(),
         routing_key: String::new(),
         extra: format!(
-            "properties = \"standard\"\nretry_backoff = \"100ms\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\n"
+            "properties = \"standard\"\n{business}[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\n{more}"
         ),
-    };
-    (write_config(dir, redis_url, amqp_url, &[&spec]), key)
+    }
 }
 
 /// A durable direct target with one durable queue bound by "" (the
@@ -125,8 +131,7 @@ fn bodies(tag: &str, n: usize) -> Vec<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_intake_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = (unique("rr-target"), unique("rr-q"), unique("rr-intake"));
@@ -207,15 +212,7 @@ async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     target(&ch, tgt, queue).await;
     let inbox = consume(&amqp, queue).await;
     let key = unique("test:intake-alarm");
-    let delayed = BusinessSpec {
-        name: "delayed".into(),
-        key: key.clone(),
-        exchange: tgt.into(),
-        routing_key: String::new(),
-        extra: format!(
-            "properties = \"standard\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nprefetch = 50\n"
-        ),
-    };
+    let delayed = intake_spec(&key, tgt, "", intake, "prefetch = 50\n");
     // A business of producers that write to Redis: its publishing is what
     // the alarm blocks.
     let plain = BusinessSpec {
@@ -375,8 +372,7 @@ async fn a_producers_user_id_never_stops_delivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let mut r = server.conn().await;
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -457,8 +453,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
 async fn a_batch_whose_channel_closed_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
     let node = PrivateRabbit::started(dir.path(), "[{rabbit, [{consumer_timeout, 2000}]}].").await;
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = ("ct-target", "ct-q", "ct-intake");

@@ -430,8 +430,10 @@ async fn returns_are_matched_to_their_own_member() {
 /// none deleted as delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_return_always_wins_over_the_ack_it_rides_with_under_load() {
-    let mut b = BusinessSpec::random("returns_load");
-    b.extra = "max_attempts = 1\nbatch_size = 2000\nwindow = 8000\nscanners = 4".into();
+    let b = BusinessSpec::with_extra(
+        "returns_load",
+        "max_attempts = 1\nbatch_size = 2000\nwindow = 8000\nscanners = 4",
+    );
     let dir = tempfile::tempdir().unwrap();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -605,8 +607,10 @@ impl ReturnsFlow {
 async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     let dir = tempfile::tempdir().unwrap();
     let rabbit = PrivateRabbit::started(dir.path(), "").await;
-    let mut b = BusinessSpec::random("blocked");
-    b.extra = "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2".into();
+    let b = BusinessSpec::with_extra(
+        "blocked",
+        "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2",
+    );
     let s = Setup::on(&redis_url(), &rabbit.url(), &[&b]).await;
     let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
     let alarm = Alarm(&rabbit);
@@ -788,8 +792,7 @@ async fn on_k(redis: &mut redis::aio::MultiplexedConnection, script: &str, key: 
 /// family holds nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
-    let mut b = BusinessSpec::random("soak");
-    b.extra = "lease = \"2s\"\nmax_attempts = 1000\nretry_backoff = \"200ms\"\nretry_backoff_max = \"1s\"".into();
+    let b = BusinessSpec::with_extra("soak", "lease = \"2s\"\nmax_attempts = 1000\nretry_backoff = \"200ms\"\nretry_backoff_max = \"1s\"");
     let s = Setup::new(&[&b]).await;
     let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
     let mut redis = s.redis.clone();

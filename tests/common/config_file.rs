@@ -22,6 +22,14 @@ impl BusinessSpec {
             extra: String::new(),
         }
     }
+
+    /// Like [`BusinessSpec::random`], with `extra` lines for its section.
+    pub fn with_extra(name: &str, extra: impl Into<String>) -> Self {
+        Self {
+            extra: extra.into(),
+            ..Self::random(name)
+        }
+    }
 }
 
 /// Writes a config file for the given servers and businesses.

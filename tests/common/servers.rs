@@ -56,6 +56,14 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// A server in a directory under `dir`, started (blocking: call it
+    /// from `block_in_place` in an async test).
+    pub fn started(dir: &Path) -> Self {
+        let mut server = Self::new(dir);
+        server.start();
+        server
+    }
+
     /// Starts the server on its port and directory (keeping any data there)
     /// and waits until it answers PING; panics after 20 s.
     pub fn start(&mut self) {
