@@ -40,6 +40,18 @@ fn flow(
         .collect()
 }
 
+/// Waits until a fifth of the `n` members arrived, asserts the flow is
+/// under way (some but not all delivered) when `server` stops.
+async fn wait_under_way(inbox: &Inbox, n: usize, server: &str, d: &Daemon) {
+    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
+    let before = inbox.len();
+    assert!(
+        before > 0 && before < n,
+        "the flow should be under way when {server} stops ({before} of {n} delivered); log:\n{}",
+        d.tail()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
     let b = BusinessSpec::with_extra("kills", "lease = \"2s\"");
@@ -101,13 +113,7 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
 
     // Stop Redis about 2 s into the flow, keep it away 3 s, restart it.
-    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
-    let before = inbox.len();
-    assert!(
-        before > 0 && before < n,
-        "the flow should be under way when Redis stops ({before} of {n} delivered); log:\n{}",
-        d.tail()
-    );
+    wait_under_way(&inbox, n, "Redis", &d).await;
     tokio::task::block_in_place(|| server.stop());
     drop(rc);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -164,13 +170,7 @@ async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     zadd_many(&mut redis, &b.key, &items).await;
 
     // Stop the broker about 2 s into the flow, keep it away 3 s, restart it.
-    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
-    let before = inbox.len();
-    assert!(
-        before > 0 && before < n,
-        "the flow should be under way when RabbitMQ stops ({before} of {n} delivered); log:\n{}",
-        d.tail()
-    );
+    wait_under_way(&inbox, n, "RabbitMQ", &d).await;
     node.stop().await;
     let gone = wall_ms();
     drop(ch);
@@ -241,10 +241,7 @@ async fn whereabouts(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
     let b = BusinessSpec::with_extra("unroutable", "max_attempts = 3\nretry_backoff = \"100ms\"");
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    declare_exchange(&ch, &b.exchange).await;
+    let Consumers { dir, amqp, ch, .. } = Consumers::exchanges_only(&amqp_url(), &[&b]).await;
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let mut redis = redis().await;
     let body = unique("no-route").into_bytes();
@@ -337,11 +334,7 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
     declare_with(&ch, &b.exchange, &queue, &b.routing_key, args).await;
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let mut redis = redis().await;
-    let now = redis_now_ms(&mut redis).await;
-    let items: Vec<(f64, Vec<u8>)> = (0..5)
-        .map(|i| (now as f64, format!("full-{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut redis, &b.key, &items).await;
+    let items = schedule_due_now(&mut redis, &b.key, "full", 5).await;
     let mut d = Daemon::start(&config);
 
     // Full for 3 x max_attempts x retry_backoff, and then some.

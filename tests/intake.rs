@@ -440,14 +440,14 @@ async fn properties_and_headers_arrive_as_published() {
         h.insert(k.into(), v);
     }
     let props = BasicProperties::default()
-        .with_content_type(ShortString::from("application/json"))
-        .with_content_encoding(ShortString::from("gzip"))
         .with_headers(h)
+        .with_content_type(ShortString::from("application/json"))
         .with_delivery_mode(2)
-        .with_priority(7)
+        .with_content_encoding(ShortString::from("gzip"))
         .with_correlation_id(ShortString::from("corr-1"))
-        .with_reply_to(ShortString::from("replies"))
+        .with_priority(7)
         .with_expiration(ShortString::from("600000"))
+        .with_reply_to(ShortString::from("replies"))
         .with_message_id(ShortString::from(unique("order")))
         .with_timestamp(1_700_000_123)
         .with_type(ShortString::from("order.expired"))

@@ -48,6 +48,17 @@ async fn target(ch: &Channel, name: &str, queue: &str) {
     declare(ch, name, queue, "").await;
 }
 
+/// On the shared broker, a consumed [`target`] named for `prefix`, and a
+/// name for the intake: (connection, channel, [target, queue, intake], inbox).
+async fn consumed_target(prefix: &str) -> (Connection, Channel, [String; 3], Inbox) {
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let names = ["target", "q", "intake"].map(|s| unique(&format!("{prefix}-{s}")));
+    target(&ch, &names[0], &names[1]).await;
+    let inbox = consume(&amqp, &names[1]).await;
+    (amqp, ch, names, inbox)
+}
+
 /// Deletes what [`target`] and the intake declared on the shared broker.
 async fn remove_topology(ch: &Channel, target: &str, queue: &str, intake: &str) {
     let intake_queue = format!("{intake}.q");
@@ -132,11 +143,7 @@ fn bodies(tag: &str, n: usize) -> Vec<Vec<u8>> {
 async fn a_redis_restart_mid_intake_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let (tgt, queue, intake) = (unique("rr-target"), unique("rr-q"), unique("rr-intake"));
-    target(&ch, &tgt, &queue).await;
-    let inbox = consume(&amqp, &queue).await;
+    let (amqp, ch, [tgt, queue, intake], inbox) = consumed_target("rr").await;
     let (config, _) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
     let d = Daemon::start(&config);
     // Producers switch once the intake queue is bound and consumed, as the
@@ -236,11 +243,7 @@ async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     let alarm = Alarm(&node);
     alarm.raise().await;
     let mut redis = redis().await;
-    let now = redis_now_ms(&mut redis).await;
-    let due: Vec<(f64, Vec<u8>)> = (0..100)
-        .map(|i| (now as f64, format!("plain-{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut redis, &plain.key, &due).await;
+    schedule_due_now(&mut redis, &plain.key, "plain", 100).await;
     let d = Daemon::start(&config);
     let inflight = family(&key).inflight;
     let stored = |mut redis: redis::aio::MultiplexedConnection| {
@@ -374,11 +377,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let mut r = server.conn().await;
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let (tgt, queue, intake) = (unique("oom-target"), unique("oom-q"), unique("oom-intake"));
-    target(&ch, &tgt, &queue).await;
-    let inbox = consume(&amqp, &queue).await;
+    let (amqp, ch, [tgt, queue, intake], inbox) = consumed_target("oom").await;
     let (config, key) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
     let port = free_port(30000..35000, &[]);
     let listen = format!("127.0.0.1:{port}");

@@ -521,11 +521,7 @@ async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
                 })
                 .await;
                 assert!(ok, "round {r}: shard {s} never delivered");
-                let got = inbox
-                    .all()
-                    .into_iter()
-                    .find(|m| m.body == body.as_bytes())
-                    .expect("the woken member");
+                let got = inbox.find(body.as_bytes()).expect("the woken member");
                 assert!(
                     got.at_ms - t0 <= 100,
                     "round {r}: shard {s} woke after {} ms",

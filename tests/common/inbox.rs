@@ -314,3 +314,10 @@ pub async fn delete_topology(ch: &Channel, queues: &[&str], exchanges: &[&str]) 
         let _ = ch.exchange_delete((*x).into(), Default::default()).await;
     }
 }
+
+impl Inbox {
+    /// The first message received with `body`, if any.
+    pub fn find(&self, body: &[u8]) -> Option<Received> {
+        self.all().into_iter().find(|m| m.body == body)
+    }
+}

@@ -249,3 +249,19 @@ pub async fn eventually_family_gone(
     })
     .await
 }
+
+/// Schedules `n` members `PREFIX-0` … due now on Redis's clock; returns them
+/// with their scores.
+pub async fn schedule_due_now(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    prefix: &str,
+    n: usize,
+) -> Vec<(f64, Vec<u8>)> {
+    let now = redis_now_ms(conn).await as f64;
+    let items: Vec<(f64, Vec<u8>)> = (0..n)
+        .map(|i| (now, format!("{prefix}-{i}").into_bytes()))
+        .collect();
+    zadd_many(conn, key, &items).await;
+    items
+}
