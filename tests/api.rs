@@ -883,14 +883,7 @@ async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size(
 async fn with_a_read_token_every_read_needs_it_and_it_cannot_write() {
     const READ: &str = "test-read-token-0123456789";
     let b = id_business("roles");
-    let c = ConsoleDaemon::start_with_env(
-        &[&b],
-        &[
-            ("DELAYD_HTTP__READ_TOKEN", READ),
-            ("DELAYD_HTTP__ADMIN_TOKEN", TOKEN),
-        ],
-    )
-    .await;
+    let c = ConsoleDaemon::start_with_tokens(&[&b], READ, TOKEN).await;
     let n = &b.name;
     let reads = [
         "/api/v1/businesses".to_string(),

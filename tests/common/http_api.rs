@@ -132,6 +132,15 @@ impl ConsoleDaemon {
         c
     }
 
+    /// Starts delayd for `businesses` with a read token and an admin token.
+    pub async fn start_with_tokens(businesses: &[&BusinessSpec], read: &str, admin: &str) -> Self {
+        let env = [
+            ("DELAYD_HTTP__READ_TOKEN", read),
+            ("DELAYD_HTTP__ADMIN_TOKEN", admin),
+        ];
+        Self::start_with_env(businesses, &env).await
+    }
+
     /// Starts delayd for `businesses` with these `DELAYD_*` variables; waits
     /// with the read token (`DELAYD_HTTP__READ_TOKEN`) when one is set.
     pub async fn start_with_env(businesses: &[&BusinessSpec], env: &[(&str, &str)]) -> Self {
