@@ -202,6 +202,19 @@ async fn schedule_id(
         .unwrap();
 }
 
+/// The console of an id-mode business `billing` with the admin token, and
+/// a Redis connection.
+async fn billing_console() -> (
+    BusinessSpec,
+    ConsoleDaemon,
+    redis::aio::MultiplexedConnection,
+) {
+    let billing = id_business("billing");
+    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
+    let r = c.setup.redis.clone();
+    (billing, c, r)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
     let billing = id_business("billing");
@@ -297,9 +310,7 @@ async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
-    let billing = id_business("billing");
-    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
-    let mut r = c.setup.redis.clone();
+    let (billing, c, mut r) = billing_console().await;
     let now = redis_now_ms(&mut r).await;
     let hostile =
         "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"><b>bold?</b>";
@@ -350,9 +361,7 @@ async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
-    let billing = id_business("billing");
-    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
-    let mut r = c.setup.redis.clone();
+    let (billing, c, mut r) = billing_console().await;
     let fam = family(&billing.key);
     let _: () = query(&mut r, "HSET", (&fam.body, "inv-7", "the invoice")).await;
     seed_dead(
