@@ -216,18 +216,8 @@ async fn a_rescheduled_member_arrives_once_at_its_new_time() {
     let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
-    zadd_many(
-        &mut s.redis,
-        &b.key,
-        &[((now + 1000) as f64, b"moved".to_vec())],
-    )
-    .await;
-    zadd_many(
-        &mut s.redis,
-        &b.key,
-        &[((now + 2500) as f64, b"moved".to_vec())],
-    )
-    .await;
+    schedule_at(&mut s.redis, &b.key, now + 1000, &[b"moved"]).await;
+    schedule_at(&mut s.redis, &b.key, now + 2500, &[b"moved"]).await;
     s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
     s.inboxes[0].settle(Duration::from_millis(1000)).await;
     let got = s.inboxes[0].all();
@@ -240,17 +230,9 @@ async fn a_rescheduled_member_arrives_once_at_its_new_time() {
 async fn zrem_cancels_a_member() {
     let b = BusinessSpec::random("cancel");
     let mut s = Setup::new(&[&b]).await;
-    let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
-    zadd_many(
-        &mut s.redis,
-        &b.key,
-        &[
-            ((now + 1200) as f64, b"cancelled".to_vec()),
-            ((now + 1200) as f64, b"kept".to_vec()),
-        ],
-    )
-    .await;
+    let _d = Daemon::start(&s.config);
+    schedule_at(&mut s.redis, &b.key, now + 1200, &[b"cancelled", b"kept"]).await;
     let _: i64 = query(&mut s.redis, "ZREM", (&b.key, "cancelled")).await;
     s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
     s.inboxes[0].settle(Duration::from_millis(800)).await;
@@ -287,11 +269,8 @@ async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
         .await;
     s.inboxes[0].settle(Duration::from_millis(500)).await;
     for (inbox, items) in [(&s.inboxes[0], &ia), (&s.inboxes[1], &ib)] {
-        let got = inbox.all();
-        assert_eq!(got.len(), n as usize, "exactly once: no duplicates");
-        let set: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
         let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
-        assert_eq!(set, want);
+        let got = inbox.assert_each_once(&want, "a steady drain");
         for r in &got {
             assert!(r.at_ms >= r.due(), "arrived early");
         }
@@ -325,12 +304,8 @@ async fn score_unit_seconds_is_honoured() {
 async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_duplicates() {
     let b = BusinessSpec::with_extra("term", "max_rate = 2000");
     let mut s = Setup::new(&[&b]).await;
-    let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 8000usize;
-    let items: Vec<(f64, Vec<u8>)> = (0..n)
-        .map(|i| (now, format!("t{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut s.redis, &b.key, &items).await;
+    let items = schedule_due_now(&mut s.redis, &b.key, "t", n).await;
     let mut d = Daemon::start(&s.config);
     s.inboxes[0].wait_for(1000, Duration::from_secs(20)).await;
     d.signal(15);
@@ -347,10 +322,8 @@ async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_du
     let mut d2 = Daemon::start(&s.config);
     s.inboxes[0].wait_for(n, Duration::from_secs(30)).await;
     s.inboxes[0].settle(Duration::from_millis(500)).await;
-    let got = s.inboxes[0].all();
-    let set: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
-    assert_eq!(set.len(), n, "every member delivered");
-    assert_eq!(got.len(), n, "no duplicate after a clean stop");
+    let want = items.into_iter().map(|(_, m)| m).collect();
+    s.inboxes[0].assert_each_once(&want, "a clean stop");
     d2.signal(15);
     assert_eq!(d2.wait(Duration::from_secs(15)).code(), Some(0));
     assert_family_empty(&mut s.redis, &b.key).await;
@@ -444,12 +417,8 @@ async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
     let redis_server = PrivateRedis::started(dir.path());
     let b = BusinessSpec::with_extra("frozen", "shutdown_timeout = \"3s\"");
     let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
-    let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 30_000usize;
-    let items: Vec<(f64, Vec<u8>)> = (0..n)
-        .map(|i| (now, format!("f{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut s.redis, &b.key, &items).await;
+    schedule_due_now(&mut s.redis, &b.key, "f", n).await;
     let mut d = Daemon::start(&s.config);
     s.inboxes[0].wait_for(2000, Duration::from_secs(20)).await;
     // Redis stops answering mid-drain and delayd is told to stop; Redis

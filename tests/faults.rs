@@ -269,8 +269,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let f = family(&b.key);
-    let reason: String = query(&mut redis, "HGET", (&f.reasons, &body)).await;
-    assert!(reason.contains("unroutable"), "reason: {reason}");
+    assert_dead_with_reason(&mut redis, &b.key, &body, "unroutable").await;
     // Dead means dead: it stays there and nothing else is left.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -434,11 +433,8 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reason: String = query(&mut redis, "HGET", (&f.reasons, &oversize)).await;
-    assert!(
-        reason.contains("larger than configured max size"),
-        "reason should say why: {reason}"
-    );
+    let why = "larger than configured max size";
+    assert_dead_with_reason(&mut redis, &b.key, &oversize, why).await;
     assert_eq!(
         zcard(&mut redis, &f.dead).await,
         1,

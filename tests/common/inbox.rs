@@ -321,3 +321,30 @@ impl Inbox {
         self.all().into_iter().find(|m| m.body == body)
     }
 }
+
+impl Inbox {
+    /// Asserts that exactly the members `want` arrived, each once; `after`
+    /// names what could have duplicated one (a clean stop, a failover).
+    pub fn assert_each_once(&self, want: &HashSet<Vec<u8>>, after: &str) -> Vec<Received> {
+        let got = self.all();
+        let bodies: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
+        let missing = want.difference(&bodies).count();
+        assert_eq!(
+            missing,
+            0,
+            "{missing} of {} members not delivered",
+            want.len()
+        );
+        assert_eq!(
+            bodies.len(),
+            want.len(),
+            "members delivered that were never scheduled"
+        );
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "a member delivered twice after {after}"
+        );
+        got
+    }
+}

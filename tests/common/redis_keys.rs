@@ -265,3 +265,37 @@ pub async fn schedule_due_now(
     zadd_many(conn, key, &items).await;
     items
 }
+
+/// Asserts that `member` is in `key`'s dead set with a reason that
+/// contains `why`.
+pub async fn assert_dead_with_reason(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    member: &[u8],
+    why: &str,
+) {
+    let f = family(key);
+    assert!(
+        zscore(conn, &f.dead, member).await.is_some(),
+        "not in the dead set"
+    );
+    let reason = dead_reason(conn, key, member).await.unwrap_or_default();
+    assert!(
+        reason.contains(why),
+        "the reason should say {why:?}: {reason:?}"
+    );
+}
+
+/// Schedules each of `members` due at `due_ms` (epoch ms).
+pub async fn schedule_at(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    due_ms: i64,
+    members: &[&[u8]],
+) {
+    let items: Vec<(f64, Vec<u8>)> = members
+        .iter()
+        .map(|m| (due_ms as f64, m.to_vec()))
+        .collect();
+    zadd_many(conn, key, &items).await;
+}
