@@ -192,6 +192,16 @@ impl ConsoleDaemon {
         self.token.as_deref()
     }
 
+    /// `POST path` with `body`, with the admin token when it has one.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> Answer {
+        api_post(self.port, path, self.token(), &body).await
+    }
+
+    /// `POST path` with `body` and no token (a read, or a refusal).
+    pub async fn post_untokened(&self, path: &str, body: serde_json::Value) -> Answer {
+        api_post(self.port, path, None, &body).await
+    }
+
     /// The overview row of `business`.
     pub async fn overview_of(&self, business: &str) -> serde_json::Value {
         let a = api_get(self.port, "/api/v1/businesses").await;
