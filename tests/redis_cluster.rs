@@ -190,6 +190,27 @@ struct Flow {
     inbox: Inbox,
 }
 
+/// Three spread shards with a 3 s lease: a flow that fails over mid-way.
+const SPREAD_3S_LEASE: &str = "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"";
+
+/// The cluster for this test alone while it holds the guard, a [`flow`]
+/// on it, and a connection.
+async fn serial_flow(
+    name: &str,
+    extra: &str,
+) -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    &'static Cluster,
+    Flow,
+    redis::cluster_async::ClusterConnection,
+) {
+    let turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow(name, extra).await;
+    let conn = c.conn().await;
+    (turn, c, f, conn)
+}
+
 async fn flow(name: &str, extra: &str) -> Flow {
     let mut b = BusinessSpec::random(name);
     b.extra = extra.to_string();
@@ -425,14 +446,7 @@ async fn check_prints_placement_and_shards_prints_the_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "kill",
-        "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, c, f, mut conn) = serial_flow("kill", SPREAD_3S_LEASE).await;
     f.schedule(&mut conn, 1000, Duration::from_secs(8)).await;
     let victim = c.master_of_slot(delayd::keys::slot(&f.keys[0])).await;
     let daemon = Daemon::start(&f.config);
@@ -458,14 +472,7 @@ async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_failover_mid_flow_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "failover",
-        "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, c, f, mut conn) = serial_flow("failover", SPREAD_3S_LEASE).await;
     f.schedule(&mut conn, 1000, Duration::from_secs(6)).await;
     let master = c.master_of_slot(delayd::keys::slot(&f.keys[1])).await;
     let replica = c.replica_of(&master).await;
@@ -482,14 +489,7 @@ async fn manual_failover_mid_flow_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "wake",
-        "shards = 3\nshard_names = \"spread\"\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, c, f, mut conn) = serial_flow("wake", "shards = 3\nshard_names = \"spread\"\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"").await;
     let daemon = Daemon::start(&f.config);
     assert!(
         eventually(Duration::from_secs(15), || {
@@ -598,14 +598,7 @@ async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_one_rate_across_shards_on_every_master() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "rate",
-        "shards = 3\nshard_names = \"spread\"\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, _c, f, mut conn) = serial_flow("rate", "shards = 3\nshard_names = \"spread\"\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"").await;
     let per_shard = 1333;
     f.schedule(&mut conn, per_shard, Duration::ZERO).await;
     let d1 = Daemon::start(&f.config);
