@@ -141,15 +141,10 @@ fn certs() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("delayd-unit-certs-{}", std::process::id()));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/certs.sh");
-        let out = std::process::Command::new(script)
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = std::process::Command::new(script).arg(&dir).output();
+        let out = out.unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
         dir
     })
 }
@@ -719,11 +714,8 @@ fn redis_section_round_trips_through_toml() {
 fn load_env(body: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(body.as_bytes()).unwrap();
-    let env = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    load_with_env(f.path(), env)
+    let env = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    load_with_env(f.path(), env.collect())
 }
 
 #[test]
