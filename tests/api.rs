@@ -28,6 +28,20 @@ fn labels_count(h: &serde_json::Value, label: &str) -> u64 {
         .unwrap()
 }
 
+/// `GET path`, asserted to answer 200.
+async fn api_ok(port: u16, path: &str) -> Answer {
+    let page = api_get(port, path).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    page
+}
+
+/// The console of one business `name`, with no token.
+async fn console_of(name: &str) -> (BusinessSpec, ConsoleDaemon) {
+    let b = BusinessSpec::random(name);
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    (b, c)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overview_shows_counts_rates_lateness_and_paused_businesses() {
     let live = id_business("live");
@@ -61,13 +75,7 @@ async fn overview_shows_counts_rates_lateness_and_paused_businesses() {
             .unwrap();
     }
     c.setup.inbox().wait_for(5, Duration::from_secs(10)).await;
-    let _: () = redis::cmd("ZADD")
-        .arg(&gone.key)
-        .arg(now)
-        .arg("stuck")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = query(&mut r, "ZADD", (&gone.key, now, "stuck")).await;
 
     // Rates cover at least a second of samples.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -111,8 +119,7 @@ async fn overview_shows_counts_rates_lateness_and_paused_businesses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histogram_counts_each_window_over_every_shard() {
-    let mut b = BusinessSpec::random("hist");
-    b.extra = "shards = 2".into();
+    let b = BusinessSpec::with_extra("hist", "shards = 2");
     let c = ConsoleDaemon::start(&[&b], None).await;
     let mut r = c.setup.redis.clone();
     let now = redis_now_ms(&mut r).await;
@@ -134,13 +141,12 @@ async fn histogram_counts_each_window_over_every_shard() {
     for (i, (off, _)) in plan.iter().enumerate() {
         // Both shards: the histogram sums them.
         for shard in 0..2 {
-            let _: () = redis::cmd("ZADD")
-                .arg(format!("{}:{shard}", b.key))
-                .arg(now + off)
-                .arg(format!("task-{i}"))
-                .query_async(&mut r)
-                .await
-                .unwrap();
+            let _: () = query(
+                &mut r,
+                "ZADD",
+                (format!("{}:{shard}", b.key), now + off, format!("task-{i}")),
+            )
+            .await;
         }
     }
     let h = api_get(c.port, &format!("/api/v1/businesses/{}/histogram", b.name)).await;
@@ -171,8 +177,7 @@ async fn histogram_counts_each_window_over_every_shard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_tasks_page_by_cursor_within_a_due_window() {
-    let b = BusinessSpec::random("pages");
-    let c = ConsoleDaemon::start(&[&b], None).await;
+    let (b, c) = console_of("pages").await;
     let mut r = c.setup.redis.clone();
     let base = redis_now_ms(&mut r).await + 3_600_000;
     let items: Vec<(f64, Vec<u8>)> = (0..25)
@@ -191,8 +196,7 @@ async fn pending_tasks_page_by_cursor_within_a_due_window() {
             Some(cur) => format!("/api/v1/businesses/{}/tasks?limit=10&cursor={cur}", b.name),
             None => format!("/api/v1/businesses/{}/tasks?limit=10", b.name),
         };
-        let page = api_get(c.port, &path).await;
-        assert_eq!(page.status, 200, "{}", page.text);
+        let page = api_ok(c.port, &path).await;
         for t in page.json["tasks"].as_array().unwrap() {
             seen.push(t["member"]["text"].as_str().unwrap().to_string());
         }
@@ -282,8 +286,7 @@ async fn a_task_is_found_by_id_with_its_body_cut_to_size() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn search_finds_bodies_by_prefix_over_shards_and_says_when_it_is_partial() {
-    let mut b = BusinessSpec::random("search");
-    b.extra = "shards = 2".into();
+    let b = BusinessSpec::with_extra("search", "shards = 2");
     let c = ConsoleDaemon::start(&[&b], None).await;
     let mut r = c.setup.redis.clone();
     let due = (redis_now_ms(&mut r).await + 3_600_000) as f64;
@@ -310,8 +313,7 @@ async fn search_finds_bodies_by_prefix_over_shards_and_says_when_it_is_partial()
             ),
             None => format!("/api/v1/businesses/{}/search?prefix=order:", b.name),
         };
-        let page = api_get(c.port, &path).await;
-        assert_eq!(page.status, 200, "{}", page.text);
+        let page = api_ok(c.port, &path).await;
         for t in page.json["tasks"].as_array().unwrap() {
             found.insert(t["member"]["text"].as_str().unwrap().to_string());
         }
@@ -394,37 +396,28 @@ async fn schedule_reschedule_run_now_and_cancel_need_the_token() {
     let got = api_get(c.port, &format!("{tasks}/t1")).await;
     assert_eq!(got.json["body"]["text"], "payload-1");
 
-    let moved = api_post(
-        c.port,
-        &format!("{tasks}/t1/reschedule"),
-        c.token(),
-        &json!({ "in": "2h" }),
-    )
-    .await;
+    let moved = c
+        .post(&format!("{tasks}/t1/reschedule"), json!({ "in": "2h" }))
+        .await;
     assert_eq!(moved.status, 200, "{}", moved.text);
     let due2 = moved.json["due_ms"].as_i64().unwrap();
     assert!(due2 - due > 3_500_000, "{due} -> {due2}");
-    let moved_unauth = api_post(
-        c.port,
-        &format!("{tasks}/t1/reschedule"),
-        None,
-        &json!({ "in": "2h" }),
-    )
-    .await;
+    let moved_unauth = c
+        .post_untokened(&format!("{tasks}/t1/reschedule"), json!({ "in": "2h" }))
+        .await;
     assert_eq!(moved_unauth.status, 401);
 
-    let run = api_post(c.port, &format!("{tasks}/t1/run"), c.token(), &json!({})).await;
+    let run = c.post(&format!("{tasks}/t1/run"), json!({})).await;
     assert_eq!(run.status, 200, "{}", run.text);
     c.setup.inbox().wait_for(1, Duration::from_secs(10)).await;
     assert_eq!(c.setup.inbox().all()[0].body, b"payload-1");
 
-    let t2 = api_post(
-        c.port,
-        &tasks,
-        c.token(),
-        &json!({ "id": "t2", "body": "x", "at_ms": now + 7_200_000 }),
-    )
-    .await;
+    let t2 = c
+        .post(
+            &tasks,
+            json!({ "id": "t2", "body": "x", "at_ms": now + 7_200_000 }),
+        )
+        .await;
     assert_eq!(t2.status, 201);
     let cancel_unauth = call(c.port, "DELETE", &format!("{tasks}/t2"), None, None).await;
     assert_eq!(cancel_unauth.status, 401);
@@ -434,19 +427,18 @@ async fn schedule_reschedule_run_now_and_cancel_need_the_token() {
     let again = call(c.port, "DELETE", &format!("{tasks}/t2"), c.token(), None).await;
     assert_eq!(again.status, 404);
     assert_eq!(again.json["result"], "not_found");
-    let gone = api_post(c.port, &format!("{tasks}/t2/run"), c.token(), &json!({})).await;
+    let gone = c.post(&format!("{tasks}/t2/run"), json!({})).await;
     assert_eq!(gone.status, 404);
     assert_eq!(gone.json["result"], "not_found");
 
     // Body mode: scheduled by body, no id.
     let body_tasks = format!("/api/v1/businesses/{}/tasks", body_mode.name);
-    let ok = api_post(
-        c.port,
-        &body_tasks,
-        c.token(),
-        &json!({ "body": "hello", "at": "2100-01-01T00:00:00Z" }),
-    )
-    .await;
+    let ok = c
+        .post(
+            &body_tasks,
+            json!({ "body": "hello", "at": "2100-01-01T00:00:00Z" }),
+        )
+        .await;
     assert_eq!(ok.status, 201, "{}", ok.text);
     assert_eq!(ok.json["due_ms"], 4_102_444_800_000i64);
     for (path, body, says) in [
@@ -527,13 +519,12 @@ async fn without_a_token_the_api_is_read_only() {
         assert!(a.error_line().contains("admin_token"), "{}", a.text);
     }
     // Counting changes nothing, so it needs no token.
-    let count = api_post(
-        c.port,
-        &format!("/api/v1/businesses/{}/dead/purge", b.name),
-        None,
-        &json!({ "all": true, "dry_run": true }),
-    )
-    .await;
+    let count = c
+        .post_untokened(
+            &format!("/api/v1/businesses/{}/dead/purge", b.name),
+            json!({ "all": true, "dry_run": true }),
+        )
+        .await;
     assert_eq!(count.status, 200, "{}", count.text);
     assert_eq!(count.json["count"], 1);
     assert_eq!(zcard(&mut r, &family(&b.key).dead).await, 1);
@@ -541,8 +532,7 @@ async fn without_a_token_the_api_is_read_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_members_are_counted_first_then_requeued_or_purged_by_member_reason_or_all() {
-    let mut b = BusinessSpec::random("dead");
-    b.extra = "shards = 2".into();
+    let b = BusinessSpec::with_extra("dead", "shards = 2");
     let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
     let mut r = c.setup.redis.clone();
     let unroutable = "returned as unroutable (312 NO_ROUTE) after 5 attempts";
@@ -577,13 +567,9 @@ async fn dead_members_are_counted_first_then_requeued_or_purged_by_member_reason
 
     let requeue = format!("{dead}/requeue");
     let purge = format!("{dead}/purge");
-    let count = api_post(
-        c.port,
-        &requeue,
-        None,
-        &json!({ "reason": "unroutable", "dry_run": true }),
-    )
-    .await;
+    let count = c
+        .post_untokened(&requeue, json!({ "reason": "unroutable", "dry_run": true }))
+        .await;
     assert_eq!(
         (count.status, count.json["count"].as_u64()),
         (200, Some(3)),
@@ -591,7 +577,7 @@ async fn dead_members_are_counted_first_then_requeued_or_purged_by_member_reason
         count.text
     );
     assert_eq!(count.json["dry_run"], true);
-    let one = api_post(c.port, &requeue, c.token(), &json!({ "member": "c" })).await;
+    let one = c.post(&requeue, json!({ "member": "c" })).await;
     assert_eq!(one.json["count"], 1, "{}", one.text);
     // Back in K, due now: the running daemon may already have delivered it.
     let back = eventually(Duration::from_secs(10), || {
@@ -601,25 +587,17 @@ async fn dead_members_are_counted_first_then_requeued_or_purged_by_member_reason
     })
     .await;
     assert!(back, "c is neither pending again nor delivered");
-    let refused = api_post(c.port, &purge, None, &json!({ "reason": "unroutable" })).await;
+    let refused = c
+        .post_untokened(&purge, json!({ "reason": "unroutable" }))
+        .await;
     assert_eq!(refused.status, 401);
-    let by_reason = api_post(
-        c.port,
-        &purge,
-        c.token(),
-        &json!({ "reason": "unroutable" }),
-    )
-    .await;
+    let by_reason = c.post(&purge, json!({ "reason": "unroutable" })).await;
     assert_eq!(by_reason.json["count"], 2, "{}", by_reason.text);
-    let rest = api_post(
-        c.port,
-        &requeue,
-        None,
-        &json!({ "all": true, "dry_run": true }),
-    )
-    .await;
+    let rest = c
+        .post_untokened(&requeue, json!({ "all": true, "dry_run": true }))
+        .await;
     assert_eq!(rest.json["count"], 3);
-    let all = api_post(c.port, &requeue, c.token(), &json!({ "all": true })).await;
+    let all = c.post(&requeue, json!({ "all": true })).await;
     assert_eq!(all.json["count"], 3, "{}", all.text);
     let empty = api_get(c.port, &dead).await;
     assert_eq!(empty.json["total"], 0);
@@ -720,8 +698,7 @@ async fn bad_input_is_a_4xx_with_one_line_never_a_500() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_and_its_assets_are_served_with_a_policy_that_runs_only_them() {
-    let b = BusinessSpec::random("page");
-    let c = ConsoleDaemon::start(&[&b], None).await;
+    let (_b, c) = console_of("page").await;
     for (path, kind, has) in [
         ("/", "text/html", "console.js"),
         ("/console.js", "text/javascript", "textContent"),
@@ -754,8 +731,7 @@ async fn the_page_and_its_assets_are_served_with_a_policy_that_runs_only_them() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_with_text_that_is_not_hex_is_a_400_never_a_panic() {
-    let b = BusinessSpec::random("cursor");
-    let c = ConsoleDaemon::start(&[&b], None).await;
+    let (b, c) = console_of("cursor").await;
     for cursor in ["1:a%C3%A9b", "1:%C3%A9", "1:0%C3%A9"] {
         let path = format!("/api/v1/businesses/{}/tasks?cursor={cursor}", b.name);
         let a = api_get(c.port, &path).await;
@@ -847,50 +823,34 @@ async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size(
             .unwrap_or_else(|| panic!("no handle for {reason}: {}", list.text))
             .to_string()
     };
-    let purged = api_post(
-        c.port,
-        &format!("{dead}/purge"),
-        c.token(),
-        &json!({ "handle": handle("binary") }),
-    )
-    .await;
+    let purged = c
+        .post(
+            &format!("{dead}/purge"),
+            json!({ "handle": handle("binary") }),
+        )
+        .await;
     assert_eq!(purged.json["count"], 1, "{}", purged.text);
-    let left: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&fam.dead)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let left: Vec<Vec<u8>> = zrange(&mut r, &fam.dead).await;
     assert!(left.contains(&b"a\\xff".to_vec()), "the ASCII member went");
     assert!(
         !left.contains(&b"a\xff".to_vec()),
         "the binary member stayed"
     );
     // Over 4 KiB: shown cut, acted on whole.
-    let count = api_post(
-        c.port,
-        &format!("{dead}/purge"),
-        None,
-        &json!({ "handle": handle("big"), "dry_run": true }),
-    )
-    .await;
+    let count = c
+        .post_untokened(
+            &format!("{dead}/purge"),
+            json!({ "handle": handle("big"), "dry_run": true }),
+        )
+        .await;
     assert_eq!(count.json["count"], 1, "{}", count.text);
-    let gone = api_post(
-        c.port,
-        &format!("{dead}/purge"),
-        c.token(),
-        &json!({ "handle": handle("big") }),
-    )
-    .await;
+    let gone = c
+        .post(&format!("{dead}/purge"), json!({ "handle": handle("big") }))
+        .await;
     assert_eq!(gone.json["count"], 1, "{}", gone.text);
-    let bad = api_post(
-        c.port,
-        &format!("{dead}/purge"),
-        c.token(),
-        &json!({ "handle": "zz" }),
-    )
-    .await;
+    let bad = c
+        .post(&format!("{dead}/purge"), json!({ "handle": "zz" }))
+        .await;
     assert_eq!(bad.status, 400, "{}", bad.text);
     bad.error_line();
 }
@@ -899,14 +859,7 @@ async fn a_dead_member_is_acted_on_by_its_exact_bytes_whatever_its_text_or_size(
 async fn with_a_read_token_every_read_needs_it_and_it_cannot_write() {
     const READ: &str = "test-read-token-0123456789";
     let b = id_business("roles");
-    let c = ConsoleDaemon::start_with_env(
-        &[&b],
-        &[
-            ("DELAYD_HTTP__READ_TOKEN", READ),
-            ("DELAYD_HTTP__ADMIN_TOKEN", TOKEN),
-        ],
-    )
-    .await;
+    let c = ConsoleDaemon::start_with_tokens(&[&b], READ, TOKEN).await;
     let n = &b.name;
     let reads = [
         "/api/v1/businesses".to_string(),
@@ -968,8 +921,8 @@ async fn a_paused_business_claims_nothing_keeps_its_work_and_says_so_everywhere(
     let n = &b.name;
     let pause = format!("/api/v1/businesses/{n}/pause");
     let resume = format!("/api/v1/businesses/{n}/resume");
-    assert_eq!(api_post(c.port, &pause, None, &json!({})).await.status, 401);
-    let paused = api_post(c.port, &pause, c.token(), &json!({})).await;
+    assert_eq!(c.post_untokened(&pause, json!({})).await.status, 401);
+    let paused = c.post(&pause, json!({})).await;
     assert_eq!(paused.json["result"], "paused", "{}", paused.text);
     assert_eq!(paused.json["pause"]["by"], "admin_token", "{}", paused.text);
     let mut r = c.setup.redis.clone();
@@ -1003,7 +956,7 @@ async fn a_paused_business_claims_nothing_keeps_its_work_and_says_so_everywhere(
     assert!(out.contains("resumed"), "{out}");
     c.setup.inbox().wait_for(1, Duration::from_secs(10)).await;
     assert_eq!(c.setup.inbox().all()[0].body, b"the held task");
-    let again = api_post(c.port, &resume, c.token(), &json!({})).await;
+    let again = c.post(&resume, json!({})).await;
     assert_eq!(again.json["result"], "not_paused", "{}", again.text);
     let (code, out, _) = delayd(&["pause", "-c", &cfg, n]);
     assert_eq!(code, 0);
@@ -1024,27 +977,19 @@ async fn every_write_is_in_the_audit_log_with_who_what_how_many_and_when() {
     let mut r = c.setup.redis.clone();
     let before = redis_now_ms(&mut r).await;
     let tasks = format!("/api/v1/businesses/{n}/tasks");
-    let made = api_post(
-        c.port,
-        &tasks,
-        c.token(),
-        &json!({ "id": "a-1", "body": "b", "in": "1h" }),
-    )
-    .await;
+    let made = c
+        .post(&tasks, json!({ "id": "a-1", "body": "b", "in": "1h" }))
+        .await;
     assert_eq!(made.status, 201, "{}", made.text);
     let gone = call(c.port, "DELETE", &format!("{tasks}/a-1"), c.token(), None).await;
     assert_eq!(gone.status, 200, "{}", gone.text);
     seed_dead(&mut r, &b.key, &[("d-1", "rejected"), ("d-2", "rejected")]).await;
     let dead = format!("/api/v1/businesses/{n}/dead/purge");
-    let counted = api_post(
-        c.port,
-        &dead,
-        None,
-        &json!({ "all": true, "dry_run": true }),
-    )
-    .await;
+    let counted = c
+        .post_untokened(&dead, json!({ "all": true, "dry_run": true }))
+        .await;
     assert_eq!(counted.json["count"], 2);
-    let purged = api_post(c.port, &dead, c.token(), &json!({ "reason": "rejected" })).await;
+    let purged = c.post(&dead, json!({ "reason": "rejected" })).await;
     assert_eq!(purged.json["count"], 2, "{}", purged.text);
     let cfg = c.setup.config.to_str().unwrap().to_string();
     assert_eq!(delayd(&["pause", "-c", &cfg, n]).0, 0);

@@ -74,6 +74,18 @@ impl Browser {
     }
 
     /// Saves a screenshot as `NAME.png` and returns its path.
+    /// What `script` returns in the page.
+    async fn js(&self, script: &str) -> serde_json::Value {
+        self.client.execute(script, vec![]).await.unwrap()
+    }
+
+    /// Asserts that `script`, the pixels something overflows its width
+    /// by, returns at most 0; `what` says what is too wide.
+    async fn assert_fits(&self, script: &str, what: &str) {
+        let overflow = self.js(script).await;
+        assert!(overflow.as_i64().unwrap() <= 0, "{what} by {overflow}px");
+    }
+
     async fn screenshot(&self, name: &str) -> PathBuf {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
         std::fs::create_dir_all(&dir).unwrap();
@@ -190,6 +202,19 @@ async fn schedule_id(
         .unwrap();
 }
 
+/// The console of an id-mode business `billing` with the admin token, and
+/// a Redis connection.
+async fn billing_console() -> (
+    BusinessSpec,
+    ConsoleDaemon,
+    redis::aio::MultiplexedConnection,
+) {
+    let billing = id_business("billing");
+    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
+    let r = c.setup.redis.clone();
+    (billing, c, r)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
     let billing = id_business("billing");
@@ -251,18 +276,9 @@ async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
     )
     .await;
     // On a laptop the whole overview row is in view, with no sideways scroll.
-    let overflow = b
-        .client
-        .execute(
-            "const s = document.querySelector('#overview .scroll'); return s.scrollWidth - s.clientWidth;",
-            vec![],
-        )
-        .await
-        .unwrap();
-    assert!(
-        overflow.as_i64().unwrap() <= 0,
-        "the overview is wider than a 1280px window by {overflow}px"
-    );
+    let overview = "const s = document.querySelector('#overview .scroll'); return s.scrollWidth - s.clientWidth;";
+    b.assert_fits(overview, "the overview is wider than a 1280px window")
+        .await;
     b.screenshot("overview").await;
 
     // The histogram of what comes due, from the link in the overview.
@@ -286,27 +302,15 @@ async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
         .unwrap();
     b.wait_text("#pending tbody tr td.text", |t| t == "mail-0")
         .await;
-    let overflow = b
-        .client
-        .execute(
-            "return document.documentElement.scrollWidth - window.innerWidth;",
-            vec![],
-        )
-        .await
-        .unwrap();
-    assert!(
-        overflow.as_i64().unwrap() <= 0,
-        "the page is wider than a phone by {overflow}px"
-    );
+    let page = "return document.documentElement.scrollWidth - window.innerWidth;";
+    b.assert_fits(page, "the page is wider than a phone").await;
     b.screenshot("pending-phone").await;
     b.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
-    let billing = id_business("billing");
-    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
-    let mut r = c.setup.redis.clone();
+    let (billing, c, mut r) = billing_console().await;
     let now = redis_now_ms(&mut r).await;
     let hostile =
         "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"><b>bold?</b>";
@@ -357,17 +361,9 @@ async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
-    let billing = id_business("billing");
-    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
-    let mut r = c.setup.redis.clone();
+    let (billing, c, mut r) = billing_console().await;
     let fam = family(&billing.key);
-    let _: () = redis::cmd("HSET")
-        .arg(&fam.body)
-        .arg("inv-7")
-        .arg("the invoice")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = query(&mut r, "HSET", (&fam.body, "inv-7", "the invoice")).await;
     seed_dead(
         &mut r,
         &billing.key,
@@ -401,12 +397,7 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
             .await,
         "a write button shows without the admin token"
     );
-    let still: Option<f64> = redis::cmd("ZSCORE")
-        .arg(&fam.dead)
-        .arg("inv-7")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let still: Option<f64> = zscore(&mut r, &fam.dead, "inv-7").await;
     assert!(still.is_some(), "refused, so still dead");
 
     // With the token: requeued, then delivered.
@@ -445,14 +436,7 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
 async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
     const READ: &str = "browser-read-token-0123456789";
     let billing = id_business("billing");
-    let c = ConsoleDaemon::start_with_env(
-        &[&billing],
-        &[
-            ("DELAYD_HTTP__READ_TOKEN", READ),
-            ("DELAYD_HTTP__ADMIN_TOKEN", TOKEN),
-        ],
-    )
-    .await;
+    let c = ConsoleDaemon::start_with_tokens(&[&billing], READ, TOKEN).await;
     let mut r = c.setup.redis.clone();
     let later = redis_now_ms(&mut r).await + 3_600_000;
     schedule_id(&mut r, &billing.key, "inv-1", "an invoice", later).await;
@@ -490,11 +474,7 @@ async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
     )
     .await;
     b.screenshot("paused").await;
-    let key: Option<String> = redis::cmd("GET")
-        .arg(family(&billing.key).paused)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let key: Option<String> = query(&mut r, "GET", family(&billing.key).paused).await;
     assert!(key.is_some_and(|v| v.ends_with(" admin_token")));
 
     b.click("#audit-link").await;

@@ -11,8 +11,7 @@ use lapin::types::AMQPValue;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
-    let mut b = BusinessSpec::random("bin");
-    b.extra = "content_type = \"application/octet-stream\"".into();
+    let b = BusinessSpec::with_extra("bin", "content_type = \"application/octet-stream\"");
     let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let bodies: Vec<Vec<u8>> = vec![
@@ -57,8 +56,7 @@ async fn binary_bodies_arrive_byte_exact_with_the_promised_properties() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_only_on_retries() {
-    let mut b = BusinessSpec::random("std");
-    b.extra = "properties = \"standard\"\nretry_backoff = \"1s\"".into();
+    let b = BusinessSpec::with_extra("std", "properties = \"standard\"\nretry_backoff = \"1s\"");
     // Nothing is bound yet: the first publish comes back unroutable.
     let mut s = Setup::unbound(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await;
@@ -70,12 +68,7 @@ async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_o
         let mut c = s.redis.clone();
         let key = b.key.clone();
         async move {
-            let score: Option<f64> = redis::cmd("ZSCORE")
-                .arg(&key)
-                .arg("retried")
-                .query_async(&mut c)
-                .await
-                .unwrap();
+            let score: Option<f64> = zscore(&mut c, &key, "retried").await;
             score.is_some_and(|sc| sc > now as f64)
         }
     })
@@ -125,10 +118,8 @@ async fn the_default_message_has_its_facts_in_standard_properties_and_a_header_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn properties_no_headers_keeps_the_message_id_and_bare_sends_nothing_else() {
-    let mut b = BusinessSpec::random("nohdr");
-    b.extra = "properties = \"no-headers\"".into();
-    let mut bare = BusinessSpec::random("bare");
-    bare.extra = "properties = \"bare\"".into();
+    let b = BusinessSpec::with_extra("nohdr", "properties = \"no-headers\"");
+    let bare = BusinessSpec::with_extra("bare", "properties = \"bare\"");
     let mut s = Setup::new(&[&b, &bare]).await;
     let now = redis_now_ms(&mut s.redis).await;
     let items: Vec<(f64, Vec<u8>)> = (0..20)
@@ -225,18 +216,8 @@ async fn a_rescheduled_member_arrives_once_at_its_new_time() {
     let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
-    zadd_many(
-        &mut s.redis,
-        &b.key,
-        &[((now + 1000) as f64, b"moved".to_vec())],
-    )
-    .await;
-    zadd_many(
-        &mut s.redis,
-        &b.key,
-        &[((now + 2500) as f64, b"moved".to_vec())],
-    )
-    .await;
+    schedule_at(&mut s.redis, &b.key, now + 1000, &[b"moved"]).await;
+    schedule_at(&mut s.redis, &b.key, now + 2500, &[b"moved"]).await;
     s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
     s.inboxes[0].settle(Duration::from_millis(1000)).await;
     let got = s.inboxes[0].all();
@@ -249,23 +230,10 @@ async fn a_rescheduled_member_arrives_once_at_its_new_time() {
 async fn zrem_cancels_a_member() {
     let b = BusinessSpec::random("cancel");
     let mut s = Setup::new(&[&b]).await;
-    let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
-    zadd_many(
-        &mut s.redis,
-        &b.key,
-        &[
-            ((now + 1200) as f64, b"cancelled".to_vec()),
-            ((now + 1200) as f64, b"kept".to_vec()),
-        ],
-    )
-    .await;
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&b.key)
-        .arg("cancelled")
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let _d = Daemon::start(&s.config);
+    schedule_at(&mut s.redis, &b.key, now + 1200, &[b"cancelled", b"kept"]).await;
+    let _: i64 = query(&mut s.redis, "ZREM", (&b.key, "cancelled")).await;
     s.inboxes[0].wait_for(1, Duration::from_secs(10)).await;
     s.inboxes[0].settle(Duration::from_millis(800)).await;
     let got = s.inboxes[0].all();
@@ -301,11 +269,8 @@ async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
         .await;
     s.inboxes[0].settle(Duration::from_millis(500)).await;
     for (inbox, items) in [(&s.inboxes[0], &ia), (&s.inboxes[1], &ib)] {
-        let got = inbox.all();
-        assert_eq!(got.len(), n as usize, "exactly once: no duplicates");
-        let set: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
         let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
-        assert_eq!(set, want);
+        let got = inbox.assert_each_once(&want, "a steady drain");
         for r in &got {
             assert!(r.at_ms >= r.due(), "arrived early");
         }
@@ -318,8 +283,7 @@ async fn thousands_due_over_seconds_arrive_exactly_once_and_redis_ends_empty() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn score_unit_seconds_is_honoured() {
-    let mut b = BusinessSpec::random("secs");
-    b.extra = "score_unit = \"s\"".into();
+    let b = BusinessSpec::with_extra("secs", "score_unit = \"s\"");
     let mut s = Setup::new(&[&b]).await;
     let _d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut s.redis).await;
@@ -338,15 +302,10 @@ async fn score_unit_seconds_is_honoured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_duplicates() {
-    let mut b = BusinessSpec::random("term");
-    b.extra = "max_rate = 2000".into();
+    let b = BusinessSpec::with_extra("term", "max_rate = 2000");
     let mut s = Setup::new(&[&b]).await;
-    let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 8000usize;
-    let items: Vec<(f64, Vec<u8>)> = (0..n)
-        .map(|i| (now, format!("t{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut s.redis, &b.key, &items).await;
+    let items = schedule_due_now(&mut s.redis, &b.key, "t", n).await;
     let mut d = Daemon::start(&s.config);
     s.inboxes[0].wait_for(1000, Duration::from_secs(20)).await;
     d.signal(15);
@@ -363,10 +322,8 @@ async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_du
     let mut d2 = Daemon::start(&s.config);
     s.inboxes[0].wait_for(n, Duration::from_secs(30)).await;
     s.inboxes[0].settle(Duration::from_millis(500)).await;
-    let got = s.inboxes[0].all();
-    let set: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
-    assert_eq!(set.len(), n, "every member delivered");
-    assert_eq!(got.len(), n, "no duplicate after a clean stop");
+    let want = items.into_iter().map(|(_, m)| m).collect();
+    s.inboxes[0].assert_each_once(&want, "a clean stop");
     d2.signal(15);
     assert_eq!(d2.wait(Duration::from_secs(15)).code(), Some(0));
     assert_family_empty(&mut s.redis, &b.key).await;
@@ -374,8 +331,7 @@ async fn sigterm_mid_drain_exits_zero_and_a_restart_delivers_the_rest_without_du
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_drain_then_restart_delivers_every_member() {
-    let mut b = BusinessSpec::random("kill");
-    b.extra = "lease = \"2s\"\nmax_rate = 2000".into();
+    let b = BusinessSpec::with_extra("kill", "lease = \"2s\"\nmax_rate = 2000");
     let mut s = Setup::new(&[&b]).await;
     let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 6000usize;
@@ -411,17 +367,12 @@ async fn sigkill_mid_drain_then_restart_delivers_every_member() {
 async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once() {
     // A private server, so the counts are delayd's and this test's alone.
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
+    let redis_server = PrivateRedis::started(dir.path());
     let b = BusinessSpec::random("farwrites");
     let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
     let _d = Daemon::start(&s.config);
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let _: () = query(&mut s.redis, "CONFIG", "RESETSTAT").await;
     // 600 producer writes (ZADDs, each one keyspace event) due in a week,
     // one every 5 ms, and one write due now in the middle of them.
     let week = 7 * 86_400_000;
@@ -463,17 +414,11 @@ async fn far_future_writes_cost_no_claims_and_a_due_write_still_goes_out_at_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
-    let mut b = BusinessSpec::random("frozen");
-    b.extra = "shutdown_timeout = \"3s\"".into();
+    let redis_server = PrivateRedis::started(dir.path());
+    let b = BusinessSpec::with_extra("frozen", "shutdown_timeout = \"3s\"");
     let mut s = Setup::on(&redis_server.url(), &amqp_url(), &[&b]).await;
-    let now = redis_now_ms(&mut s.redis).await as f64;
     let n = 30_000usize;
-    let items: Vec<(f64, Vec<u8>)> = (0..n)
-        .map(|i| (now, format!("f{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut s.redis, &b.key, &items).await;
+    schedule_due_now(&mut s.redis, &b.key, "f", n).await;
     let mut d = Daemon::start(&s.config);
     s.inboxes[0].wait_for(2000, Duration::from_secs(20)).await;
     // Redis stops answering mid-drain and delayd is told to stop; Redis
@@ -488,20 +433,8 @@ async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
     s.inboxes[0].settle(Duration::from_millis(1000)).await;
     let delivered = s.inboxes[0].bodies();
     let f = family(&b.key);
-    let pending: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&b.key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
-    let inflight: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&f.inflight)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let pending: Vec<Vec<u8>> = zrange(&mut s.redis, &b.key).await;
+    let inflight: Vec<Vec<u8>> = zrange(&mut s.redis, &f.inflight).await;
     let both: Vec<&Vec<u8>> = pending.iter().filter(|m| delivered.contains(*m)).collect();
     assert!(
         both.is_empty(),
@@ -520,8 +453,7 @@ async fn a_stop_while_redis_is_frozen_never_puts_a_confirmed_member_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_within_their_bound_while_redis_is_frozen() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
+    let redis_server = PrivateRedis::started(dir.path());
     let mut b = BusinessSpec::random("scrape");
     // Four keys, each read for the gauges.
     b.extra = "shards = 4".into();

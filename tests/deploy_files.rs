@@ -203,6 +203,35 @@ fn load_with_env(toml: &str, env: &[(String, String)]) -> Result<Config, String>
 /// Each override must address a setting delayd reads and end up as its
 /// value. (The loader ignores DELAYD_ names outside its sections, e.g.
 /// `DELAYD_AMQP_URL` with one underscore, so loading alone proves nothing.)
+/// The config delayd would run with, its overrides' problems noted in
+/// `p`; `None`, with the refusal noted, when delayd refuses its `what`.
+fn load_checked(
+    f: &str,
+    toml: &str,
+    env: &[(String, String)],
+    what: &str,
+    p: &mut Vec<String>,
+) -> Option<Config> {
+    match load_with_env(toml, env) {
+        Ok(cfg) => {
+            p.extend(override_problems(f, env, &cfg));
+            Some(cfg)
+        }
+        Err(e) => {
+            p.push(format!(
+                "{f}: delayd refuses its {what} and environment: {e}"
+            ));
+            None
+        }
+    }
+}
+
+/// Asserts that one of `problems` says `what`.
+#[track_caller]
+fn assert_caught(problems: &[String], what: &str) {
+    assert!(problems.iter().any(|p| p.contains(what)), "{problems:?}");
+}
+
 fn override_problems(file: &str, env: &[(String, String)], cfg: &Config) -> Vec<String> {
     let mut problems = Vec::new();
     for (k, v) in env {
@@ -417,18 +446,7 @@ fn compose_problems(compose: &Value, img: &Image) -> Vec<String> {
             "{f}: delayd must build deploy/Dockerfile with the repository root as context"
         ));
     }
-    let command = strings(svc.get("command"));
-    let args = if command.is_empty() {
-        img.cmd.clone()
-    } else {
-        command
-    };
-    if args != img.cmd {
-        p.push(format!(
-            "{f}: command {args:?} differs from the image's CMD {:?}",
-            img.cmd
-        ));
-    }
+    let args = args_or_cmd(f, "command", strings(svc.get("command")), img, &mut p);
     let Some(config_path) = config_arg(&args).map(str::to_string) else {
         p.push(format!("{f}: command {args:?} names no --config"));
         return p;
@@ -452,16 +470,9 @@ fn compose_problems(compose: &Value, img: &Image) -> Vec<String> {
         }
     };
     let env = compose_env(svc);
-    let cfg = match load_with_env(&toml, &env) {
-        Ok(c) => c,
-        Err(e) => {
-            p.push(format!(
-                "{f}: delayd refuses its config and environment: {e}"
-            ));
-            return p;
-        }
+    let Some(cfg) = load_checked(f, &toml, &env, "config", &mut p) else {
+        return p;
     };
-    p.extend(override_problems(f, &env, &cfg));
     if let Some(port) = listen_port(f, &cfg, &mut p) {
         let published: Vec<u16> = strings(svc.get("ports"))
             .iter()
@@ -542,6 +553,44 @@ fn compose_problems(compose: &Value, img: &Image) -> Vec<String> {
     p
 }
 
+/// The arguments delayd runs with: `given` (compose's `command`, the
+/// container's `args`, as `what` names them), or the image's CMD when none
+/// are given; a problem in `f` when they differ from CMD.
+fn args_or_cmd(
+    f: &str,
+    what: &str,
+    given: Vec<String>,
+    img: &Image,
+    p: &mut Vec<String>,
+) -> Vec<String> {
+    let args = if given.is_empty() {
+        img.cmd.clone()
+    } else {
+        given
+    };
+    let differ = if what == "args" { "differ" } else { "differs" };
+    if args != img.cmd {
+        let cmd = &img.cmd;
+        p.push(format!(
+            "{f}: {what} {args:?} {differ} from the image's CMD {cmd:?}"
+        ));
+    }
+    args
+}
+
+/// The entry of the sequence `seq` whose `key` is `name`.
+fn named<'a>(seq: Option<&'a Value>, key: &str, name: &str) -> Option<&'a Value> {
+    let seq = seq.and_then(Value::as_sequence)?;
+    seq.iter()
+        .find(|e| text(e.get(key)).as_deref() == Some(name))
+}
+
+/// The Deployment among the Kubernetes documents, to change it.
+fn deployment_mut(docs: &mut [Value]) -> &mut Value {
+    let is_deployment = |d: &&mut Value| text(d.get("kind")).as_deref() == Some("Deployment");
+    docs.iter_mut().find(is_deployment).unwrap()
+}
+
 fn find_doc<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
     docs.iter().find(|d| {
         text(d.get("kind")).as_deref() == Some(kind)
@@ -555,13 +604,11 @@ fn k8s_problems(docs: &[Value], img: &Image) -> Vec<String> {
     let Some(deploy) = find_doc(docs, "Deployment", "delayd") else {
         return vec![format!("{f}: no Deployment delayd")];
     };
-    let Some(ctr) = at(deploy, "spec.template.spec.containers")
-        .and_then(Value::as_sequence)
-        .and_then(|c| {
-            c.iter()
-                .find(|c| text(c.get("name")).as_deref() == Some("delayd"))
-        })
-    else {
+    let Some(ctr) = named(
+        at(deploy, "spec.template.spec.containers"),
+        "name",
+        "delayd",
+    ) else {
         return vec![format!("{f}: no container delayd")];
     };
     let want_image = format!("delayd:{}", env!("CARGO_PKG_VERSION"));
@@ -578,18 +625,7 @@ fn k8s_problems(docs: &[Value], img: &Image) -> Vec<String> {
             img.entrypoint
         ));
     }
-    let args = strings(ctr.get("args"));
-    let args = if args.is_empty() {
-        img.cmd.clone()
-    } else {
-        args
-    };
-    if args != img.cmd {
-        p.push(format!(
-            "{f}: args {args:?} differ from the image's CMD {:?}",
-            img.cmd
-        ));
-    }
+    let args = args_or_cmd(f, "args", strings(ctr.get("args")), img, &mut p);
     let Some(config_path) = config_arg(&args).map(str::to_string) else {
         p.push(format!("{f}: args {args:?} name no --config"));
         return p;
@@ -658,16 +694,9 @@ fn k8s_problems(docs: &[Value], img: &Image) -> Vec<String> {
             )),
         }
     }
-    let cfg = match load_with_env(&toml, &env) {
-        Ok(c) => c,
-        Err(e) => {
-            p.push(format!(
-                "{f}: delayd refuses its ConfigMap and environment: {e}"
-            ));
-            return p;
-        }
+    let Some(cfg) = load_checked(f, &toml, &env, "ConfigMap", &mut p) else {
+        return p;
     };
-    p.extend(override_problems(f, &env, &cfg));
     if let Some(port) = listen_port(f, &cfg, &mut p) {
         let named: BTreeMap<String, u16> = ctr
             .get("ports")
@@ -773,14 +802,7 @@ fn k8s_problems(docs: &[Value], img: &Image) -> Vec<String> {
 fn prometheus_problems(prom: &Value, compose: &Value) -> Vec<String> {
     let f = "deploy/prometheus/prometheus.yml";
     let mut p = Vec::new();
-    let Some(job) = prom
-        .get("scrape_configs")
-        .and_then(Value::as_sequence)
-        .and_then(|s| {
-            s.iter()
-                .find(|j| text(j.get("job_name")).as_deref() == Some("delayd"))
-        })
-    else {
+    let Some(job) = named(prom.get("scrape_configs"), "job_name", "delayd") else {
         return vec![format!("{f}: no delayd job")];
     };
     let svc = at(compose, "services.delayd").expect("compose has delayd");
@@ -1151,10 +1173,7 @@ fn a_compose_port_delayd_does_not_listen_on_is_caught() {
         yaml("['127.0.0.1:9464:9465']"),
     );
     let problems = compose_problems(&compose, &image());
-    assert!(
-        problems.iter().any(|p| p.contains("[9465]")),
-        "{problems:?}"
-    );
+    assert_caught(&problems, "[9465]");
 }
 
 #[test]
@@ -1172,40 +1191,22 @@ fn an_override_delayd_does_not_read_is_caught() {
         Value::Mapping(env),
     );
     let problems = compose_problems(&compose, &image());
-    assert!(
-        problems
-            .iter()
-            .any(|p| p.contains("DELAYD_AMQP_URL is not a setting")),
-        "{problems:?}"
-    );
+    assert_caught(&problems, "DELAYD_AMQP_URL is not a setting");
 }
 
 #[test]
 fn a_kubernetes_user_other_than_the_images_is_caught() {
     let mut docs = yaml_docs(&read("deploy/kubernetes/delayd.yaml"));
-    let deploy = docs
-        .iter_mut()
-        .find(|d| text(d.get("kind")).as_deref() == Some("Deployment"))
-        .unwrap();
-    set(
-        deploy,
-        "spec.template.spec.securityContext.runAsUser",
-        1000.into(),
-    );
+    let user = "spec.template.spec.securityContext.runAsUser";
+    set(deployment_mut(&mut docs), user, 1000.into());
     let problems = k8s_problems(&docs, &image());
-    assert!(
-        problems.iter().any(|p| p.contains("runAsUser Some(1000)")),
-        "{problems:?}"
-    );
+    assert_caught(&problems, "runAsUser Some(1000)");
 }
 
 #[test]
 fn a_kubernetes_config_mount_elsewhere_is_caught() {
     let mut docs = yaml_docs(&read("deploy/kubernetes/delayd.yaml"));
-    let deploy = docs
-        .iter_mut()
-        .find(|d| text(d.get("kind")).as_deref() == Some("Deployment"))
-        .unwrap();
+    let deploy = deployment_mut(&mut docs);
     let ctr = deploy
         .get_mut("spec")
         .and_then(|s| s.get_mut("template"))
@@ -1215,13 +1216,8 @@ fn a_kubernetes_config_mount_elsewhere_is_caught() {
         .unwrap();
     set(ctr, "args", yaml("[run, --config, /etc/delayd.toml]"));
     let problems = k8s_problems(&docs, &image());
-    assert!(problems.iter().any(|p| p.contains("CMD")), "{problems:?}");
-    assert!(
-        problems
-            .iter()
-            .any(|p| p.contains("no ConfigMap key is mounted at /etc/delayd.toml")),
-        "{problems:?}"
-    );
+    assert_caught(&problems, "CMD");
+    assert_caught(&problems, "no ConfigMap key is mounted at /etc/delayd.toml");
 }
 
 #[test]
@@ -1231,8 +1227,5 @@ fn a_dockerfile_with_another_default_base_is_caught() {
         "ARG RUNTIME_IMAGE=debian:${DEBIAN_SUITE}",
     );
     let problems = image_problems(&Image::parse(&df));
-    assert!(
-        problems.iter().any(|p| p.contains("RUNTIME_IMAGE")),
-        "{problems:?}"
-    );
+    assert_caught(&problems, "RUNTIME_IMAGE");
 }

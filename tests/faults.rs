@@ -40,10 +40,21 @@ fn flow(
         .collect()
 }
 
+/// Waits until a fifth of the `n` members arrived, asserts the flow is
+/// under way (some but not all delivered) when `server` stops.
+async fn wait_under_way(inbox: &Inbox, n: usize, server: &str, d: &Daemon) {
+    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
+    let before = inbox.len();
+    assert!(
+        before > 0 && before < n,
+        "the flow should be under way when {server} stops ({before} of {n} delivered); log:\n{}",
+        d.tail()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
-    let mut b = BusinessSpec::random("kills");
-    b.extra = "lease = \"2s\"".into();
+    let b = BusinessSpec::with_extra("kills", "lease = \"2s\"");
     let s = Setup::new(&[&b]).await;
     let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
 
@@ -89,8 +100,7 @@ async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let b = BusinessSpec::random("redis_restart");
     let s = Setup::on(&server.url(), &amqp_url(), &[&b]).await;
     let (config, inbox, mut rc) = (&s.config, s.inbox().clone(), s.redis.clone());
@@ -103,13 +113,7 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
 
     // Stop Redis about 2 s into the flow, keep it away 3 s, restart it.
-    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
-    let before = inbox.len();
-    assert!(
-        before > 0 && before < n,
-        "the flow should be under way when Redis stops ({before} of {n} delivered); log:\n{}",
-        d.tail()
-    );
+    wait_under_way(&inbox, n, "Redis", &d).await;
     tokio::task::block_in_place(|| server.stop());
     drop(rc);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -146,8 +150,7 @@ async fn redis_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let mut node = PrivateRabbit::started(dir.path(), "").await;
     let b = BusinessSpec::random("rabbit_restart");
     let queue = unique("q");
     let amqp = amqp_at(&node.url()).await;
@@ -167,13 +170,7 @@ async fn rabbitmq_restart_mid_flow_loses_nothing_and_resumes_within_10s() {
     zadd_many(&mut redis, &b.key, &items).await;
 
     // Stop the broker about 2 s into the flow, keep it away 3 s, restart it.
-    inbox.wait_for(n / 5, Duration::from_secs(30)).await;
-    let before = inbox.len();
-    assert!(
-        before > 0 && before < n,
-        "the flow should be under way when RabbitMQ stops ({before} of {n} delivered); log:\n{}",
-        d.tail()
-    );
+    wait_under_way(&inbox, n, "RabbitMQ", &d).await;
     node.stop().await;
     let gone = wall_ms();
     drop(ch);
@@ -243,12 +240,8 @@ async fn whereabouts(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
-    let mut b = BusinessSpec::random("unroutable");
-    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
-    let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    declare_exchange(&ch, &b.exchange).await;
+    let b = BusinessSpec::with_extra("unroutable", "max_attempts = 3\nretry_backoff = \"100ms\"");
+    let Consumers { dir, amqp, ch, .. } = Consumers::exchanges_only(&amqp_url(), &[&b]).await;
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let mut redis = redis().await;
     let body = unique("no-route").into_bytes();
@@ -276,13 +269,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let f = family(&b.key);
-    let reason: String = redis::cmd("HGET")
-        .arg(&f.reasons)
-        .arg(&body)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert!(reason.contains("unroutable"), "reason: {reason}");
+    assert_dead_with_reason(&mut redis, &b.key, &body, "unroutable").await;
     // Dead means dead: it stays there and nothing else is left.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -331,8 +318,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
 /// everything arrives once the consumer makes room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_has_room() {
-    let mut b = BusinessSpec::random("nacked");
-    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let b = BusinessSpec::with_extra("nacked", "max_attempts = 3\nretry_backoff = \"100ms\"");
     let dir = tempfile::tempdir().unwrap();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -347,11 +333,7 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
     declare_with(&ch, &b.exchange, &queue, &b.routing_key, args).await;
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let mut redis = redis().await;
-    let now = redis_now_ms(&mut redis).await;
-    let items: Vec<(f64, Vec<u8>)> = (0..5)
-        .map(|i| (now as f64, format!("full-{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut redis, &b.key, &items).await;
+    let items = schedule_due_now(&mut redis, &b.key, "full", 5).await;
     let mut d = Daemon::start(&config);
 
     // Full for 3 x max_attempts x retry_backoff, and then some.
@@ -397,11 +379,9 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
 async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanner() {
     // A private broker whose message size limit (5 MiB) is cheap to exceed.
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.advanced_config("[{rabbit, [{max_message_size, 5242880}]}].\n");
-    node.start().await;
-    let mut b = BusinessSpec::random("hostile");
-    b.extra = "max_attempts = 3\nretry_backoff = \"100ms\"".into();
+    let node =
+        PrivateRabbit::started(dir.path(), "[{rabbit, [{max_message_size, 5242880}]}].\n").await;
+    let b = BusinessSpec::with_extra("hostile", "max_attempts = 3\nretry_backoff = \"100ms\"");
     let s = Setup::on(&redis_url(), &node.url(), &[&b]).await;
     let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
 
@@ -453,16 +433,8 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reason: String = redis::cmd("HGET")
-        .arg(&f.reasons)
-        .arg(&oversize)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert!(
-        reason.contains("larger than configured max size"),
-        "reason should say why: {reason}"
-    );
+    let why = "larger than configured max size";
+    assert_dead_with_reason(&mut redis, &b.key, &oversize, why).await;
     assert_eq!(
         zcard(&mut redis, &f.dead).await,
         1,
@@ -491,12 +463,7 @@ async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanne
     }
     // +inf and 1e15 are never due: they stay pending, untouched.
     for (score, m) in &never {
-        let s: Option<f64> = redis::cmd("ZSCORE")
-            .arg(&b.key)
-            .arg(m)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
+        let s: Option<f64> = zscore(&mut redis, &b.key, m).await;
         assert_eq!(
             s,
             Some(*score),
@@ -516,12 +483,7 @@ async fn wrong_type_key_is_reported_and_other_businesses_go_on() {
     let b = BusinessSpec::random("fine");
     let s = Setup::new(&[&a, &b]).await;
     let (inbox, mut redis) = (s.inboxes[1].clone(), s.redis.clone());
-    let _: i64 = redis::cmd("RPUSH")
-        .arg(&a.key)
-        .arg("not-a-zset")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut redis, "RPUSH", (&a.key, "not-a-zset")).await;
     let mut d = Daemon::start(&s.config);
     let now = redis_now_ms(&mut redis).await;
     let items = flow("fine", 50, 25, now, 200, 1000);

@@ -30,21 +30,7 @@ fn json(out: &str) -> serde_json::Value {
 }
 
 async fn hget(conn: &mut redis::aio::MultiplexedConnection, key: &str, f: &str) -> Option<Vec<u8>> {
-    redis::cmd("HGET")
-        .arg(key)
-        .arg(f)
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
-async fn zscore(conn: &mut redis::aio::MultiplexedConnection, key: &str, m: &str) -> Option<f64> {
-    redis::cmd("ZSCORE")
-        .arg(key)
-        .arg(m)
-        .query_async(conn)
-        .await
-        .unwrap()
+    query(conn, "HGET", (key, f)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,8 +151,8 @@ async fn cancel_and_reschedule_of_an_in_flight_id_exit_3_and_leave_it_in_flight(
     let dir = tempfile::tempdir().unwrap();
     let b = id_business("orders", "");
     let cfg = config(dir.path(), &[&b]);
-    let fam = KeyFamily::new(&b.key);
     let mut redis = redis().await;
+    let fam = family(&b.key);
     let (code, out, err) = delayd(&[
         "schedule", "-c", &cfg, "orders", "--id", "o-7", "--in", "0s", "p",
     ]);
@@ -219,8 +205,7 @@ async fn cancel_and_reschedule_of_an_in_flight_id_exit_3_and_leave_it_in_flight(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_mode_addresses_a_task_by_its_body_across_shards() {
     let dir = tempfile::tempdir().unwrap();
-    let mut b = BusinessSpec::random("bodies");
-    b.extra = "shards = 3".into();
+    let b = BusinessSpec::with_extra("bodies", "shards = 3");
     let cfg = config(dir.path(), &[&b]);
     let mut redis = redis().await;
     let keys: Vec<String> = (0..3).map(|i| format!("{}:{i}", b.key)).collect();
@@ -292,17 +277,11 @@ async fn list_pages_in_due_order_within_a_range_through_the_cli() {
     for i in 0..25 {
         let due = base + (i / 3) as i64;
         let id = format!("t{i:02}");
-        let (code, out, err) = delayd(&[
-            "schedule",
-            "-c",
-            &cfg,
-            "orders",
-            "--id",
-            &id,
-            "--at-ms",
-            &due.to_string(),
-            "b",
-        ]);
+        let at = due.to_string();
+        let args = [
+            "schedule", "-c", &cfg, "orders", "--id", &id, "--at-ms", &at, "b",
+        ];
+        let (code, out, err) = delayd(&args);
         assert_eq!(code, 0, "{out}{err}");
         if (base + 1..=base + 6).contains(&due) {
             want.push((due, id));
@@ -462,38 +441,6 @@ async fn forecast_gauge_counts_pending_due_within_a_minute_an_hour_and_a_day() {
     del_family(&mut redis, &b.key).await;
 }
 
-/// The fenced block of `lang` in docs/id-mode.md (there is exactly one).
-fn doc_block(lang: &str) -> String {
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/id-mode.md")).unwrap();
-    let open = format!("```{lang}\n");
-    let blocks: Vec<&str> = doc.split(&open).skip(1).collect();
-    assert_eq!(
-        blocks.len(),
-        1,
-        "docs/id-mode.md must have one ```{lang} block"
-    );
-    blocks[0].split("\n```").next().unwrap().to_string()
-}
-
-/// `deploy/local/clients.sh WHAT`: installs the client library if needed.
-fn client(what: &str) -> String {
-    let out = std::process::Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/deploy/local/clients.sh"
-        ))
-        .arg(what)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "clients.sh {what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// Runs a snippet against a fresh key and checks what the docs say it does:
 /// order-42 pending 60 s out with its body, order-43 cancelled with no body.
 async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: String) {
@@ -509,15 +456,10 @@ async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: 
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("REDIS_URL", redis_url())
         .env("DELAYD_KEY", &key);
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+    let what = file.to_string();
+    tokio::task::spawn_blocking(move || output_ok(cmd, &what))
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{file} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
     let after = redis_now_ms(&mut redis).await;
     let due = zscore(&mut redis, &key, "order-42")
         .await
@@ -547,7 +489,13 @@ async fn check_snippet(program: &str, env: &[(&str, String)], file: &str, code: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_snippet_in_the_docs_schedules_reschedules_and_cancels_atomically() {
     let python = client("python");
-    check_snippet(&python, &[], "snippet.py", doc_block("python")).await;
+    check_snippet(
+        &python,
+        &[],
+        "snippet.py",
+        doc_block("id-mode.md", "python"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -557,7 +505,7 @@ async fn the_node_snippet_in_the_docs_schedules_reschedules_and_cancels_atomical
         "node",
         &[("NODE_PATH", node_path)],
         "snippet.js",
-        doc_block("js"),
+        doc_block("id-mode.md", "js"),
     )
     .await;
 }
@@ -566,6 +514,7 @@ async fn the_node_snippet_in_the_docs_schedules_reschedules_and_cancels_atomical
 
 struct Live {
     _dir: tempfile::TempDir,
+    fam: KeyFamily,
     config: std::path::PathBuf,
     cfg: String,
     redis: redis::aio::MultiplexedConnection,
@@ -575,20 +524,25 @@ struct Live {
 
 /// Declares the exchange and a bound queue (unless `bind` is false),
 /// consumes it, and writes the config.
-async fn live(b: &BusinessSpec, bind: bool) -> Live {
-    let s = if bind {
-        Setup::new(&[b]).await
+/// Returns the business, its setup, and Redis's clock once it is ready.
+async fn live(name: &str, extra: &str, bind: bool) -> (BusinessSpec, Live, i64) {
+    let b = id_business(name, extra);
+    let mut s = if bind {
+        Setup::new(&[&b]).await
     } else {
-        Setup::unbound(&[b]).await
+        Setup::unbound(&[&b]).await
     };
-    Live {
+    let now = redis_now_ms(&mut s.redis).await;
+    let live = Live {
+        fam: family(&b.key),
         cfg: s.config.to_str().unwrap().to_string(),
         inbox: s.inboxes.first().cloned().unwrap_or_default(),
         _dir: s.dir,
         config: s.config,
         redis: s.redis,
         amqp: s.amqp,
-    }
+    };
+    (b, live, now)
 }
 
 /// Schedules `items` (id, body) due at `due_ms`, each id and body in the same
@@ -628,6 +582,17 @@ fn by_id(inbox: &Inbox) -> std::collections::HashMap<String, Received> {
     out
 }
 
+/// Schedules one id with its body, due at `due_ms`.
+async fn schedule_one(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    id: &str,
+    body: &[u8],
+    due_ms: i64,
+) {
+    schedule_many(conn, key, &[(id.to_string(), body.to_vec())], due_ms).await;
+}
+
 fn items(prefix: &str, n: usize) -> Vec<(String, Vec<u8>)> {
     (0..n)
         .map(|i| {
@@ -640,9 +605,7 @@ fn items(prefix: &str, n: usize) -> Vec<(String, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_arrive_with_their_bodies_and_one_message_id_per_id_across_reschedules() {
-    let b = id_business("orders", "");
-    let mut s = live(&b, true).await;
-    let now = redis_now_ms(&mut s.redis).await;
+    let (b, mut s, now) = live("orders", "", true).await;
     schedule_many(&mut s.redis, &b.key, &items("a", 2), now).await;
     // Scheduled for later, then moved to now: arrives once, at once.
     schedule_many(&mut s.redis, &b.key, &items("late", 1), now + 3_600_000).await;
@@ -659,13 +622,7 @@ async fn ids_arrive_with_their_bodies_and_one_message_id_per_id_across_reschedul
     // The same id scheduled again, at another time and with another body:
     // the consumer sees the same message_id.
     let now = redis_now_ms(&mut s.redis).await;
-    schedule_many(
-        &mut s.redis,
-        &b.key,
-        &[("a0".into(), b"a0|again".to_vec())],
-        now + 200,
-    )
-    .await;
+    schedule_one(&mut s.redis, &b.key, "a0", b"a0|again", now + 200).await;
     s.inbox.wait_for(4, Duration::from_secs(20)).await;
     let again = s
         .inbox
@@ -682,29 +639,17 @@ async fn ids_arrive_with_their_bodies_and_one_message_id_per_id_across_reschedul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_without_a_body_is_dead_with_the_reason_no_body_and_never_published() {
-    let b = id_business("orders", "");
-    let mut s = live(&b, true).await;
-    let fam = KeyFamily::new(&b.key);
-    let now = redis_now_ms(&mut s.redis).await;
-    let _: i64 = redis::cmd("ZADD")
-        .arg(&b.key)
-        .arg(now)
-        .arg("ghost")
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let (b, mut s, now) = live("orders", "", true).await;
+    let _: i64 = query(&mut s.redis, "ZADD", (&b.key, now, "ghost")).await;
     schedule_many(&mut s.redis, &b.key, &items("real", 1), now).await;
     let _d = Daemon::start(&s.config);
     s.inbox.wait_for(1, Duration::from_secs(20)).await;
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let mut r = s.redis.clone();
-            let dead = fam.dead.clone();
-            async move { zscore(&mut r, &dead, "ghost").await.is_some() }
-        })
-        .await,
-        "ghost never reached the dead set"
-    );
+    let dead = &s.fam.dead;
+    let ghost_dead = eventually(Duration::from_secs(10), || {
+        let mut r = s.redis.clone();
+        async move { zscore(&mut r, dead, "ghost").await.is_some() }
+    });
+    assert!(ghost_dead.await, "ghost never reached the dead set");
     let (code, out, _) = delayd(&["get", "-c", &s.cfg, "orders", "ghost", "--json"]);
     let v = json(&out);
     assert_eq!(
@@ -724,21 +669,17 @@ async fn an_id_without_a_body_is_dead_with_the_reason_no_body_and_never_publishe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_id_keeps_its_body_and_a_requeue_delivers_it_with_that_body() {
     // Unroutable until a queue is bound: one attempt, then dead.
-    let b = id_business("orders", "max_attempts = 1\nretry_backoff = \"100ms\"");
-    let mut s = live(&b, false).await;
-    let fam = KeyFamily::new(&b.key);
-    let now = redis_now_ms(&mut s.redis).await;
-    schedule_many(&mut s.redis, &b.key, &items("d", 3), now).await;
+    let (b, mut s, now) = live(
+        "orders",
+        "max_attempts = 1\nretry_backoff = \"100ms\"",
+        false,
+    )
+    .await;
+    let dead_soon = items("d", 3);
+    schedule_many(&mut s.redis, &b.key, &dead_soon, now).await;
     let _d = Daemon::start(&s.config);
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            let mut r = s.redis.clone();
-            let dead = fam.dead.clone();
-            async move { zcard(&mut r, &dead).await == 3 }
-        })
-        .await,
-        "the unroutable ids never died"
-    );
+    let died = eventually_zcard(&s.redis, &s.fam.dead, 3, Duration::from_secs(20)).await;
+    assert!(died, "the unroutable ids never died");
     let (code, out, _) = delayd(&["get", "-c", &s.cfg, "orders", "d1", "--json"]);
     let v = json(&out);
     assert_eq!(
@@ -762,32 +703,17 @@ async fn a_dead_id_keeps_its_body_and_a_requeue_delivers_it_with_that_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_re_added_inside_the_dedup_window_is_dropped_and_outside_it_delivered() {
-    let b = id_business("orders", "dedup_window = \"3s\"");
-    let mut s = live(&b, true).await;
-    let fam = KeyFamily::new(&b.key);
-    let now = redis_now_ms(&mut s.redis).await;
-    schedule_many(
-        &mut s.redis,
-        &b.key,
-        &[("x".into(), b"x|first".to_vec())],
-        now,
-    )
-    .await;
+    let (b, mut s, now) = live("orders", "dedup_window = \"3s\"", true).await;
+    schedule_one(&mut s.redis, &b.key, "x", b"x|first", now).await;
     let _d = Daemon::start(&s.config);
     s.inbox.wait_for(1, Duration::from_secs(20)).await;
     wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
     let delivered_at = redis_now_ms(&mut s.redis).await;
     // Inside the window: claimed, dropped with its body, not delivered.
-    schedule_many(
-        &mut s.redis,
-        &b.key,
-        &[("x".into(), b"x|inside".to_vec())],
-        delivered_at,
-    )
-    .await;
+    schedule_one(&mut s.redis, &b.key, "x", b"x|inside", delivered_at).await;
     wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
     assert_eq!(
-        hget(&mut s.redis, &fam.body, "x").await,
+        hget(&mut s.redis, &s.fam.body, "x").await,
         None,
         "dropped id kept its body"
     );
@@ -799,9 +725,9 @@ async fn an_id_re_added_inside_the_dedup_window_is_dropped_and_outside_it_delive
     );
     // The record bounds its own memory: one entry, expiring with the window.
     let (card, ttl): (u64, i64) = redis::pipe()
-        .zcard(&fam.delivered)
+        .zcard(&s.fam.delivered)
         .cmd("PTTL")
-        .arg(&fam.delivered)
+        .arg(&s.fam.delivered)
         .query_async(&mut s.redis)
         .await
         .unwrap();
@@ -812,53 +738,29 @@ async fn an_id_re_added_inside_the_dedup_window_is_dropped_and_outside_it_delive
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let now = redis_now_ms(&mut s.redis).await;
-    schedule_many(
-        &mut s.redis,
-        &b.key,
-        &[("x".into(), b"x|outside".to_vec())],
-        now,
-    )
-    .await;
+    schedule_one(&mut s.redis, &b.key, "x", b"x|outside", now).await;
     s.inbox.wait_for(2, Duration::from_secs(20)).await;
     assert_eq!(s.inbox.all()[1].body, b"x|outside");
     wait_drained(&mut s.redis, &b.key, Duration::from_secs(10)).await;
     // Nothing but the delivered record, which expires by itself.
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let mut r = s.redis.clone();
-            let key = b.key.clone();
-            async move { family_keys_left(&mut r, &key).await == 0 }
-        })
-        .await,
-        "the key family did not empty once the window passed"
-    );
+    let gone = eventually_family_gone(&s.redis, &b.key, Duration::from_secs(10)).await;
+    assert!(gone, "the key family did not empty once the window passed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bare_zrem_cancel_leaves_an_orphan_body_that_the_sweep_deletes() {
-    let b = id_business("orders", "lease = \"1s\"");
-    let mut s = live(&b, true).await;
-    let fam = KeyFamily::new(&b.key);
-    let now = redis_now_ms(&mut s.redis).await;
+    let (b, mut s, now) = live("orders", "lease = \"1s\"", true).await;
     schedule_many(&mut s.redis, &b.key, &items("o", 2), now + 3_600_000).await;
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&b.key)
-        .arg("o0")
-        .query_async(&mut s.redis)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut s.redis, "ZREM", (&b.key, "o0")).await;
     let _d = Daemon::start(&s.config);
+    let body = &s.fam.body;
+    let orphan_gone = eventually(Duration::from_secs(15), || {
+        let mut r = s.redis.clone();
+        async move { hget(&mut r, body, "o0").await.is_none() }
+    });
+    assert!(orphan_gone.await, "the orphan body outlived three sweeps");
     assert!(
-        eventually(Duration::from_secs(15), || {
-            let mut r = s.redis.clone();
-            let body = fam.body.clone();
-            async move { hget(&mut r, &body, "o0").await.is_none() }
-        })
-        .await,
-        "the orphan body outlived three sweeps"
-    );
-    assert!(
-        hget(&mut s.redis, &fam.body, "o1").await.is_some(),
+        hget(&mut s.redis, &s.fam.body, "o1").await.is_some(),
         "the sweep took a pending id's body"
     );
     del_family(&mut s.redis, &b.key).await;
@@ -867,8 +769,7 @@ async fn a_bare_zrem_cancel_leaves_an_orphan_body_that_the_sweep_deletes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_racing_claims_never_loses_an_id_nor_both_cancels_and_delivers_it() {
     const N: usize = 3000;
-    let b = id_business("orders", "batch_size = 50\nscanners = 2");
-    let mut s = live(&b, true).await;
+    let (b, mut s, _) = live("orders", "batch_size = 50\nscanners = 2", true).await;
     let cfg = delayd::config::load(&s.config).unwrap();
     let business = cfg.business("orders").unwrap().clone();
     let _d = Daemon::start(&s.config);
@@ -938,8 +839,7 @@ async fn cancel_racing_claims_never_loses_an_id_nor_both_cancels_and_delivers_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn id_mode_over_shards_delivers_every_id_once_and_cancels_in_any_shard() {
-    let b = id_business("orders", "shards = 4");
-    let mut s = live(&b, true).await;
+    let (_b, mut s, _) = live("orders", "shards = 4", true).await;
     let cfg = delayd::config::load(&s.config).unwrap();
     let business = cfg.business("orders").unwrap().clone();
     let keys = business.keys();
@@ -977,8 +877,7 @@ async fn id_mode_over_shards_delivers_every_id_once_and_cancels_in_any_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_ids_drain_exactly_once_and_leave_the_key_family_empty() {
     const N: usize = 100_000;
-    let b = id_business("orders", "");
-    let mut s = live(&b, true).await;
+    let (b, mut s, _) = live("orders", "", true).await;
     let all = items("h", N);
     let now = redis_now_ms(&mut s.redis).await;
     schedule_many(&mut s.redis, &b.key, &all, now).await;

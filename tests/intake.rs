@@ -107,18 +107,28 @@ impl Intake {
         delayd(&all)
     }
 
+    /// Like [`Intake::new`], with delayd started and consuming the intake.
+    async fn started(
+        kind: ExchangeKind,
+        keys: &[&str],
+        business: &str,
+        intake: &str,
+    ) -> (Self, Daemon) {
+        let t = Self::new(kind, keys, business, intake).await;
+        let d = t.start().await;
+        (t, d)
+    }
+
+    /// Stops delayd (SIGKILL) and deletes what the test declared and stored.
+    async fn stop(self, d: Daemon) {
+        drop(d);
+        self.cleanup().await;
+    }
+
     async fn cleanup(self) {
         let ch = self.amqp.create_channel().await.unwrap();
-        for q in [&self.queue, &self.consumer_queue] {
-            let _ = ch
-                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
-        for x in [&self.exchange, &self.target] {
-            let _ = ch
-                .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
-                .await;
-        }
+        let queues = [self.queue.as_str(), &self.consumer_queue];
+        delete_topology(&ch, &queues, &[&self.exchange, &self.target]).await;
         let mut r = self.redis.clone();
         del_family(&mut r, &self.key).await;
         drop(self.dir);
@@ -133,27 +143,8 @@ async fn declare_target(
     queue: &str,
     binding_keys: &[&str],
 ) {
-    ch.exchange_declare(
-        target.into(),
-        kind,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_exchange_kind(ch, target, kind).await;
+    declare_queue(ch, queue).await;
     for bk in binding_keys {
         ch.queue_bind(
             queue.into(),
@@ -165,6 +156,15 @@ async fn declare_target(
         .await
         .unwrap();
     }
+}
+
+/// A fanout exchange for the intake's dead letters, with a queue bound to
+/// it: (a channel, the exchange, the queue).
+async fn dead_letter_exchange(amqp: &Connection) -> (Channel, String, String) {
+    let ch = amqp.create_channel().await.unwrap();
+    let (dlx, dlq) = (unique("dlx"), unique("dlq"));
+    declare_target(&ch, &dlx, ExchangeKind::Fanout, &dlq, &[""]).await;
+    (ch, dlx, dlq)
 }
 
 /// Properties with one `x-delay` header and `delivery_mode = 2`, as the
@@ -218,20 +218,7 @@ async fn assert_delivered_in_delay_order(t: &Intake, d: &Daemon, delays: &[i32],
         };
         t.publish("", &body_of(i, *ms), delayed(v)).await;
     }
-    let longest = *delays.iter().max().unwrap() as u64;
-    wait_n(
-        &t.inbox,
-        delays.len(),
-        Duration::from_millis(longest + 10_000),
-        d,
-    )
-    .await;
-    let got: Vec<Received> = t.inbox.all();
-    let order: Vec<i32> = got.iter().map(|r| delay_in(&r.body)).collect();
-    let mut sorted = delays.to_vec();
-    sorted.sort();
-    assert_eq!(order, sorted, "delivered out of delay order");
-    for r in &got {
+    for r in &assert_delivered_in_delay_order_after(t, d, delays).await {
         let ms = delay_in(&r.body) as i64;
         assert!(
             r.at_ms >= start + ms,
@@ -281,20 +268,15 @@ async fn routing_through_topic_direct_and_fanout_targets_as_the_plugin_suite() {
         ),
     ];
     for (kind, bks, rks, count) in cases {
-        let t = Intake::new(kind.clone(), bks, "max_attempts = 1", "").await;
-        let d = t.start().await;
+        let (t, d) = Intake::started(kind.clone(), bks, "max_attempts = 1", "").await;
         for (i, rk) in rks.iter().enumerate() {
             t.publish_delayed(rk, &body_of(i, 0), 0).await;
         }
         wait_n(&t.inbox, count, Duration::from_secs(10), &d).await;
         let unroutable = rks.len() - count;
-        let mut r = t.redis.clone();
         let dead = family(&t.key).dead;
-        let ok = eventually(Duration::from_secs(10), || {
-            let (mut r, dead) = (r.clone(), dead.clone());
-            async move { zcard(&mut r, &dead).await as usize == unroutable }
-        })
-        .await;
+        let ok =
+            eventually_zcard(&t.redis, &dead, unroutable as u64, Duration::from_secs(10)).await;
         assert!(
             ok,
             "{kind:?}: {unroutable} unroutable expected in the dead set"
@@ -314,7 +296,6 @@ async fn routing_through_topic_direct_and_fanout_targets_as_the_plugin_suite() {
                 "{kind:?}: delivered with its own routing key"
             );
         }
-        let _ = zcard(&mut r, &dead).await;
         drop(d);
         t.cleanup().await;
     }
@@ -348,147 +329,125 @@ async fn delays_arrive_in_order_through_an_exchange_to_exchange_binding() {
     // `e2e_nodelay`: no delay at all.
     e2e.publish_delayed("", b"nodelay:0", 0).await;
     wait_n(&e2e.inbox, 7, Duration::from_secs(5), &d).await;
-    drop(d);
-    let _ = ch
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    let _ = ch
-        .exchange_delete(second.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
-    e2e.cleanup().await;
+    delete_topology(&ch, &[&queue], &[&second]).await;
+    e2e.stop(d).await;
 }
 
 /// `string_delay_header`: the delays as strings of digits.
 #[tokio::test]
 async fn string_delays_are_read_as_the_plugin_reads_them() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
     assert_delivered_in_delay_order(&t, &d, &[500, 100, 300, 200, 100, 400], true).await;
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// `delayed_messages_count`: six delayed messages are six members of `K`,
 /// one ZCARD, and `delayd inspect` shows them pending.
 #[tokio::test]
 async fn delayed_messages_are_counted_with_one_zcard() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
     let delays = [5000, 2000, 3000, 2000, 3000, 4000];
     for (i, ms) in delays.iter().enumerate() {
         t.publish_delayed("", &body_of(i, *ms), *ms).await;
     }
-    let mut r = t.redis.clone();
-    let key = t.key.clone();
-    let ok = eventually(Duration::from_secs(5), || {
-        let (mut r, key) = (r.clone(), key.clone());
-        async move { zcard(&mut r, &key).await == 6 }
-    })
-    .await;
+    let ok = eventually_zcard(&t.redis, &t.key, 6, Duration::from_secs(5)).await;
     assert!(ok, "not stored:\n{}", d.tail());
     let (code, out, err) = t.cli(&["inspect", "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["pending"], 6, "{out}");
     assert_delivered_in_delay_order_after(&t, &d, &delays).await;
-    let _ = zcard(&mut r, &key).await;
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
-/// Waits for messages already published with `delays`, in delay order.
-async fn assert_delivered_in_delay_order_after(t: &Intake, d: &Daemon, delays: &[i32]) {
+/// Waits for messages already published with `delays`, asserts they came
+/// in delay order, and returns them.
+async fn assert_delivered_in_delay_order_after(
+    t: &Intake,
+    d: &Daemon,
+    delays: &[i32],
+) -> Vec<Received> {
     let longest = *delays.iter().max().unwrap() as u64;
-    wait_n(
-        &t.inbox,
-        delays.len(),
-        Duration::from_millis(longest + 10_000),
-        d,
-    )
-    .await;
-    let order: Vec<i32> = t.inbox.all().iter().map(|r| delay_in(&r.body)).collect();
+    let limit = Duration::from_millis(longest + 10_000);
+    wait_n(&t.inbox, delays.len(), limit, d).await;
+    let got = t.inbox.all();
+    let order: Vec<i32> = got.iter().map(|r| delay_in(&r.body)).collect();
     let mut sorted = delays.to_vec();
     sorted.sort();
-    assert_eq!(order, sorted);
+    assert_eq!(order, sorted, "delivered out of delay order");
+    got
 }
 
 /// `node_restart_before_delay_expires`, for delayd: messages stored, delayd
 /// stopped before any is due and started again: every one arrives, in order.
 #[tokio::test]
 async fn a_restart_of_delayd_before_the_delays_expire_loses_nothing() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let mut d = t.start().await;
+    let (t, mut d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
     let delays = [2500, 5000, 1500, 1000, 6000, 500, 2000];
     for (i, ms) in delays.iter().enumerate() {
         t.publish_delayed("", &body_of(i, *ms), *ms).await;
     }
-    let r = t.redis.clone();
-    let key = t.key.clone();
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            let (mut r, key) = (r.clone(), key.clone());
-            async move { zcard(&mut r, &key).await == 7 }
-        })
-        .await
-    );
+    assert!(eventually_zcard(&t.redis, &t.key, 7, Duration::from_secs(5)).await);
     d.signal(15);
     assert!(d.wait(Duration::from_secs(15)).success());
     let d = t.start().await;
     assert_delivered_in_delay_order_after(&t, &d, &delays).await;
     t.inbox.settle(Duration::from_millis(500)).await;
     assert_eq!(t.inbox.len(), 7, "no duplicate after a clean stop");
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// Every property the producer set, and every header of every field type,
 /// arrive as published, with the routing key and a binary body.
 #[tokio::test]
 async fn properties_and_headers_arrive_as_published() {
-    let t = Intake::new(ExchangeKind::Topic, &["order.#"], "", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Topic, &["order.#"], "", "").await;
     let mut nested = FieldTable::default();
     nested.insert("n".into(), AMQPValue::ShortShortInt(-3));
     let mut h = FieldTable::default();
-    h.insert("x-delay".into(), AMQPValue::LongInt(300));
-    h.insert("b".into(), AMQPValue::Boolean(true));
-    h.insert("u8".into(), AMQPValue::ShortShortUInt(200));
-    h.insert("i8".into(), AMQPValue::ShortShortInt(-100));
-    h.insert("i16".into(), AMQPValue::ShortInt(-300));
-    h.insert("u16".into(), AMQPValue::ShortUInt(60000));
-    h.insert("i32".into(), AMQPValue::LongInt(-70000));
-    h.insert("u32".into(), AMQPValue::LongUInt(4_000_000_000));
-    h.insert("i64".into(), AMQPValue::LongLongInt(-(1 << 40)));
-    h.insert("f".into(), AMQPValue::Float(1.5));
-    h.insert("d".into(), AMQPValue::Double(2.25));
-    h.insert(
-        "dec".into(),
-        AMQPValue::DecimalValue(lapin::types::DecimalValue {
-            scale: 2,
-            value: 12345,
-        }),
-    );
-    h.insert(
-        "s".into(),
-        AMQPValue::LongString(LongString::from(b"\x00\xffbin".to_vec())),
-    );
-    h.insert(
-        "arr".into(),
-        AMQPValue::FieldArray(vec![AMQPValue::LongInt(1), AMQPValue::Void].into()),
-    );
-    h.insert("ts".into(), AMQPValue::Timestamp(1_700_000_000));
-    h.insert("t".into(), AMQPValue::FieldTable(nested));
-    h.insert("x".into(), AMQPValue::ByteArray(vec![1u8, 2, 3].into()));
-    h.insert("v".into(), AMQPValue::Void);
+    for (k, v) in [
+        ("x-delay", AMQPValue::LongInt(300)),
+        ("b", AMQPValue::Boolean(true)),
+        ("u8", AMQPValue::ShortShortUInt(200)),
+        ("i8", AMQPValue::ShortShortInt(-100)),
+        ("i16", AMQPValue::ShortInt(-300)),
+        ("u16", AMQPValue::ShortUInt(60000)),
+        ("i32", AMQPValue::LongInt(-70000)),
+        ("u32", AMQPValue::LongUInt(4_000_000_000)),
+        ("i64", AMQPValue::LongLongInt(-(1 << 40))),
+        ("f", AMQPValue::Float(1.5)),
+        ("d", AMQPValue::Double(2.25)),
+        (
+            "dec",
+            AMQPValue::DecimalValue(lapin::types::DecimalValue {
+                scale: 2,
+                value: 12345,
+            }),
+        ),
+        (
+            "s",
+            AMQPValue::LongString(LongString::from(b"\x00\xffbin".to_vec())),
+        ),
+        (
+            "arr",
+            AMQPValue::FieldArray(vec![AMQPValue::LongInt(1), AMQPValue::Void].into()),
+        ),
+        ("ts", AMQPValue::Timestamp(1_700_000_000)),
+        ("t", AMQPValue::FieldTable(nested)),
+        ("x", AMQPValue::ByteArray(vec![1u8, 2, 3].into())),
+        ("v", AMQPValue::Void),
+    ] {
+        h.insert(k.into(), v);
+    }
     let props = BasicProperties::default()
-        .with_content_type(ShortString::from("application/json"))
-        .with_content_encoding(ShortString::from("gzip"))
         .with_headers(h)
+        .with_content_type(ShortString::from("application/json"))
         .with_delivery_mode(2)
-        .with_priority(7)
+        .with_content_encoding(ShortString::from("gzip"))
         .with_correlation_id(ShortString::from("corr-1"))
-        .with_reply_to(ShortString::from("replies"))
+        .with_priority(7)
         .with_expiration(ShortString::from("600000"))
+        .with_reply_to(ShortString::from("replies"))
         .with_message_id(ShortString::from(unique("order")))
         .with_timestamp(1_700_000_123)
         .with_type(ShortString::from("order.expired"))
@@ -503,34 +462,26 @@ async fn properties_and_headers_arrive_as_published() {
     assert_eq!(got.body, body);
     assert_eq!(got.routing_key, "order.created.eu");
     assert_eq!(got.properties, props, "properties differ");
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// A body spanning many frames (the intake's connection asks for 32 KiB
 /// frames, RabbitMQ's default is 128 KiB) arrives whole and byte-exact.
 #[tokio::test]
 async fn a_body_larger_than_a_frame_arrives_whole() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
     let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     t.publish_delayed("", &body, 200).await;
     wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
     assert!(t.inbox.all()[0].body == body, "the body differs");
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// A non-numeric `x-delay` is published at once, with a warning and a count.
 #[tokio::test]
 async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
-    let port = free_port(30000..40000, &[]);
     let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let config = std::fs::read_to_string(&t.config).unwrap().replace(
-        "listen = \"off\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    );
-    std::fs::write(&t.config, config).unwrap();
+    let port = listen_on_free_port(&t.config, 30000..40000);
     let d = t.start().await;
     let start = wall_ms();
     t.publish(
@@ -556,16 +507,14 @@ async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
         metrics.contains("delayd_intake_invalid_delay_total{business=\"delayed\"} 2"),
         "{metrics}"
     );
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// A target with nothing bound: the message is returned, retried with
 /// backoff and then dead, visible in `delayd get` by its message_id.
 #[tokio::test]
 async fn an_unroutable_target_is_retried_then_dead() {
-    let t = Intake::new(ExchangeKind::Direct, &[], "max_attempts = 2", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[], "max_attempts = 2", "").await;
     let id = unique("lost");
     t.publish(
         "nowhere",
@@ -573,13 +522,8 @@ async fn an_unroutable_target_is_retried_then_dead() {
         delayed(AMQPValue::LongInt(0)).with_message_id(ShortString::from(id.as_str())),
     )
     .await;
-    let mut r = t.redis.clone();
     let dead = family(&t.key).dead;
-    let ok = eventually(Duration::from_secs(10), || {
-        let (mut r, dead) = (r.clone(), dead.clone());
-        async move { zcard(&mut r, &dead).await == 1 }
-    })
-    .await;
+    let ok = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(10)).await;
     assert!(ok, "not dead:\n{}", d.tail());
     let (code, out, _) = t.cli(&["get", &t.name, &id]);
     assert_eq!(code, 0, "{out}");
@@ -587,9 +531,7 @@ async fn an_unroutable_target_is_retried_then_dead() {
     assert!(d
         .logs()
         .contains("publish not delivered; rescheduled with backoff"));
-    let _ = zcard(&mut r, &dead).await;
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// A delay of 60 days is stored like any other: `get` shows it by its
@@ -597,8 +539,7 @@ async fn an_unroutable_target_is_retried_then_dead() {
 /// is no different.
 #[tokio::test]
 async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
     let id = unique("order-60d");
     let sixty_days: i64 = 60 * 86_400_000;
     let start = wall_ms();
@@ -615,14 +556,7 @@ async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
     )
     .await;
     let mut r = t.redis.clone();
-    let key = t.key.clone();
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            let (mut r, key) = (r.clone(), key.clone());
-            async move { zcard(&mut r, &key).await == 2 }
-        })
-        .await
-    );
+    assert!(eventually_zcard(&t.redis, &t.key, 2, Duration::from_secs(5)).await);
     let (code, out, err) = t.cli(&["get", &t.name, &id, "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -649,8 +583,7 @@ async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
     assert_eq!(zcard(&mut r, &t.key).await, 1);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(t.inbox.len(), 0);
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// Two different messages published with one `message_id` (another body,
@@ -696,8 +629,7 @@ async fn a_reused_message_id_never_drops_a_different_message() {
     ] {
         assert!(metrics.contains(counter), "{counter} in:\n{metrics}");
     }
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// A message whose envelope exceeds max_message_size is rejected to the
@@ -706,19 +638,10 @@ async fn a_reused_message_id_never_drops_a_different_message() {
 #[tokio::test]
 async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
     let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let dlx = unique("dlx");
-    let dlq = unique("dlq");
-    declare_target(&ch, &dlx, ExchangeKind::Fanout, &dlq, &[""]).await;
+    let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
     let rejected = consume(&amqp, &dlq).await;
-    let t = Intake::new(
-        ExchangeKind::Direct,
-        &[""],
-        "",
-        &format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\""),
-    )
-    .await;
-    let d = t.start().await;
+    let intake = format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"");
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
     t.publish_delayed("", b"small-1", 0).await;
     t.publish_delayed("", &vec![b'x'; 2000], 0).await;
     t.publish_delayed("", b"small-2", 0).await;
@@ -730,14 +653,8 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
         "{}",
         d.tail()
     );
-    drop(d);
-    let _ = ch
-        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    let _ = ch
-        .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
-    t.cleanup().await;
+    delete_topology(&ch, &[&dlq], &[&dlx]).await;
+    t.stop(d).await;
 }
 
 /// Without a dead-letter exchange, a message over max_message_size is never
@@ -745,28 +662,21 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
 /// the messages around it are delivered.
 #[tokio::test]
 async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "max_message_size = 1000").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "max_message_size = 1000").await;
     t.publish_delayed("", b"small-1", 0).await;
     t.publish_delayed("", &vec![b'x'; 2000], 0).await;
     t.publish_delayed("", b"small-2", 0).await;
     wait_n(&t.inbox, 2, Duration::from_secs(5), &d).await;
     let mut r = t.redis.clone();
     let dead = family(&t.key).dead;
-    let kept = eventually(Duration::from_secs(5), || {
-        let mut r = r.clone();
-        let dead = dead.clone();
-        async move { zcard(&mut r, &dead).await == 1 }
-    })
-    .await;
+    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
     assert!(kept, "not in the dead set; log:\n{}", d.tail());
     let config = t.config.to_str().unwrap();
     let (code, out, err) = delayd(&["dead", "list", "--config", config, &t.name]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("more than max_message_size = 1000"), "{out}");
     assert_eq!(zcard(&mut r, &t.key).await, 0);
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// `kill -9` of delayd while producers publish: every message is delivered,
@@ -774,14 +684,9 @@ async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
 /// the restarted daemon).
 #[tokio::test]
 async fn kill_9_mid_intake_loses_nothing() {
-    let port = free_port(30000..40000, &[]);
     // A short lease, so what the killed process had claimed comes back soon.
     let t = Intake::new(ExchangeKind::Direct, &[""], "lease = \"2s\"", "").await;
-    let config = std::fs::read_to_string(&t.config).unwrap().replace(
-        "listen = \"off\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    );
-    std::fs::write(&t.config, config).unwrap();
+    let port = listen_on_free_port(&t.config, 30000..40000);
     let mut d = t.start().await;
     let n = 20_000usize;
     let producer = {
@@ -839,8 +744,7 @@ async fn kill_9_mid_intake_loses_nothing() {
         "{duplicates} duplicates, but only {redelivered} redelivered intake messages and {recovered} recovered leases"
     );
     eprintln!("kill -9 mid-intake: {duplicates} duplicates of {n}; {redelivered} redelivered, {recovered} recovered");
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }
 
 /// A quorum intake queue (`queue_type = "quorum"`) loses nothing under a
@@ -948,17 +852,7 @@ async fn check_reports_the_intake_topology_and_refuses_a_direct_intake_exchange(
     ch.exchange_delete(t.exchange.as_str().into(), ExchangeDeleteOptions::default())
         .await
         .unwrap();
-    ch.exchange_declare(
-        t.exchange.as_str().into(),
-        ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_exchange_kind(&ch, &t.exchange, ExchangeKind::Direct).await;
     let f = assert_check_fails(&t.config);
     assert!(
         f.line.contains("intake exchange") && f.line.contains("is direct"),
@@ -976,17 +870,7 @@ async fn check_reports_the_intake_topology_and_refuses_a_direct_intake_exchange(
 async fn run_refuses_an_intake_exchange_that_is_not_fanout() {
     let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
     let ch = t.amqp.create_channel().await.unwrap();
-    ch.exchange_declare(
-        t.exchange.as_str().into(),
-        ExchangeKind::Direct,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_exchange_kind(&ch, &t.exchange, ExchangeKind::Direct).await;
     let mut d = Daemon::start(&t.config);
     let status = tokio::task::block_in_place(|| d.wait(Duration::from_secs(30)));
     assert_eq!(status.code(), Some(2), "{}", d.logs());
@@ -1060,18 +944,12 @@ async fn the_migration_guide_steps_lose_nothing() {
     let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     // Step 3: producers publish to the new name, unchanged otherwise.
+    let in_300ms = || delayed(AMQPValue::LongInt(300));
     let ch = amqp.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    publish_to(
-        &ch,
-        &v2,
-        "order.42.timeout",
-        b"via v2",
-        delayed(AMQPValue::LongInt(300)),
-    )
-    .await;
+    publish_to(&ch, &v2, "order.42.timeout", b"via v2", in_300ms()).await;
     // Meanwhile the old exchange still delivers what it held.
     publish_to(
         &ch,
@@ -1095,22 +973,8 @@ async fn the_migration_guide_steps_lose_nothing() {
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&spec(&old)]);
     let d = Daemon::start(&config);
     wait_consumed_queue(&amqp, &queue, &d).await;
-    publish_to(
-        &ch,
-        &old,
-        "order.43.timeout",
-        b"old name again",
-        delayed(AMQPValue::LongInt(300)),
-    )
-    .await;
-    publish_to(
-        &ch,
-        &v2,
-        "order.44.timeout",
-        b"v2 still",
-        delayed(AMQPValue::LongInt(300)),
-    )
-    .await;
+    publish_to(&ch, &old, "order.43.timeout", b"old name again", in_300ms()).await;
+    publish_to(&ch, &v2, "order.44.timeout", b"v2 still", in_300ms()).await;
     wait_n(&inbox, 4, Duration::from_secs(10), &d).await;
     inbox.settle(Duration::from_millis(500)).await;
     let mut got: Vec<(String, Vec<u8>)> = inbox
@@ -1132,16 +996,7 @@ async fn the_migration_guide_steps_lose_nothing() {
         ]
     );
     drop(d);
-    for q in [&queue, &consumer_queue] {
-        let _ = admin
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for x in [&old, &v2, &target] {
-        let _ = admin
-            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    delete_topology(&admin, &[&queue, &consumer_queue], &[&old, &v2, &target]).await;
     del_family(&mut redis().await, &key).await;
 }
 
@@ -1152,18 +1007,9 @@ async fn the_migration_guide_steps_lose_nothing() {
 #[tokio::test]
 async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on() {
     let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let dlx = unique("dlx");
-    let dlq = unique("dlq");
-    declare_target(&ch, &dlx, ExchangeKind::Fanout, &dlq, &[""]).await;
-    let t = Intake::new(
-        ExchangeKind::Direct,
-        &[""],
-        "",
-        &format!("dead_letter_exchange = \"{dlx}\""),
-    )
-    .await;
-    let d = t.start().await;
+    let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
+    let intake = format!("dead_letter_exchange = \"{dlx}\"");
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
     let mut raw = RawAmqp::connect(&amqp_url()).await;
     let bad_key = Table::default()
         .field(b"x-delay", b'I', &0i32.to_be_bytes())
@@ -1229,14 +1075,8 @@ async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on()
         "the intake kept its channel:\n{}",
         d.tail()
     );
-    drop(d);
-    let _ = ch
-        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    let _ = ch
-        .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
-    t.cleanup().await;
+    delete_topology(&ch, &[&dlq], &[&dlx]).await;
+    t.stop(d).await;
 }
 
 /// What a 0-9-1 consumer receives of a message published through the
@@ -1285,32 +1125,30 @@ impl BothWays {
             ..Default::default()
         }
         .encode();
-        self.raw.publish(&self.plain, b"", &props, b"typed").await;
-        self.raw
-            .publish(&self.t.exchange, b"", &props, b"typed")
-            .await;
-        let plain = self
-            .raw
-            .get_within(&self.plain_queue, Duration::from_secs(5))
-            .await;
-        let delayed = self
-            .raw
-            .get_within(&self.target_queue, Duration::from_secs(10))
-            .await;
+        let (plain, delayed) = self.publish_both(&props, b"typed").await;
         assert_eq!(delayed.body, b"typed");
         (delayed.properties, plain.properties)
     }
 
+    /// Publishes encoded `props` and `body` to the plain exchange and to the
+    /// intake; returns what RabbitMQ alone delivered and what delayd did.
+    async fn publish_both(&mut self, props: &[u8], body: &[u8]) -> (RawMessage, RawMessage) {
+        self.raw.publish(&self.plain, b"", props, body).await;
+        self.raw.publish(&self.t.exchange, b"", props, body).await;
+        let plain = self
+            .raw
+            .get_within(&self.plain_queue, Duration::from_secs(5));
+        let plain = plain.await;
+        let delayed = self
+            .raw
+            .get_within(&self.target_queue, Duration::from_secs(10));
+        (plain, delayed.await)
+    }
+
     async fn cleanup(self) {
         let ch = self.t.amqp.create_channel().await.unwrap();
-        for q in [&self.plain_queue, &self.target_queue] {
-            let _ = ch
-                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
-        let _ = ch
-            .exchange_delete(self.plain.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
+        let queues = [self.plain_queue.as_str(), &self.target_queue];
+        delete_topology(&ch, &queues, &[&self.plain]).await;
         drop(self.d);
         self.t.cleanup().await;
     }
@@ -1450,16 +1288,7 @@ async fn short_string_properties_and_keys_arrive_byte_for_byte() {
         app_id: Some(b"shop".to_vec()),
     };
     let props = published.encode();
-    b.raw.publish(&b.plain, b"", &props, b"x").await;
-    b.raw.publish(&b.t.exchange, b"", &props, b"x").await;
-    let plain = b
-        .raw
-        .get_within(&b.plain_queue, Duration::from_secs(5))
-        .await;
-    let delayed = b
-        .raw
-        .get_within(&b.target_queue, Duration::from_secs(10))
-        .await;
+    let (plain, delayed) = b.publish_both(&props, b"x").await;
     let as_rabbitmq_delivers = if b.raw.rabbitmq_major() >= 4 {
         headers.sort_by_key(|f| f.0);
         RawProps {
@@ -1492,45 +1321,40 @@ async fn short_string_properties_and_keys_arrive_byte_for_byte() {
     b.cleanup().await;
 }
 
-#[tokio::test]
-async fn header_type_signed_8_bit_arrives_byte_for_byte() {
-    assert_header_types(
-        Table::default()
-            .field(b"min", b'b', &[0x80])
-            .field(b"max", b'b', &[0x7f]),
-    )
-    .await;
+/// One test per header type, each named for what it guarantees: the
+/// fields, published both ways, arrive as [`assert_header_types`] says.
+macro_rules! header_type_tests {
+    ($($(#[$doc:meta])* $name:ident: $($key:literal $code:literal $bytes:expr),+;)*) => {$(
+        $(#[$doc])*
+        #[tokio::test]
+        async fn $name() {
+            assert_header_types(Table::default()$(.field($key, $code, &$bytes))+).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn header_type_unsigned_8_bit_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"max", b'B', &[0xff])).await;
-}
-
-/// RabbitMQ's code `s` (the spec's `U`, which RabbitMQ 3.10 refuses).
-#[tokio::test]
-async fn header_type_signed_16_bit_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"min", b's', &i16::MIN.to_be_bytes())).await;
-}
-
-#[tokio::test]
-async fn header_type_unsigned_16_bit_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"max", b'u', &u16::MAX.to_be_bytes())).await;
-}
-
-#[tokio::test]
-async fn header_type_signed_32_bit_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"min", b'I', &i32::MIN.to_be_bytes())).await;
-}
-
-#[tokio::test]
-async fn header_type_unsigned_32_bit_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"max", b'i', &u32::MAX.to_be_bytes())).await;
-}
-
-#[tokio::test]
-async fn header_type_signed_64_bit_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"min", b'l', &i64::MIN.to_be_bytes())).await;
+header_type_tests! {
+    header_type_signed_8_bit_arrives_byte_for_byte: b"min" b'b' [0x80], b"max" b'b' [0x7f];
+    header_type_unsigned_8_bit_arrives_byte_for_byte: b"max" b'B' [0xff];
+    /// RabbitMQ's code `s` (the spec's `U`, which RabbitMQ 3.10 refuses).
+    header_type_signed_16_bit_arrives_byte_for_byte: b"min" b's' i16::MIN.to_be_bytes();
+    header_type_unsigned_16_bit_arrives_byte_for_byte: b"max" b'u' u16::MAX.to_be_bytes();
+    header_type_signed_32_bit_arrives_byte_for_byte: b"min" b'I' i32::MIN.to_be_bytes();
+    header_type_unsigned_32_bit_arrives_byte_for_byte: b"max" b'i' u32::MAX.to_be_bytes();
+    header_type_signed_64_bit_arrives_byte_for_byte: b"min" b'l' i64::MIN.to_be_bytes();
+    header_type_float_arrives_byte_for_byte:
+        b"half" b'f' 1.5f32.to_be_bytes(),
+        b"negative-zero" b'f' (-0.0f32).to_be_bytes(),
+        b"max" b'f' f32::MAX.to_be_bytes();
+    header_type_double_arrives_byte_for_byte:
+        b"quarter" b'd' 2.25f64.to_be_bytes(),
+        b"huge" b'd' 1e300f64.to_be_bytes();
+    header_type_decimal_arrives_byte_for_byte:
+        b"price" b'D' [2, 0, 0, 0x30, 0x39],
+        b"max" b'D' [255, 0xff, 0xff, 0xff, 0xff];
+    header_type_timestamp_arrives_byte_for_byte: b"at" b'T' 1_700_000_000u64.to_be_bytes();
+    header_type_byte_array_arrives_byte_for_byte: b"bytes" b'x' long_bytes(b"\x00\x01\xff");
+    header_type_void_arrives_byte_for_byte: b"nothing" b'V' [0u8; 0];
 }
 
 /// `L` (unsigned 64-bit in the spec) is read as signed and sent as `l`:
@@ -1546,42 +1370,6 @@ async fn header_type_unsigned_64_bit_arrives_as_signed_l() {
         "{:?}",
         got.headers
     );
-}
-
-#[tokio::test]
-async fn header_type_float_arrives_byte_for_byte() {
-    assert_header_types(
-        Table::default()
-            .field(b"half", b'f', &1.5f32.to_be_bytes())
-            .field(b"negative-zero", b'f', &(-0.0f32).to_be_bytes())
-            .field(b"max", b'f', &f32::MAX.to_be_bytes()),
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn header_type_double_arrives_byte_for_byte() {
-    assert_header_types(
-        Table::default()
-            .field(b"quarter", b'd', &2.25f64.to_be_bytes())
-            .field(b"huge", b'd', &1e300f64.to_be_bytes()),
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn header_type_decimal_arrives_byte_for_byte() {
-    assert_header_types(
-        Table::default()
-            .field(b"price", b'D', &[2, 0, 0, 0x30, 0x39])
-            .field(b"max", b'D', &[255, 0xff, 0xff, 0xff, 0xff]),
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn header_type_timestamp_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"at", b'T', &1_700_000_000u64.to_be_bytes())).await;
 }
 
 /// A boolean other than 0 or 1 arrives as 1.
@@ -1601,16 +1389,6 @@ async fn header_type_boolean_arrives_as_0_or_1() {
         "{:?}",
         got.headers
     );
-}
-
-#[tokio::test]
-async fn header_type_byte_array_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"bytes", b'x', &long_bytes(b"\x00\x01\xff"))).await;
-}
-
-#[tokio::test]
-async fn header_type_void_arrives_byte_for_byte() {
-    assert_header_types(Table::default().field(b"nothing", b'V', b"")).await;
 }
 
 /// A nested table's keys are sorted too, and its duplicates collapse.
@@ -1706,8 +1484,7 @@ async fn headers_arrive_sorted_with_one_value_a_key_as_the_broker_keeps_it() {
 /// test in `src/intake/delay.rs` covers it); `-1e300` is due at once.
 #[tokio::test]
 async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
-    let d = t.start().await;
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
     let double = unique("double");
     let digits = unique("digits");
     for (id, v) in [
@@ -1730,12 +1507,7 @@ async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
     assert_eq!(t.inbox.all()[0].body, b"now");
     let mut r = t.redis.clone();
     for id in [&double, &digits] {
-        let score: Option<f64> = redis::cmd("ZSCORE")
-            .arg(&t.key)
-            .arg(id)
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let score: Option<f64> = zscore(&mut r, &t.key, id).await;
         assert_eq!(
             score,
             Some(delayd::intake::delay::LATEST_MS as f64),
@@ -1743,6 +1515,5 @@ async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
             d.tail()
         );
     }
-    drop(d);
-    t.cleanup().await;
+    t.stop(d).await;
 }

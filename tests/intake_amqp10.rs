@@ -68,7 +68,9 @@ struct Intake {
 }
 
 impl Intake {
+    /// Starts it all; the tests need RabbitMQ 4 (AMQP 1.0 addresses).
     async fn start() -> Self {
+        require_rabbitmq4();
         let amqp = amqp_at(&amqp_url()).await;
         let ch = amqp.create_channel().await.unwrap();
         let spec = BusinessSpec::random("amqp10");
@@ -143,14 +145,10 @@ impl Intake {
 #[tokio::test]
 #[ignore = "needs RabbitMQ 4 (AMQP 1.0 addresses); deploy/local/test.sh runs it on the rabbitmq4 sets"]
 async fn an_amqp10_delivery_delay_annotation_is_honoured_and_reaches_consumers_as_a_header() {
-    require_rabbitmq4();
     let i = Intake::start().await;
+    let delay = [("x-opt-delivery-delay", Value::Long(1500))];
     let sent = i
-        .publish(
-            "amqp10-delay",
-            b"\x00binary\xffbody",
-            &[("x-opt-delivery-delay", Value::Long(1500))],
-        )
+        .publish("amqp10-delay", b"\x00binary\xffbody", &delay)
         .await;
     let r = i.received().await;
     assert!(
@@ -178,7 +176,6 @@ async fn an_amqp10_delivery_delay_annotation_is_honoured_and_reaches_consumers_a
 #[tokio::test]
 #[ignore = "needs RabbitMQ 4 (AMQP 1.0 addresses); deploy/local/test.sh runs it on the rabbitmq4 sets"]
 async fn an_amqp10_delivery_time_annotation_is_honoured() {
-    require_rabbitmq4();
     let i = Intake::start().await;
     let due = wall_ms() + 2000;
     i.publish(
@@ -205,18 +202,12 @@ async fn an_amqp10_delivery_time_annotation_is_honoured() {
 #[tokio::test]
 #[ignore = "needs RabbitMQ 4 (AMQP 1.0 addresses); deploy/local/test.sh runs it on the rabbitmq4 sets"]
 async fn a_delivery_delay_annotation_comes_before_a_delivery_time() {
-    require_rabbitmq4();
     let i = Intake::start().await;
-    let sent = i
-        .publish(
-            "amqp10-both",
-            b"both",
-            &[
-                ("x-opt-delivery-time", Value::Long(wall_ms() + 600_000)),
-                ("x-opt-delivery-delay", Value::Long(500)),
-            ],
-        )
-        .await;
+    let both = [
+        ("x-opt-delivery-time", Value::Long(wall_ms() + 600_000)),
+        ("x-opt-delivery-delay", Value::Long(500)),
+    ];
+    let sent = i.publish("amqp10-both", b"both", &both).await;
     let r = i.received().await;
     assert!(r.at_ms >= sent + 500, "delivered before its 500 ms delay");
     assert!(

@@ -24,16 +24,22 @@ fn intake_config(
     intake: &str,
 ) -> (std::path::PathBuf, String) {
     let key = unique("test:intake-fault");
-    let spec = BusinessSpec {
+    let spec = intake_spec(&key, target, "retry_backoff = \"100ms\"\n", intake, "");
+    (write_config(dir, redis_url, amqp_url, &[&spec]), key)
+}
+
+/// The business `delayed` on `key`, delivering to `target`, with
+/// `business` lines, and its intake on `intake` with `more` lines.
+fn intake_spec(key: &str, target: &str, business: &str, intake: &str, more: &str) -> BusinessSpec {
+    BusinessSpec {
         name: "delayed".into(),
-        key: key.clone(),
+        key: key.into(),
         exchange: target.into(),
         routing_key: String::new(),
         extra: format!(
-            "properties = \"standard\"\nretry_backoff = \"100ms\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\n"
+            "properties = \"standard\"\n{business}[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\n{more}"
         ),
-    };
-    (write_config(dir, redis_url, amqp_url, &[&spec]), key)
+    }
 }
 
 /// A durable direct target with one durable queue bound by "" (the
@@ -42,18 +48,21 @@ async fn target(ch: &Channel, name: &str, queue: &str) {
     declare(ch, name, queue, "").await;
 }
 
+/// On the shared broker, a consumed [`target`] named for `prefix`, and a
+/// name for the intake: (connection, channel, [target, queue, intake], inbox).
+async fn consumed_target(prefix: &str) -> (Connection, Channel, [String; 3], Inbox) {
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let names = ["target", "q", "intake"].map(|s| unique(&format!("{prefix}-{s}")));
+    target(&ch, &names[0], &names[1]).await;
+    let inbox = consume(&amqp, &names[1]).await;
+    (amqp, ch, names, inbox)
+}
+
 /// Deletes what [`target`] and the intake declared on the shared broker.
 async fn remove_topology(ch: &Channel, target: &str, queue: &str, intake: &str) {
-    for q in [queue.to_string(), format!("{intake}.q")] {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for x in [target, intake] {
-        let _ = ch
-            .exchange_delete(x.into(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    let intake_queue = format!("{intake}.q");
+    delete_topology(ch, &[queue, &intake_queue], &[target, intake]).await;
 }
 
 /// Publishes `bodies` with `x-delay` and a `message_id` each, confirmed,
@@ -133,13 +142,8 @@ fn bodies(tag: &str, n: usize) -> Vec<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_intake_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let (tgt, queue, intake) = (unique("rr-target"), unique("rr-q"), unique("rr-intake"));
-    target(&ch, &tgt, &queue).await;
-    let inbox = consume(&amqp, &queue).await;
+    let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
+    let (amqp, ch, [tgt, queue, intake], inbox) = consumed_target("rr").await;
     let (config, _) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
     let d = Daemon::start(&config);
     // Producers switch once the intake queue is bound and consumed, as the
@@ -166,8 +170,7 @@ async fn a_redis_restart_mid_intake_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rabbitmq_restart_mid_intake_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let mut node = PrivateRabbit::started(dir.path(), "").await;
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = ("br-target", "br-q", "br-intake");
@@ -209,23 +212,14 @@ async fn a_rabbitmq_restart_mid_intake_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let node = PrivateRabbit::started(dir.path(), "").await;
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = ("al-target", "al-q", "al-intake");
     target(&ch, tgt, queue).await;
     let inbox = consume(&amqp, queue).await;
     let key = unique("test:intake-alarm");
-    let delayed = BusinessSpec {
-        name: "delayed".into(),
-        key: key.clone(),
-        exchange: tgt.into(),
-        routing_key: String::new(),
-        extra: format!(
-            "properties = \"standard\"\n[businesses.delayed.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nprefetch = 50\n"
-        ),
-    };
+    let delayed = intake_spec(&key, tgt, "", intake, "prefetch = 50\n");
     // A business of producers that write to Redis: its publishing is what
     // the alarm blocks.
     let plain = BusinessSpec {
@@ -249,11 +243,7 @@ async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     let alarm = Alarm(&node);
     alarm.raise().await;
     let mut redis = redis().await;
-    let now = redis_now_ms(&mut redis).await;
-    let due: Vec<(f64, Vec<u8>)> = (0..100)
-        .map(|i| (now as f64, format!("plain-{i}").into_bytes()))
-        .collect();
-    zadd_many(&mut redis, &plain.key, &due).await;
+    schedule_due_now(&mut redis, &plain.key, "plain", 100).await;
     let d = Daemon::start(&config);
     let inflight = family(&key).inflight;
     let stored = |mut redis: redis::aio::MultiplexedConnection| {
@@ -317,8 +307,7 @@ async fn publish_as(node: &PrivateRabbit, user: &str, exchange: &str, body: &[u8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producers_user_id_never_stops_delivery() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.start().await;
+    let node = PrivateRabbit::started(dir.path(), "").await;
     node.ctl(&["add_user", "shop", "shop"]).await;
     node.ctl(&["set_permissions", "-p", "/", "shop", ".*", ".*", ".*"])
         .await;
@@ -386,14 +375,9 @@ async fn a_producers_user_id_never_stops_delivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let mut r = server.conn().await;
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
-    let (tgt, queue, intake) = (unique("oom-target"), unique("oom-q"), unique("oom-intake"));
-    target(&ch, &tgt, &queue).await;
-    let inbox = consume(&amqp, &queue).await;
+    let (amqp, ch, [tgt, queue, intake], inbox) = consumed_target("oom").await;
     let (config, key) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
     let port = free_port(30000..35000, &[]);
     let listen = format!("127.0.0.1:{port}");
@@ -401,11 +385,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;
     // Room for a few hundred of the messages below (each its own
     // `message_id`), no more.
-    let used: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let used: String = query(&mut r, "INFO", "memory").await;
     let used: u64 = used
         .lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
@@ -418,13 +398,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
         ("maxmemory-policy", "noeviction".to_string()),
         ("maxmemory", limit.to_string()),
     ] {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(k)
-            .arg(v)
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let _: () = query(&mut r, "CONFIG", ("SET", k, v)).await;
     }
     let all: Vec<Vec<u8>> = (0..1000)
         .map(|i| {
@@ -455,13 +429,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
         "Redis had room for all: the test did not fill it"
     );
     // Room again, as when deliveries drain a backlog.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = query(&mut r, "CONFIG", ("SET", "maxmemory", "0")).await;
     wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
     assert!(paused, "the pause was in the metric");
     assert!(d.logs().contains("taking in paused"), "{}", d.tail());
@@ -483,11 +451,8 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_channel_closed_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = PrivateRabbit::new(dir.path());
-    node.advanced_config("[{rabbit, [{consumer_timeout, 2000}]}].");
-    node.start().await;
-    let mut server = PrivateRedis::new(dir.path());
-    tokio::task::block_in_place(|| server.start());
+    let node = PrivateRabbit::started(dir.path(), "[{rabbit, [{consumer_timeout, 2000}]}].").await;
+    let mut server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
     let amqp = amqp_at(&node.url()).await;
     let ch = amqp.create_channel().await.unwrap();
     let (tgt, queue, intake) = ("ct-target", "ct-q", "ct-intake");

@@ -12,8 +12,7 @@ use delayd::tasks::{list, Range};
 async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_exact() {
     // A private server: the command counts are this test's alone.
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
+    let redis_server = PrivateRedis::started(dir.path());
     let b = BusinessSpec::random("paging");
     let config = write_config(dir.path(), &redis_server.url(), &amqp_url(), &[&b]);
     let business = delayd::config::load(&config).unwrap().businesses[0].clone();
@@ -45,12 +44,7 @@ async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_ex
         cursor = page(&mut conn, cursor).await.cursor;
     }
     let shown_last = "m024999";
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&b.key)
-        .arg(shown_last)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut conn, "ZREM", (&b.key, shown_last)).await;
     let before = command_stats(&mut conn, "zrange").await.0;
     let started = std::time::Instant::now();
     let page = page(&mut conn, cursor).await;
@@ -75,11 +69,7 @@ async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_ex
 
 /// Bytes Redis has sent to clients so far.
 async fn sent_bytes(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let info: String = query(conn, "INFO", "stats").await;
     info.lines()
         .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
         .and_then(|v| v.trim().parse().ok())
@@ -89,10 +79,8 @@ async fn sent_bytes(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_over_many_shards_reads_about_what_it_shows_not_shards_times_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis_server = PrivateRedis::new(dir.path());
-    redis_server.start();
-    let mut b = BusinessSpec::random("wide");
-    b.extra = "shards = 16".into();
+    let redis_server = PrivateRedis::started(dir.path());
+    let b = BusinessSpec::with_extra("wide", "shards = 16");
     let config = write_config(dir.path(), &redis_server.url(), &amqp_url(), &[&b]);
     let business = delayd::config::load(&config).unwrap().businesses[0].clone();
     let mut conn = redis_at(&redis_server.url()).await;

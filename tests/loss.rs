@@ -32,19 +32,6 @@ fn policy(reason: &str) -> BackPolicy<'_> {
     }
 }
 
-async fn score(conn: &mut redis::aio::MultiplexedConnection, key: &str, m: &[u8]) -> Option<f64> {
-    redis::cmd("ZSCORE")
-        .arg(key)
-        .arg(m)
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
-async fn hlen(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
-    redis::cmd("HLEN").arg(key).query_async(conn).await.unwrap()
-}
-
 /// Claims exactly the given members (all due now) and returns the claim.
 async fn claim_now(
     s: &Store,
@@ -66,12 +53,14 @@ async fn claim_now(
 /// A producer's mistake: K turned into a list.
 async fn turn_into_list(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
     del(conn, key).await;
-    let _: i64 = redis::cmd("RPUSH")
-        .arg(key)
-        .arg("oops")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let _: i64 = query(conn, "RPUSH", (key, "oops")).await;
+}
+
+/// A script-level test's start: a fresh key, the library's store on it, a
+/// connection and the key's family.
+async fn store_case(prefix: &str) -> (String, Store, redis::aio::MultiplexedConnection, KeyFamily) {
+    let key = unique(prefix);
+    (key.clone(), store(&key).await, redis().await, family(&key))
 }
 
 fn held(c: &delayd::store::Claim) -> Vec<(u16, Vec<&Claimed>)> {
@@ -80,10 +69,7 @@ fn held(c: &delayd::store::Claim) -> Vec<(u16, Vec<&Claimed>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_type_key_at_release_or_retry_loses_nothing() {
-    let key = unique("test:wrongtype");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (key, s, mut conn, f) = store_case("test:wrongtype").await;
     for mode in [Back::Release, Back::Refused, Back::Nack] {
         let c = claim_now(&s, &mut conn, &key, &[b"m"]).await;
         // A producer turns K into a list while m is in flight.
@@ -91,7 +77,7 @@ async fn wrong_type_key_at_release_or_retry_loses_nothing() {
         let err = s.back(mode, &held(&c), &policy("test")).await.unwrap_err();
         assert!(err.is_wrong_type(), "{mode:?}: {err}");
         assert!(
-            score(&mut conn, &f.inflight, b"m").await.is_some(),
+            zscore(&mut conn, &f.inflight, b"m").await.is_some(),
             "{mode:?}: a failed hand-back left the member nowhere"
         );
         // The key is fixed: the same write now goes through.
@@ -99,25 +85,19 @@ async fn wrong_type_key_at_release_or_retry_loses_nothing() {
         let out = s.back(mode, &held(&c), &policy("test")).await.unwrap();
         assert_eq!(out.back, 1, "{mode:?}");
         assert!(
-            score(&mut conn, &key, b"m").await.is_some(),
+            zscore(&mut conn, &key, b"m").await.is_some(),
             "{mode:?}: back in K"
         );
-        assert!(score(&mut conn, &f.inflight, b"m").await.is_none());
+        assert!(zscore(&mut conn, &f.inflight, b"m").await.is_none());
         del_family(&mut conn, &key).await;
     }
     // A claim on a wrong-type key writes nothing, even with leases to recover.
     let c = claim_now(&s, &mut conn, &key, &[b"r"]).await;
-    let _: i64 = redis::cmd("ZADD")
-        .arg(&f.inflight)
-        .arg(1)
-        .arg("r")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut conn, "ZADD", (&f.inflight, 1, "r")).await;
     turn_into_list(&mut conn, &key).await;
     assert!(s.claim(10, LEASE).await.unwrap_err().is_wrong_type());
     assert!(
-        score(&mut conn, &f.inflight, b"r").await.is_some(),
+        zscore(&mut conn, &f.inflight, b"r").await.is_some(),
         "recovery waited"
     );
     drop(c);
@@ -126,10 +106,7 @@ async fn wrong_type_key_at_release_or_retry_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_member_readded_starts_fresh_and_leaves_nothing_behind() {
-    let key = unique("test:cancel");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (key, s, mut conn, f) = store_case("test:cancel").await;
     let c = claim_now(&s, &mut conn, &key, &[b"m", b"n"]).await;
     let first_due = c.members[0].due_ms;
     // Both refused once: pending again with a retry state.
@@ -144,13 +121,7 @@ async fn cancelled_member_readded_starts_fresh_and_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(hlen(&mut conn, &f.meta).await, 2);
     // The producer cancels both, and re-adds m with a new due time.
-    let _: i64 = redis::cmd("ZREM")
-        .arg(&key)
-        .arg("m")
-        .arg("n")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut conn, "ZREM", (&key, "m", "n")).await;
     let now = redis_now_ms(&mut conn).await;
     let new_due = now - 5;
     assert_ne!(new_due, first_due);
@@ -182,10 +153,7 @@ async fn cancelled_member_readded_starts_fresh_and_leaves_nothing_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_writes_repeated_after_a_lost_reply_change_nothing() {
-    let key = unique("test:repeat");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (key, s, mut conn, f) = store_case("test:repeat").await;
     for mode in [Back::Release, Back::Refused, Back::Nack] {
         let first = claim_now(&s, &mut conn, &key, &[b"m"]).await;
         // The hand-back runs, but its reply is lost...
@@ -194,34 +162,27 @@ async fn settle_writes_repeated_after_a_lost_reply_change_nothing() {
             .await
             .unwrap();
         // ...m is claimed again (made due now if backoff delayed it)...
-        let _: i64 = redis::cmd("ZADD")
-            .arg(&key)
-            .arg("XX")
-            .arg(0)
-            .arg("m")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: i64 = query(&mut conn, "ZADD", (&key, "XX", 0, "m")).await;
         let second = s.claim(10, LEASE).await.unwrap();
         assert_eq!(second.members.len(), 1);
-        let before = score(&mut conn, &f.inflight, b"m").await;
+        let before = zscore(&mut conn, &f.inflight, b"m").await;
         // ...and the retried write arrives: it must not touch the new claim.
         let out = s.back(mode, &held(&first), &policy("test")).await.unwrap();
         assert_eq!((out.back, out.dead, out.skipped), (0, 0, 1), "{mode:?}");
         assert_eq!(
-            score(&mut conn, &f.inflight, b"m").await,
+            zscore(&mut conn, &f.inflight, b"m").await,
             before,
             "{mode:?}: lease kept"
         );
         assert!(
-            score(&mut conn, &key, b"m").await.is_none(),
+            zscore(&mut conn, &key, b"m").await.is_none(),
             "{mode:?}: not put back"
         );
         // A repeated ack of the first claim leaves the second claim's member too.
         let m: Vec<&[u8]> = vec![b"m"];
         assert_eq!(s.ack(&[(first.tag, m.clone())], &[]).await.unwrap(), 0);
         assert!(
-            score(&mut conn, &f.inflight, b"m").await.is_some(),
+            zscore(&mut conn, &f.inflight, b"m").await.is_some(),
             "{mode:?}: ack of an old claim"
         );
         assert_eq!(s.extend(&[(first.tag, m.clone())], LEASE).await.unwrap(), 0);
@@ -241,58 +202,34 @@ async fn settle_writes_repeated_after_a_lost_reply_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_and_requeue_never_override_a_producer_schedule() {
-    let key = unique("test:override");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (key, s, mut conn, f) = store_case("test:override").await;
     let c = claim_now(&s, &mut conn, &key, &[b"m"]).await;
     // The producer reschedules m while it is in flight.
     let later = redis_now_ms(&mut conn).await + 3_600_000;
     zadd_many(&mut conn, &key, &[(later as f64, b"m".to_vec())]).await;
     for mode in [Back::Refused, Back::Nack, Back::Release] {
-        let _: i64 = redis::cmd("ZADD")
-            .arg(&f.inflight)
-            .arg(format!(
-                "{}",
-                (redis_now_ms(&mut conn).await + 30_000) as f64 + c.tag as f64 / 1024.0
-            ))
-            .arg("m")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let lease_end = (redis_now_ms(&mut conn).await + 30_000) as f64 + c.tag as f64 / 1024.0;
+        let _: i64 = query(&mut conn, "ZADD", (&f.inflight, lease_end, "m")).await;
         s.back(mode, &held(&c), &policy("unroutable"))
             .await
             .unwrap();
         assert_eq!(
-            score(&mut conn, &key, b"m").await,
+            zscore(&mut conn, &key, b"m").await,
             Some(later as f64),
             "{mode:?} kept the producer's schedule"
         );
     }
     // A dead member that the producer scheduled again keeps that schedule.
-    let _: i64 = redis::cmd("ZADD")
-        .arg(&f.dead)
-        .arg(1)
-        .arg("m")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut conn, "ZADD", (&f.dead, 1, "m")).await;
     assert_eq!(s.dead_requeue(10).await.unwrap(), 1);
     assert_eq!(
-        score(&mut conn, &key, b"m").await,
+        zscore(&mut conn, &key, b"m").await,
         Some(later as f64),
         "requeue kept the producer's schedule"
     );
     assert_eq!(zcard(&mut conn, &f.dead).await, 0);
     // And the member later starts afresh: attempt 1 at the producer's due time.
-    let _: i64 = redis::cmd("ZADD")
-        .arg(&key)
-        .arg("XX")
-        .arg(later - 3_600_000 - 1)
-        .arg("m")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: i64 = query(&mut conn, "ZADD", (&key, "XX", later - 3_600_000 - 1, "m")).await;
     let c2 = s.claim(1, LEASE).await.unwrap();
     assert_eq!(c2.members[0].attempt, 1);
     del_family(&mut conn, &key).await;
@@ -300,10 +237,7 @@ async fn retry_and_requeue_never_override_a_producer_schedule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphan_claim_records_are_swept_without_any_lease_expiring() {
-    let key = unique("test:records");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (key, s, mut conn, f) = store_case("test:records").await;
     let lease = Duration::from_millis(300);
     let now = redis_now_ms(&mut conn).await;
     zadd_many(
@@ -336,10 +270,7 @@ async fn orphan_claim_records_are_swept_without_any_lease_expiring() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_reads_only_the_records_it_needs_and_keeps_due_times() {
-    let key = unique("test:recover");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (key, s, mut conn, f) = store_case("test:recover").await;
     let now = redis_now_ms(&mut conn).await;
     // 200 claims of 50 members with 1 KB bodies each: 10 MB in records.
     let lease = Duration::from_secs(3);
@@ -376,22 +307,15 @@ async fn recovery_reads_only_the_records_it_needs_and_keeps_due_times() {
         slowest < Duration::from_millis(2000),
         "one recovery call took {slowest:?}"
     );
-    let items: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-        .arg(&key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let items: Vec<(Vec<u8>, f64)> = query(&mut conn, "ZRANGE", (&key, 0, -1, "WITHSCORES")).await;
     assert_eq!(items.len(), 10_000);
     for (m, sc) in items {
         assert_eq!(sc as i64, dues[&m], "recovered at its original due time");
     }
     assert_eq!(zcard(&mut conn, &f.inflight).await, 0);
+    let records_left = hlen(&mut conn, &f.claims).await;
     assert_eq!(
-        hlen(&mut conn, &f.claims).await,
-        0,
+        records_left, 0,
         "the recovery deleted the records it emptied"
     );
     del_family(&mut conn, &key).await;
@@ -437,13 +361,7 @@ async fn a_claim_is_bounded_in_bytes_and_takes_at_least_one_member() {
     let f = family(&key);
     for i in 0..3 {
         let id = format!("id-{i}");
-        let _: () = redis::cmd("HSET")
-            .arg(&f.body)
-            .arg(&id)
-            .arg(vec![b'b'; 5 << 20])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: () = query(&mut conn, "HSET", (&f.body, &id, vec![b'b'; 5 << 20])).await;
         zadd_many(&mut conn, &key, &[((now - 10) as f64, id.into_bytes())]).await;
     }
     for _ in 0..3 {
@@ -460,13 +378,10 @@ async fn a_claim_is_bounded_in_bytes_and_takes_at_least_one_member() {
 /// claim moves it to the dead set with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_lease_keeps_expiring_ends_in_the_dead_set_with_its_reason() {
-    let key = unique("test:expiring");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
-    let lease = Duration::from_millis(40);
+    let (key, s, mut conn, f) = store_case("test:expiring").await;
     let now = redis_now_ms(&mut conn).await;
     zadd_many(&mut conn, &key, &[((now - 10) as f64, b"poison".to_vec())]).await;
+    let lease = Duration::from_millis(40);
     let mut attempts = Vec::new();
     for _ in 0..10 {
         let c = s.claim(10, lease).await.unwrap();
@@ -481,20 +396,11 @@ async fn a_member_whose_lease_keeps_expiring_ends_in_the_dead_set_with_its_reaso
         vec![1, 2, 3, 4, 5],
         "claimed once per allowed attempt"
     );
-    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&f.dead)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(dead, vec![b"poison".to_vec()]);
-    let reason: Option<String> = redis::cmd("HGET")
-        .arg(&f.reasons)
-        .arg("poison")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    assert_eq!(
+        zrange::<Vec<u8>>(&mut conn, &f.dead).await,
+        vec![b"poison".to_vec()]
+    );
+    let reason = dead_reason(&mut conn, &key, "poison").await;
     assert_eq!(reason.as_deref(), Some("lease expired after 5 attempts"));
     assert_eq!(zcard(&mut conn, &key).await, 0);
     assert_eq!(zcard(&mut conn, &f.inflight).await, 0);
@@ -524,8 +430,10 @@ async fn returns_are_matched_to_their_own_member() {
 /// none deleted as delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_return_always_wins_over_the_ack_it_rides_with_under_load() {
-    let mut b = BusinessSpec::random("returns_load");
-    b.extra = "max_attempts = 1\nbatch_size = 2000\nwindow = 8000\nscanners = 4".into();
+    let b = BusinessSpec::with_extra(
+        "returns_load",
+        "max_attempts = 1\nbatch_size = 2000\nwindow = 8000\nscanners = 4",
+    );
     let dir = tempfile::tempdir().unwrap();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -546,15 +454,7 @@ async fn a_return_always_wins_over_the_ack_it_rides_with_under_load() {
     let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let d = Daemon::start(&config);
     let f = family(&b.key);
-    let settled =
-        eventually(Duration::from_secs(120), || {
-            let mut r = redis.clone();
-            let key = b.key.clone();
-            async move {
-                zcard(&mut r, &key).await == 0 && zcard(&mut r, &family(&key).inflight).await == 0
-            }
-        })
-        .await;
+    let settled = eventually_settled(&redis, &b.key, Duration::from_secs(120)).await;
     drop(busy);
     let dead = zcard(&mut redis, &f.dead).await;
     let orphans = d
@@ -617,28 +517,9 @@ impl ReturnsFlow {
         let dir = tempfile::tempdir().unwrap();
         let amqp = amqp_at(&amqp_url()).await;
         let ch = amqp.create_channel().await.unwrap();
-        ch.exchange_declare(
-            b.exchange.as_str().into(),
-            lapin::ExchangeKind::Headers,
-            lapin::options::ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        declare_exchange_kind(&ch, &b.exchange, lapin::ExchangeKind::Headers).await;
         let queue = unique("q");
-        ch.queue_declare(
-            queue.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        declare_queue(&ch, &queue).await;
         let mut redis = redis().await;
         let now = redis_now_ms(&mut redis).await;
         let mut routed = HashSet::new();
@@ -681,25 +562,11 @@ impl ReturnsFlow {
         let f = family(&b.key);
         // Settled once nothing is pending or in flight: a member deleted as
         // delivered is then in neither the dead set nor the inbox.
-        let settled = eventually(self.settle_within, || {
-            let mut r = redis.clone();
-            let key = b.key.clone();
-            async move {
-                zcard(&mut r, &key).await == 0 && zcard(&mut r, &family(&key).inflight).await == 0
-            }
-        })
-        .await;
+        let settled = eventually_settled(&redis, &b.key, self.settle_within).await;
         inbox.settle(Duration::from_millis(500)).await;
         let accounted = zcard(&mut redis, &f.dead).await + inbox.len() as u64;
         let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
-        let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-            .arg(&f.dead)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut redis)
-            .await
-            .unwrap();
-        let dead: HashSet<Vec<u8>> = dead.into_iter().collect();
+        let dead: HashSet<Vec<u8>> = zrange(&mut redis, &f.dead).await.into_iter().collect();
         let lost: Vec<_> = unroutable.difference(&dead).collect();
         assert!(
             lost.is_empty(),
@@ -739,10 +606,11 @@ impl ReturnsFlow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rabbit = PrivateRabbit::new(dir.path());
-    rabbit.start().await;
-    let mut b = BusinessSpec::random("blocked");
-    b.extra = "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2".into();
+    let rabbit = PrivateRabbit::started(dir.path(), "").await;
+    let b = BusinessSpec::with_extra(
+        "blocked",
+        "lease = \"2s\"\nshutdown_timeout = \"3s\"\nbatch_size = 20\nscanners = 2",
+    );
     let s = Setup::on(&redis_url(), &rabbit.url(), &[&b]).await;
     let (config, inbox, mut redis) = (&s.config, s.inbox().clone(), s.redis.clone());
     let alarm = Alarm(&rabbit);
@@ -759,12 +627,7 @@ async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     alarm.clear().await;
     let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
-    let ok = eventually(Duration::from_secs(40), || {
-        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
-        let done = want.is_subset(&got);
-        async move { done }
-    })
-    .await;
+    let ok = inbox.eventually_has(&want, Duration::from_secs(40)).await;
     assert!(ok, "not all delivered after the alarm; log:\n{}", d.logs());
     inbox.settle(Duration::from_secs(1)).await;
     assert_eq!(
@@ -801,12 +664,7 @@ async fn blocked_broker_neither_duplicates_nor_hangs_the_stop() {
     // Everything is delivered by the next run.
     let d2 = Daemon::start(config);
     let want2: HashSet<Vec<u8>> = more.iter().map(|(_, m)| m.clone()).collect();
-    let ok = eventually(Duration::from_secs(30), || {
-        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
-        let done = want2.is_subset(&got);
-        async move { done }
-    })
-    .await;
+    let ok = inbox.eventually_has(&want2, Duration::from_secs(30)).await;
     assert!(
         ok,
         "members lost across a stop under alarm; log:\n{}",
@@ -849,12 +707,7 @@ async fn missing_exchange_pauses_publishing_without_spinning() {
     let b = BusinessSpec::random("noexchange");
     let s = Setup::new(&[&b]).await;
     let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
-    let port = free_port(44000..45000, &[]);
-    let text = std::fs::read_to_string(config).unwrap().replace(
-        "listen = \"off\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    );
-    std::fs::write(config, text).unwrap();
+    let port = listen_on_free_port(config, 44000..45000);
     let mut redis = s.redis.clone();
     let d = Daemon::start(config);
     let now = redis_now_ms(&mut redis).await;
@@ -922,6 +775,16 @@ const TO_LIST: &str =
 const TO_ZSET: &str = "redis.call('DEL', KEYS[1]) \
     if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('RENAME', KEYS[2], KEYS[1]) end";
 
+/// Runs `TO_LIST` or `TO_ZSET` on K and the key its members wait aside in.
+async fn on_k(redis: &mut redis::aio::MultiplexedConnection, script: &str, key: &str, aside: &str) {
+    let _: () = redis::Script::new(script)
+        .key(key)
+        .key(aside)
+        .invoke_async(redis)
+        .await
+        .unwrap();
+}
+
 /// A minute of everything at once: a steady flow while, at random, the only
 /// queue is unbound and rebound, K is turned into a list and back, members
 /// are cancelled and re-added, and delayd is SIGKILLed twice. At the end
@@ -929,8 +792,7 @@ const TO_ZSET: &str = "redis.call('DEL', KEYS[1]) \
 /// family holds nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
-    let mut b = BusinessSpec::random("soak");
-    b.extra = "lease = \"2s\"\nmax_attempts = 1000\nretry_backoff = \"200ms\"\nretry_backoff_max = \"1s\"".into();
+    let b = BusinessSpec::with_extra("soak", "lease = \"2s\"\nmax_attempts = 1000\nretry_backoff = \"200ms\"\nretry_backoff_max = \"1s\"");
     let s = Setup::new(&[&b]).await;
     let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
     let mut redis = s.redis.clone();
@@ -965,38 +827,14 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
         }
         match rand::random_range(0..100) {
             0..3 => {
-                if unbound {
-                    ch.queue_bind(
-                        queue.as_str().into(),
-                        b.exchange.as_str().into(),
-                        b.routing_key.as_str().into(),
-                        Default::default(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
-                } else {
-                    ch.queue_unbind(
-                        queue.as_str().into(),
-                        b.exchange.as_str().into(),
-                        b.routing_key.as_str().into(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
-                }
+                set_bound(ch, queue, &b, unbound).await;
                 unbound = !unbound;
             }
             3..5 => {
                 // K becomes a list for a moment; its members wait aside.
                 // Atomically: delayd may write K between two commands.
                 let script = if listed { TO_ZSET } else { TO_LIST };
-                let _: () = redis::Script::new(script)
-                    .key(&b.key)
-                    .key(&saved)
-                    .invoke_async(&mut redis)
-                    .await
-                    .unwrap();
+                on_k(&mut redis, script, &b.key, &saved).await;
                 listed = !listed;
             }
             5..15 if !listed => {
@@ -1008,12 +846,7 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
                     .await
                     .unwrap_or_default();
                 for m in some {
-                    let removed: i64 = redis::cmd("ZREM")
-                        .arg(&b.key)
-                        .arg(&m)
-                        .query_async(&mut redis)
-                        .await
-                        .unwrap();
+                    let removed: i64 = query(&mut redis, "ZREM", (&b.key, &m)).await;
                     if removed == 1 {
                         if rand::random::<bool>() {
                             let now = redis_now_ms(&mut redis).await;
@@ -1035,46 +868,16 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
     }
     // Calm: the queue bound, K a sorted set again, and time to settle.
     if listed {
-        let _: () = redis::Script::new(TO_ZSET)
-            .key(&b.key)
-            .key(&saved)
-            .invoke_async(&mut redis)
-            .await
-            .unwrap();
+        on_k(&mut redis, TO_ZSET, &b.key, &saved).await;
     }
     if unbound {
-        ch.queue_bind(
-            queue.as_str().into(),
-            b.exchange.as_str().into(),
-            b.routing_key.as_str().into(),
-            Default::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+        set_bound(ch, queue, &b, true).await;
     }
     let want: HashSet<Vec<u8>> = scheduled.difference(&cancelled).cloned().collect();
-    let ok = eventually(Duration::from_secs(60), || {
-        let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
-        let done = want.is_subset(&got);
-        async move { done }
-    })
-    .await;
-    let got: HashSet<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
-    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&f.dead)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let pending: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg(&b.key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let ok = inbox.eventually_has(&want, Duration::from_secs(60)).await;
+    let got = inbox.bodies();
+    let dead: Vec<Vec<u8>> = zrange(&mut redis, &f.dead).await;
+    let pending: Vec<Vec<u8>> = zrange(&mut redis, &b.key).await;
     let lost: Vec<_> = want
         .iter()
         .filter(|m| !got.contains(*m) && !dead.contains(*m) && !pending.contains(*m))
@@ -1108,10 +911,7 @@ async fn soak_of_faults_loses_nothing_and_leaves_nothing_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_sweep_reads_a_bounded_slice_of_a_large_retry_state_and_a_pass_removes_it_all() {
-    let key = unique("test:metasweep");
-    let s = store(&key).await;
-    let mut conn = redis().await;
-    let f = family(&key);
+    let (_key, s, mut conn, f) = store_case("test:metasweep").await;
     // 100,000 stale entries, as a nack storm followed by cancels leaves.
     for chunk in (0..100_000).collect::<Vec<u32>>().chunks(5000) {
         let mut cmd = redis::cmd("HSET");

@@ -42,6 +42,15 @@ fn cluster() -> &'static Cluster {
 /// One test at a time: they kill and stop the shared cluster's nodes.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The cluster, all three nodes up, for this test alone while it holds the
+/// guard.
+async fn whole_cluster() -> (&'static Cluster, tokio::sync::MutexGuard<'static, ()>) {
+    let c = cluster();
+    let turn = TURN.lock().await;
+    c.make_whole().await;
+    (c, turn)
+}
+
 impl Cluster {
     fn url(&self, port: u16) -> String {
         format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
@@ -167,9 +176,7 @@ async fn schedule_flow(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_10s() {
-    let c = cluster();
-    let _turn = TURN.lock().await;
-    c.make_whole().await;
+    let (c, _turn) = whole_cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("cluster_kill");
     let config = c.config(dir.path(), &c.ports, &b);
@@ -239,9 +246,7 @@ async fn kill_9_of_the_connected_node_loses_nothing_and_delivery_resumes_within_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_quorum_leader_stalls_confirms_then_they_resume_and_nothing_is_dead() {
-    let c = cluster();
-    let _turn = TURN.lock().await;
-    c.make_whole().await;
+    let (c, _turn) = whole_cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("cluster_leader");
     let queue = quorum_queue(&c.url(c.ports[0]), &b).await;

@@ -92,11 +92,7 @@ async fn assert_budget_key_expires(redis: &mut redis::aio::MultiplexedConnection
         let mut r = redis.clone();
         let rate = rate.clone();
         async move {
-            let n: i64 = redis::cmd("EXISTS")
-                .arg(&rate)
-                .query_async(&mut r)
-                .await
-                .unwrap();
+            let n: i64 = query(&mut r, "EXISTS", &rate).await;
             n == 0
         }
     })
@@ -153,8 +149,10 @@ async fn a_killed_process_leaves_the_whole_shared_rate_to_the_survivor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shared_budget_grants_a_burst_then_the_rate_and_takes_back_what_a_claim_left() {
     let dir = tempfile::tempdir().unwrap();
-    let mut b = BusinessSpec::random("budget");
-    b.extra = "max_rate = 1000\nmax_rate_scope = \"cluster\"\nbatch_size = 100".into();
+    let b = BusinessSpec::with_extra(
+        "budget",
+        "max_rate = 1000\nmax_rate_scope = \"cluster\"\nbatch_size = 100",
+    );
     let path = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
     let cfg = delayd::config::load(&path).unwrap();
     let conn = delayd::redis_conn::Redis::new(&cfg.redis)

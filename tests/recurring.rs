@@ -98,6 +98,15 @@ async fn outage(policy: &str) -> (HashMap<i64, usize>, String, i64) {
 }
 
 /// The `missed=N` the restarted daemon logged, 0 when it logged none.
+/// Asserts the outage missed occurrences and the log counts every one;
+/// returns the ones missed.
+fn assert_missed_and_counted(seen: &HashMap<i64, usize>, logs: &str) -> Vec<i64> {
+    let missing = gaps(seen);
+    assert!(!missing.is_empty(), "nothing was missed in a 6 s outage");
+    assert_eq!(missed_in(logs), missing.len(), "{logs}");
+    missing
+}
+
 fn missed_in(logs: &str) -> usize {
     logs.lines()
         .filter_map(|l| l.split("missed=").nth(1))
@@ -124,17 +133,13 @@ async fn after_all_instances_are_killed_catch_up_all_delivers_every_missed_occur
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_all_instances_are_killed_catch_up_none_skips_and_counts_the_missed() {
     let (seen, logs, _) = outage("none").await;
-    let missing = gaps(&seen);
-    assert!(!missing.is_empty(), "nothing was missed in a 6 s outage");
-    assert_eq!(missed_in(&logs), missing.len(), "{logs}");
+    assert_missed_and_counted(&seen, &logs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_all_instances_are_killed_catch_up_last_delivers_only_the_latest_missed() {
     let (seen, logs, restart) = outage("last").await;
-    let missing = gaps(&seen);
-    assert!(!missing.is_empty(), "nothing was missed in a 6 s outage");
-    assert_eq!(missed_in(&logs), missing.len(), "{logs}");
+    let missing = assert_missed_and_counted(&seen, &logs);
     // The latest missed one comes after the restart, more than the 2 s
     // grace late; every older one stays missed.
     let caught: Vec<i64> = seen
@@ -164,14 +169,7 @@ async fn a_removed_schedule_and_a_changed_one_take_back_their_future_occurrences
     let mut s = Setup::new(&[&b]).await;
     let mut d = Daemon::start(&s.config);
     let members = |mut r: redis::aio::MultiplexedConnection, key: String| async move {
-        let v: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let v: Vec<(String, f64)> = query(&mut r, "ZRANGE", (&key, 0, -1, "WITHSCORES")).await;
         v
     };
     let ok = eventually(Duration::from_secs(10), || {
@@ -223,15 +221,21 @@ async fn a_removed_schedule_and_a_changed_one_take_back_their_future_occurrences
     del_family(&mut s.redis, &b.key).await;
 }
 
+/// A config in `dir` with one business `rec` whose recurring schedules are
+/// `schedules` (`$B` stands for the business's name).
+fn with_schedules(dir: &std::path::Path, schedules: &str) -> (BusinessSpec, std::path::PathBuf) {
+    let name = |b: &BusinessSpec| schedules.replace("$B", &b.name);
+    let mut b = BusinessSpec::random("rec");
+    b.extra = format!("properties = \"full\"\n{}", name(&b));
+    let config = write_config(dir, &redis_url(), &amqp_url(), &[&b]);
+    (b, config)
+}
+
 #[test]
 fn bad_cron_expressions_and_zones_are_refused_at_load_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let mut b = BusinessSpec::random("rec");
-    b.extra = format!(
-        "properties = \"full\"\n[businesses.{0}.recurring.a]\ncron = \"61 * * * *\"\nbody = \"x\"\n[businesses.{0}.recurring.b]\ncron = \"0 9 * * *\"\ntz = \"Mars/Olympus_Mons\"\nbody = \"x\"\n[businesses.{0}.recurring.c]\ncron = \"0 0 30 2 *\"\nbody = \"x\"\n",
-        b.name
-    );
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let schedules = "[businesses.$B.recurring.a]\ncron = \"61 * * * *\"\nbody = \"x\"\n[businesses.$B.recurring.b]\ncron = \"0 9 * * *\"\ntz = \"Mars/Olympus_Mons\"\nbody = \"x\"\n[businesses.$B.recurring.c]\ncron = \"0 0 30 2 *\"\nbody = \"x\"\n";
+    let (_b, config) = with_schedules(dir.path(), schedules);
     let (code, out, err) = delayd(&["check", "--config", config.to_str().unwrap()]);
     assert_eq!(code, 2, "{out}{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -248,12 +252,8 @@ fn bad_cron_expressions_and_zones_are_refused_at_load_with_one_line() {
 #[test]
 fn delayd_recurring_lists_the_next_occurrences_as_text_and_json() {
     let dir = tempfile::tempdir().unwrap();
-    let mut b = BusinessSpec::random("rec");
-    b.extra = format!(
-        "properties = \"full\"\n[businesses.{0}.recurring.nightly]\ncron = \"30 2 * * *\"\ntz = \"Europe/Berlin\"\nbody = \"x\"\n",
-        b.name
-    );
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let schedules = "[businesses.$B.recurring.nightly]\ncron = \"30 2 * * *\"\ntz = \"Europe/Berlin\"\nbody = \"x\"\n";
+    let (b, config) = with_schedules(dir.path(), schedules);
     let c = config.to_str().unwrap();
     let (code, out, err) = delayd(&[
         "recurring",
@@ -294,15 +294,7 @@ async fn a_schedule_with_its_own_routing_key_publishes_with_it() {
         .extra
         .replace("properties = \"full\"", "properties = \"standard\"");
     let mut s = Setup::new(&[&b]).await;
-    s.ch.queue_bind(
-        s.queues[0].as_str().into(),
-        b.exchange.as_str().into(),
-        "tick.own".into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    bind_key(&s.ch, &s.queues[0], &b.exchange, "tick.own").await;
     let mut d = Daemon::start(&s.config);
     s.inbox().wait_for(2, Duration::from_secs(10)).await;
     d.signal(15);

@@ -190,6 +190,27 @@ struct Flow {
     inbox: Inbox,
 }
 
+/// Three spread shards with a 3 s lease: a flow that fails over mid-way.
+const SPREAD_3S_LEASE: &str = "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"";
+
+/// The cluster for this test alone while it holds the guard, a [`flow`]
+/// on it, and a connection.
+async fn serial_flow(
+    name: &str,
+    extra: &str,
+) -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    &'static Cluster,
+    Flow,
+    redis::cluster_async::ClusterConnection,
+) {
+    let turn = SERIAL.lock().await;
+    let c = cluster();
+    let f = flow(name, extra).await;
+    let conn = c.conn().await;
+    (turn, c, f, conn)
+}
+
 async fn flow(name: &str, extra: &str) -> Flow {
     let mut b = BusinessSpec::random(name);
     b.extra = extra.to_string();
@@ -425,14 +446,7 @@ async fn check_prints_placement_and_shards_prints_the_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "kill",
-        "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, c, f, mut conn) = serial_flow("kill", SPREAD_3S_LEASE).await;
     f.schedule(&mut conn, 1000, Duration::from_secs(8)).await;
     let victim = c.master_of_slot(delayd::keys::slot(&f.keys[0])).await;
     let daemon = Daemon::start(&f.config);
@@ -458,14 +472,7 @@ async fn killing_a_master_mid_flow_loses_nothing_and_delivery_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_failover_mid_flow_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "failover",
-        "shards = 3\nshard_names = \"spread\"\nlease = \"3s\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, c, f, mut conn) = serial_flow("failover", SPREAD_3S_LEASE).await;
     f.schedule(&mut conn, 1000, Duration::from_secs(6)).await;
     let master = c.master_of_slot(delayd::keys::slot(&f.keys[1])).await;
     let replica = c.replica_of(&master).await;
@@ -482,14 +489,7 @@ async fn manual_failover_mid_flow_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "wake",
-        "shards = 3\nshard_names = \"spread\"\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, c, f, mut conn) = serial_flow("wake", "shards = 3\nshard_names = \"spread\"\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"").await;
     let daemon = Daemon::start(&f.config);
     assert!(
         eventually(Duration::from_secs(15), || {
@@ -514,24 +514,14 @@ async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
                 let body = format!("wake-{r}-{s}");
                 let before = inbox.len();
                 let t0 = wall_ms();
-                let _: i64 = redis::cmd("ZADD")
-                    .arg(k)
-                    .arg(0)
-                    .arg(&body)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+                let _: i64 = query(&mut conn, "ZADD", (k, 0, &body)).await;
                 let ok = eventually(Duration::from_secs(5), || {
                     let n = inbox.len();
                     async move { n > before }
                 })
                 .await;
                 assert!(ok, "round {r}: shard {s} never delivered");
-                let got = inbox
-                    .all()
-                    .into_iter()
-                    .find(|m| m.body == body.as_bytes())
-                    .expect("the woken member");
+                let got = inbox.find(body.as_bytes()).expect("the woken member");
                 assert!(
                     got.at_ms - t0 <= 100,
                     "round {r}: shard {s} woke after {} ms",
@@ -561,11 +551,7 @@ async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
     probe(&mut conn).await;
     drop(daemon);
     for k in &f.keys {
-        let _: i64 = redis::cmd("DEL")
-            .arg(k)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: i64 = query(&mut conn, "DEL", k).await;
     }
 }
 
@@ -594,26 +580,11 @@ async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
     f.schedule(&mut conn, 3000, Duration::from_secs(6)).await;
     let daemon = Daemon::start(&f.config);
     f.inbox.wait_for(500, Duration::from_secs(30)).await;
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "--cluster",
-            "reshard",
-            &format!("127.0.0.1:{}", from.port),
-            "--cluster-from",
-            &from.id,
-            "--cluster-to",
-            &to.id,
-            "--cluster-slots",
-            "1",
-            "--cluster-yes",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "reshard failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let mut reshard = std::process::Command::new("redis-cli");
+    reshard.args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.port)]);
+    reshard.args(["--cluster-from", &from.id, "--cluster-to", &to.id]);
+    reshard.args(["--cluster-slots", "1", "--cluster-yes"]);
+    output_ok(reshard, "reshard");
     assert_eq!(
         c.master_of_slot(slot).await.port,
         to.port,
@@ -627,14 +598,7 @@ async fn resharding_a_live_shards_slot_mid_flow_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_one_rate_across_shards_on_every_master() {
-    let _turn = SERIAL.lock().await;
-    let c = cluster();
-    let f = flow(
-        "rate",
-        "shards = 3\nshard_names = \"spread\"\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"",
-    )
-    .await;
-    let mut conn = c.conn().await;
+    let (_turn, _c, f, mut conn) = serial_flow("rate", "shards = 3\nshard_names = \"spread\"\nscanners = 2\nbatch_size = 100\nmax_rate = 200\nmax_rate_scope = \"cluster\"").await;
     let per_shard = 1333;
     f.schedule(&mut conn, per_shard, Duration::ZERO).await;
     let d1 = Daemon::start(&f.config);
@@ -659,38 +623,14 @@ async fn two_processes_share_one_rate_across_shards_on_every_master() {
     drop((d1, d2));
 }
 
-/// The one fenced block of `lang` in docs/redis-modes.md.
-fn doc_block(lang: &str) -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/redis-modes.md"))
-        .unwrap();
-    let open = format!("```{lang}\n");
-    let blocks: Vec<&str> = doc.split(&open).skip(1).collect();
-    assert_eq!(
-        blocks.len(),
-        1,
-        "docs/redis-modes.md must have one ```{lang} block"
-    );
-    blocks[0].split("\n```").next().unwrap().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads() {
-    let out = std::process::Command::new("bash")
-        .arg(deploy_script("clients.sh"))
-        .arg("python")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "clients.sh python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let python = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let python = client("python");
     let c = cluster();
     let _turn = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let snippet = dir.path().join("producer.py");
-    std::fs::write(&snippet, doc_block("python")).unwrap();
+    std::fs::write(&snippet, doc_block("redis-modes.md", "python")).unwrap();
     let mut conn = c.conn().await;
     for shards in [3usize, 16] {
         let key = unique("test:snippet");
@@ -712,15 +652,9 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
             .env("REDIS_URL", format!("redis://127.0.0.1:{}", c.ports()[0]))
             .env("DELAYD_KEY", &key)
             .env("DELAYD_SHARDS", shards.to_string());
-        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        let out = tokio::task::spawn_blocking(move || output_ok(cmd, "producer.py"))
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "producer.py failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
         let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(str::to_string)
@@ -733,12 +667,7 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
         let body = r#"{"order":42,"action":"expire"}"#;
         let mut holders = Vec::new();
         for k in &keys {
-            let score: Option<f64> = redis::cmd("ZSCORE")
-                .arg(k)
-                .arg(body)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            let score: Option<f64> = zscore(&mut conn, k, body).await;
             if let Some(due) = score {
                 holders.push((k.clone(), due as i64));
             }
@@ -754,11 +683,7 @@ async fn the_python_producer_in_the_docs_writes_to_the_shard_keys_delayd_reads()
             "order-42 due {due}, not ~30 s after {before}"
         );
         for k in &keys {
-            let _: i64 = redis::cmd("DEL")
-                .arg(k)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            let _: i64 = query(&mut conn, "DEL", k).await;
         }
     }
 }
@@ -770,25 +695,13 @@ async fn bench_runs_against_a_cluster_with_its_shard_comparison() {
     let b = BusinessSpec::random("bench");
     let dir = tempfile::tempdir().unwrap();
     let config = write_config_redis(dir.path(), &c.section(), &amqp_url(), "off", &[&b]);
-    let (code, out, err) = delayd(&[
-        "bench",
-        "--config",
-        config.to_str().unwrap(),
-        "--messages",
-        "2000",
-        "--rounds",
-        "1",
-        "--rate",
-        "200",
-        "--lateness-secs",
-        "1",
-        "--idle-secs",
-        "1",
+    let extra = [
         "--business",
         "shard_names = \"spread\"",
         "--compare-shards",
         "3",
-    ]);
+    ];
+    let (code, out, err) = short_bench(config.to_str().unwrap(), &extra);
     assert_eq!(code, 0, "bench failed on a cluster:\n{out}\n{err}");
     for row in [
         "delayd / ceiling",

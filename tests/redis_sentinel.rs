@@ -310,8 +310,8 @@ async fn drain_through_sentinel_delivers_every_member_exactly_once_and_empties_t
     let _turn = SERIAL.lock().await;
     let s = shared();
     s.heal();
-    let f = flow(s, "drain", "scanners = 2").await;
     let mut c = s.master_conn().await;
+    let f = flow(s, "drain", "scanners = 2").await;
     let now = redis_now_ms(&mut c).await;
     let want: Vec<String> = (0..2000).map(|i| format!("m-{i}")).collect();
     let items: Vec<(f64, Vec<u8>)> = want

@@ -205,62 +205,39 @@ fn check(redis_section: &str) -> (i32, String, Duration) {
     (code, line, took)
 }
 
+/// Asserts that `delayd check` against the server on `port`, trusting the
+/// CA in `ca`, fails with one `redis` line naming the server and `why`;
+/// returns how long it took.
+fn check_fails_on(port: u16, ca: &str, why: &str) -> Duration {
+    let (code, line, took) = check(&section(port, &format!("tls_ca_file = \"{}\"", cert(ca))));
+    assert_eq!(code, 1, "{line}");
+    let server = format!("127.0.0.1:{port}");
+    assert!(line.contains(&server) && line.contains(why), "{line}");
+    took
+}
+
 #[test]
 fn wrong_ca_fails_check_with_one_clear_line() {
-    let s = servers();
-    let (code, line, _) = check(&section(
-        s.tls,
-        &format!("tls_ca_file = \"{}\"", cert("other-ca.crt")),
-    ));
-    assert_eq!(code, 1, "{line}");
-    assert!(
-        line.contains(&format!("127.0.0.1:{}", s.tls))
-            && line.contains("not signed by a CA delayd trusts"),
-        "{line}"
+    check_fails_on(
+        servers().tls,
+        "other-ca.crt",
+        "not signed by a CA delayd trusts",
     );
 }
 
 #[test]
 fn expired_server_certificate_fails_check_with_one_clear_line() {
-    let s = servers();
-    let (code, line, _) = check(&section(
-        s.expired,
-        &format!("tls_ca_file = \"{}\"", cert("ca.crt")),
-    ));
-    assert_eq!(code, 1, "{line}");
-    assert!(
-        line.contains(&format!("127.0.0.1:{}", s.expired)) && line.contains("has expired"),
-        "{line}"
-    );
+    check_fails_on(servers().expired, "ca.crt", "has expired");
 }
 
 #[test]
 fn missing_client_certificate_fails_check_with_one_clear_line() {
-    let s = servers();
-    let (code, line, _) = check(&section(
-        s.mtls,
-        &format!("tls_ca_file = \"{}\"", cert("ca.crt")),
-    ));
-    assert_eq!(code, 1, "{line}");
-    assert!(
-        line.contains(&format!("127.0.0.1:{}", s.mtls))
-            && line.contains("requires a client certificate"),
-        "{line}"
-    );
+    check_fails_on(servers().mtls, "ca.crt", "requires a client certificate");
 }
 
 #[test]
 fn clear_text_server_behind_rediss_fails_check_within_seconds() {
-    let s = servers();
-    let (code, line, took) = check(&section(
-        s.plain,
-        &format!("tls_ca_file = \"{}\"", cert("ca.crt")),
-    ));
-    assert_eq!(code, 1, "{line}");
-    assert!(
-        line.contains(&format!("127.0.0.1:{}", s.plain)) && line.contains("not speak TLS"),
-        "{line}"
-    );
+    let took = check_fails_on(servers().plain, "ca.crt", "not speak TLS");
     assert!(took < Duration::from_secs(10), "check took {took:?}");
 }
 

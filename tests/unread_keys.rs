@@ -10,8 +10,7 @@ use delayd::keys::{shard_keys, ShardNames};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_under_names_a_business_does_not_read_stop_the_start_with_one_line() {
-    let mut b = BusinessSpec::random("unread");
-    b.extra = "shards = 6".into();
+    let b = BusinessSpec::with_extra("unread", "shards = 6");
     let mut s = Setup::new(&[&b]).await;
     // A producer using the spread names, and one using a seventh shard.
     let spread0 = shard_keys(&b.key, 6, ShardNames::Spread)[0].clone();

@@ -27,7 +27,6 @@ set -euo pipefail
 LOG_TAG=demo
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-cd "$DELAYD_REPO_ROOT"
 CONFIG="${DELAYD_DEMO_CONFIG:-config/delayd.toml}"
 ORDER="${DELAYD_DEMO_ORDER_BUSINESS:-order_timeout}"
 REMINDER="${DELAYD_DEMO_REMINDER_BUSINESS:-reminder}"
@@ -42,6 +41,7 @@ else
 	banner() { printf '\n== %s\n' "$*"; }
 fi
 
+cd "$DELAYD_REPO_ROOT"
 [[ -f "$CONFIG" ]] || die "config file $CONFIG not found (set DELAYD_DEMO_CONFIG)"
 mkdir -p "$DEMO_DIR"
 

@@ -104,13 +104,8 @@ start)
 		echo "${ports[*]}"
 	) ready in $(($(now_ms) - t0)) ms"
 	;;
-stop)
-	(($# == 2)) || usage
-	kill_pidfiles "$2"
-	;;
-kill-node)
-	(($# == 3)) || usage
-	kill_pidfile "$2" "$3"
+stop | kill-node)
+	stop_or_kill_node "$@"
 	;;
 start-node)
 	(($# == 3)) || usage

@@ -37,6 +37,21 @@ kill_pidfile() {
 	rm -f "$1/$2.pid"
 }
 
+# stop_or_kill_node stop DIR | kill-node DIR PORT: the two commands every
+# multi-node script takes alike (each script has its own usage).
+stop_or_kill_node() {
+	case "$1" in
+	stop)
+		(($# == 2)) || usage
+		kill_pidfiles "$2"
+		;;
+	kill-node)
+		(($# == 3)) || usage
+		kill_pidfile "$2" "$3"
+		;;
+	esac
+}
+
 # watch_pidfiles PID DIR: a detached watcher that kills DIR's servers once
 # process PID has exited (a test binary has no global teardown, so it passes
 # its own pid). It outlives the caller and ends with the servers.

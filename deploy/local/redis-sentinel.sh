@@ -160,13 +160,8 @@ start)
 	[[ -z "$watch" ]] || watch_pidfiles "$watch" "$DIR"
 	log "master 127.0.0.1:$base, replica :$((base + 1)), sentinels :$((base + 2))-$((base + 4)) ready in $(($(now_ms) - t0)) ms"
 	;;
-stop)
-	(($# == 2)) || usage
-	kill_pidfiles "$2"
-	;;
-kill-node)
-	(($# == 3)) || usage
-	kill_pidfile "$2" "$3"
+stop | kill-node)
+	stop_or_kill_node "$@"
 	;;
 heal)
 	(($# == 2)) || usage

@@ -22,6 +22,14 @@ impl BusinessSpec {
             extra: String::new(),
         }
     }
+
+    /// Like [`BusinessSpec::random`], with `extra` lines for its section.
+    pub fn with_extra(name: &str, extra: impl Into<String>) -> Self {
+        Self {
+            extra: extra.into(),
+            ..Self::random(name)
+        }
+    }
 }
 
 /// Writes a config file for the given servers and businesses.
@@ -104,4 +112,15 @@ fn write_config_full(
         .write_all(s.as_bytes())
         .unwrap();
     path
+}
+
+/// Turns on `[http]` in the config at `path` on a free port of `range`
+/// (it was `listen = "off"`), and returns the port.
+pub fn listen_on_free_port(path: &Path, range: std::ops::Range<u16>) -> u16 {
+    let port = free_port(range, &[]);
+    let listen = format!("listen = \"127.0.0.1:{port}\"");
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains("listen = \"off\""), "{}", path.display());
+    std::fs::write(path, text.replace("listen = \"off\"", &listen)).unwrap();
+    port
 }

@@ -154,3 +154,21 @@ pub fn assert_check_fails(config: &Path) -> CheckFailure {
         err,
     }
 }
+
+/// `delayd bench` on `config` with a short flow (2000 messages, one round
+/// at 200 a second, a second each of lateness and idle) and `extra`
+/// arguments: (exit code, stdout, stderr).
+pub fn short_bench(config: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "bench",
+        "--config",
+        config,
+        "--messages",
+        "2000",
+        "--rounds",
+        "1",
+    ];
+    args.extend(["--rate", "200", "--lateness-secs", "1", "--idle-secs", "1"]);
+    args.extend_from_slice(extra);
+    delayd(&args)
+}

@@ -132,6 +132,15 @@ impl ConsoleDaemon {
         c
     }
 
+    /// Starts delayd for `businesses` with a read token and an admin token.
+    pub async fn start_with_tokens(businesses: &[&BusinessSpec], read: &str, admin: &str) -> Self {
+        let env = [
+            ("DELAYD_HTTP__READ_TOKEN", read),
+            ("DELAYD_HTTP__ADMIN_TOKEN", admin),
+        ];
+        Self::start_with_env(businesses, &env).await
+    }
+
     /// Starts delayd for `businesses` with these `DELAYD_*` variables; waits
     /// with the read token (`DELAYD_HTTP__READ_TOKEN`) when one is set.
     pub async fn start_with_env(businesses: &[&BusinessSpec], env: &[(&str, &str)]) -> Self {
@@ -181,6 +190,16 @@ impl ConsoleDaemon {
     /// The token, as a header value would carry it.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
+    }
+
+    /// `POST path` with `body`, with the admin token when it has one.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> Answer {
+        api_post(self.port, path, self.token(), &body).await
+    }
+
+    /// `POST path` with `body` and no token (a read, or a refusal).
+    pub async fn post_untokened(&self, path: &str, body: serde_json::Value) -> Answer {
+        api_post(self.port, path, None, &body).await
     }
 
     /// The overview row of `business`.

@@ -173,16 +173,12 @@ pub async fn consume_into(conn: &Connection, queue: &str, inbox: &Inbox, ack: bo
 /// of its own, since a refusal closes the channel it was asked on.
 async fn passive_queue(conn: &Connection, queue: &str) -> Result<lapin::Queue, lapin::Error> {
     let ch = conn.create_channel().await.unwrap();
-    let q = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let q = ch.queue_declare(queue.into(), options, FieldTable::default());
+    let q = q.await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(q)
 }
@@ -258,4 +254,109 @@ pub async fn wait_unconsumed_queue(amqp: &Connection, queue: &str) {
     })
     .await;
     assert!(gone, "{queue} still has a consumer after 20s");
+}
+
+impl Inbox {
+    /// True once every body in `want` has arrived at least once; false
+    /// after `limit` (the caller says what that means).
+    pub async fn eventually_has(&self, want: &HashSet<Vec<u8>>, limit: Duration) -> bool {
+        eventually(limit, || {
+            let done = want.is_subset(&self.bodies());
+            async move { done }
+        })
+        .await
+    }
+}
+
+/// Binds `queue` to `exchange` by `key`.
+pub async fn bind_key(ch: &Channel, queue: &str, exchange: &str, key: &str) {
+    let (q, ex) = (queue.into(), exchange.into());
+    ch.queue_bind(q, ex, key.into(), Default::default(), FieldTable::default())
+        .await
+        .unwrap();
+}
+
+/// Binds `queue` to the business's exchange by its routing key, or with
+/// `bound = false` takes that binding away (a queue the flow loses and finds
+/// again).
+pub async fn set_bound(ch: &Channel, queue: &str, b: &BusinessSpec, bound: bool) {
+    if bound {
+        return bind_key(ch, queue, &b.exchange, &b.routing_key).await;
+    }
+    let (ex, rk) = (b.exchange.as_str(), b.routing_key.as_str());
+    ch.queue_unbind(queue.into(), ex.into(), rk.into(), FieldTable::default())
+        .await
+        .unwrap();
+}
+
+/// Declares a durable exchange of `kind` (headers, topic, fanout).
+pub async fn declare_exchange_kind(ch: &Channel, exchange: &str, kind: lapin::ExchangeKind) {
+    let options = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.exchange_declare(exchange.into(), kind, options, FieldTable::default())
+        .await
+        .unwrap();
+}
+
+/// Declares a durable queue bound to nothing (the test binds it).
+pub async fn declare_queue(ch: &Channel, queue: &str) {
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(queue.into(), options, FieldTable::default())
+        .await
+        .unwrap();
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+pub async fn queue_exists(conn: &Connection, queue: &str) -> bool {
+    passive_queue(conn, queue).await.is_ok()
+}
+
+/// Deletes what a test declared: `queues`, then `exchanges`. A name that is
+/// already gone is no error (the test may have deleted it itself).
+pub async fn delete_topology(ch: &Channel, queues: &[&str], exchanges: &[&str]) {
+    for q in queues {
+        let _ = ch.queue_delete((*q).into(), Default::default()).await;
+    }
+    for x in exchanges {
+        let _ = ch.exchange_delete((*x).into(), Default::default()).await;
+    }
+}
+
+impl Inbox {
+    /// The first message received with `body`, if any.
+    pub fn find(&self, body: &[u8]) -> Option<Received> {
+        self.all().into_iter().find(|m| m.body == body)
+    }
+}
+
+impl Inbox {
+    /// Asserts that exactly the members `want` arrived, each once; `after`
+    /// names what could have duplicated one (a clean stop, a failover).
+    pub fn assert_each_once(&self, want: &HashSet<Vec<u8>>, after: &str) -> Vec<Received> {
+        let got = self.all();
+        let bodies: HashSet<Vec<u8>> = got.iter().map(|r| r.body.clone()).collect();
+        let missing = want.difference(&bodies).count();
+        assert_eq!(
+            missing,
+            0,
+            "{missing} of {} members not delivered",
+            want.len()
+        );
+        assert_eq!(
+            bodies.len(),
+            want.len(),
+            "members delivered that were never scheduled"
+        );
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "a member delivered twice after {after}"
+        );
+        got
+    }
 }

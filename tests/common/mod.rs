@@ -93,3 +93,16 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Calls `f` every 50 ms until it returns a value; panics with `what`
+/// after `limit`. For the blocking parts of a test.
+pub fn poll_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -175,12 +175,12 @@ pub fn parse_array(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// How many bytes a value of type `kind` takes at the start of `b`.
 fn value_len(kind: u8, b: &[u8]) -> usize {
     match kind {
+        b'V' => 0,
         b't' | b'b' | b'B' => 1,
         b's' | b'u' | b'U' => 2,
         b'I' | b'i' | b'f' => 4,
-        b'l' | b'L' | b'd' | b'T' => 8,
         b'D' => 5,
-        b'V' => 0,
+        b'l' | b'L' | b'd' | b'T' => 8,
         b'S' | b'x' | b'A' | b'F' => 4 + u32::from_be_bytes(b[..4].try_into().unwrap()) as usize,
         other => panic!("unknown field type {:?}", other as char),
     }

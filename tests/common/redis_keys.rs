@@ -154,3 +154,148 @@ pub async fn command_stats(conn: &mut redis::aio::MultiplexedConnection, cmd: &s
     };
     (field("calls"), field("usec"))
 }
+
+/// Runs one Redis command and returns its reply, for the staging and
+/// reading a test does by hand: `query(conn, "ZADD", (key, score, member))`.
+pub async fn query<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    name: &str,
+    args: impl redis::ToRedisArgs,
+) -> T {
+    redis::cmd(name).arg(args).query_async(conn).await.unwrap()
+}
+
+/// Every member of the sorted set `key`, lowest score first.
+pub async fn zrange<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Vec<T> {
+    query(conn, "ZRANGE", (key, 0, -1)).await
+}
+
+/// The score of `member` in the sorted set `key`, if it is there.
+pub async fn zscore(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+    member: impl redis::ToRedisArgs,
+) -> Option<f64> {
+    query(conn, "ZSCORE", (key, member)).await
+}
+
+/// `HLEN` of a key.
+pub async fn hlen(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> i64 {
+    query(conn, "HLEN", key).await
+}
+
+/// The reason the dead set of `key`'s family holds for `member`.
+pub async fn dead_reason(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+    member: impl redis::ToRedisArgs,
+) -> Option<String> {
+    query(conn, "HGET", (&family(key).reasons, member)).await
+}
+
+/// Polls `check` on a clone of `conn` every 50 ms until it holds; false
+/// after `limit`.
+pub async fn eventually_redis<F, Fut>(
+    conn: &redis::aio::MultiplexedConnection,
+    limit: Duration,
+    mut check: F,
+) -> bool
+where
+    F: FnMut(redis::aio::MultiplexedConnection) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually(limit, || check(conn.clone())).await
+}
+
+/// True once nothing of `key` is pending or in flight; false after `limit`.
+pub async fn eventually_settled(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    limit: Duration,
+) -> bool {
+    let f = &family(key);
+    eventually_redis(conn, limit, |mut r| async move {
+        zcard(&mut r, &f.pending).await == 0 && zcard(&mut r, &f.inflight).await == 0
+    })
+    .await
+}
+
+/// True once the sorted set `key` holds `n` members; false after `limit`.
+pub async fn eventually_zcard(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    n: u64,
+    limit: Duration,
+) -> bool {
+    eventually_redis(
+        conn,
+        limit,
+        |mut r| async move { zcard(&mut r, key).await == n },
+    )
+    .await
+}
+
+/// True once no key of `key`'s family is left; false after `limit`.
+pub async fn eventually_family_gone(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    limit: Duration,
+) -> bool {
+    eventually_redis(conn, limit, |mut r| async move {
+        family_keys_left(&mut r, key).await == 0
+    })
+    .await
+}
+
+/// Schedules `n` members `PREFIX-0` … due now on Redis's clock; returns them
+/// with their scores.
+pub async fn schedule_due_now(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    prefix: &str,
+    n: usize,
+) -> Vec<(f64, Vec<u8>)> {
+    let now = redis_now_ms(conn).await as f64;
+    let items: Vec<(f64, Vec<u8>)> = (0..n)
+        .map(|i| (now, format!("{prefix}-{i}").into_bytes()))
+        .collect();
+    zadd_many(conn, key, &items).await;
+    items
+}
+
+/// Asserts that `member` is in `key`'s dead set with a reason that
+/// contains `why`.
+pub async fn assert_dead_with_reason(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    member: &[u8],
+    why: &str,
+) {
+    let f = family(key);
+    assert!(
+        zscore(conn, &f.dead, member).await.is_some(),
+        "not in the dead set"
+    );
+    let reason = dead_reason(conn, key, member).await.unwrap_or_default();
+    assert!(
+        reason.contains(why),
+        "the reason should say {why:?}: {reason:?}"
+    );
+}
+
+/// Schedules each of `members` due at `due_ms` (epoch ms).
+pub async fn schedule_at(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    due_ms: i64,
+    members: &[&[u8]],
+) {
+    let items: Vec<(f64, Vec<u8>)> = members
+        .iter()
+        .map(|m| (due_ms as f64, m.to_vec()))
+        .collect();
+    zadd_many(conn, key, &items).await;
+}

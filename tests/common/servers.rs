@@ -56,6 +56,14 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// A server in a directory under `dir`, started (blocking: call it
+    /// from `block_in_place` in an async test).
+    pub fn started(dir: &Path) -> Self {
+        let mut server = Self::new(dir);
+        server.start();
+        server
+    }
+
     /// Starts the server on its port and directory (keeping any data there)
     /// and waits until it answers PING; panics after 20 s.
     pub fn start(&mut self) {
@@ -182,6 +190,17 @@ impl PrivateRabbit {
             dir,
             running: false,
         }
+    }
+
+    /// A node in a directory under `dir`, started; `advanced` is its
+    /// `advanced.config` (Erlang terms), or empty for none.
+    pub async fn started(dir: &Path, advanced: &str) -> Self {
+        let mut node = Self::new(dir);
+        if !advanced.is_empty() {
+            node.advanced_config(advanced);
+        }
+        node.start().await;
+        node
     }
 
     /// Writes `advanced.config` (Erlang terms) before the first start, e.g.
@@ -371,4 +390,34 @@ pub fn deploy_script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/local")
         .join(name)
+}
+
+/// `deploy/local/clients.sh WHAT`: installs a producer's client library if
+/// needed and returns what the script prints (an interpreter, a path).
+pub fn client(what: &str) -> String {
+    run_script("clients.sh", &[what], &[]).trim().to_string()
+}
+
+/// The one fenced block of `lang` in `docs/DOC`, as the docs show it.
+pub fn doc_block(doc: &str, lang: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs").join(doc);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let open = format!("```{lang}\n");
+    let blocks: Vec<&str> = text.split(&open).skip(1).collect();
+    assert_eq!(blocks.len(), 1, "docs/{doc} must have one ```{lang} block");
+    blocks[0].split("\n```").next().unwrap().to_string()
+}
+
+/// Runs `cmd` (a snippet, a tool) and returns its output; panics with
+/// `what`, its stdout and its stderr if it fails.
+pub fn output_ok(mut cmd: Command, what: &str) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{what} failed:\n{stdout}{stderr}");
+    out
 }
