@@ -200,6 +200,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
             crate::intake::start(
                 &with_intake,
                 &conn,
+                &redis,
                 consuming,
                 &redis_health,
                 own_user,

@@ -90,6 +90,11 @@ mod tests {
             max_message_size: None,
             x_delay: XDelay::AsPublished,
             user_id,
+            replica_wait: super::super::settings::ReplicaWait {
+                replicas: 0,
+                timeout: std::time::Duration::from_secs(1),
+                ack: super::super::settings::ReplicaAck::Received,
+            },
         }
     }
 

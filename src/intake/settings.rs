@@ -6,6 +6,33 @@ pub mod defaults {
     pub const PREFETCH: u16 = 2000;
     /// Deliveries written to Redis in one script call.
     pub const BATCH_SIZE: usize = 500;
+    /// Replicas that must hold an intake write before it is acknowledged,
+    /// in Sentinel and Cluster modes (standalone: 0, nothing to wait for).
+    pub const REPLICAS: u32 = 1;
+    /// How long a write waits for them before it is retried.
+    pub const REPLICA_TIMEOUT: &str = "1s";
+}
+
+/// What a replica must have done with an intake write for it to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaAck {
+    /// Received it (`WAIT`): in the replica's memory (the default).
+    Received,
+    /// Written it to its append-only file and fsynced it (`WAITAOF`,
+    /// Redis 7.2 and later, Valkey 8): the replica needs `appendonly yes`.
+    Fsynced,
+}
+
+/// How many replicas must hold an intake write before its deliveries are
+/// acknowledged to the broker, and how long a write waits for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// Replicas that must hold it; 0 waits for none.
+    pub replicas: u32,
+    /// The longest one write waits; fewer replicas by then: retried.
+    pub timeout: std::time::Duration,
+    /// What a replica must have done with it.
+    pub ack: ReplicaAck,
 }
 
 /// What kind of queue delayd declares as the intake queue when it is missing.
@@ -63,6 +90,8 @@ pub struct Settings {
     pub x_delay: XDelay,
     /// The delivered `user_id`.
     pub user_id: UserId,
+    /// The replicas a write waits for before its deliveries are acknowledged.
+    pub replica_wait: ReplicaWait,
 }
 
 /// A problem for every intake queue two businesses name: each would take
