@@ -84,7 +84,14 @@ pub(super) fn validate_intake(
     if let Some(d) = &dead_letter_exchange {
         check_short_string(&place("dead_letter_exchange"), d, problems);
     }
-    let replica_wait = replica_wait(&place, &raw.replicas, raw.replica_timeout, raw.replica_ack.as_deref(), mode, problems);
+    let replica_wait = replica_wait(
+        &place,
+        &raw.replicas,
+        raw.replica_timeout,
+        raw.replica_ack.as_deref(),
+        mode,
+        problems,
+    );
     (problems.len() == before).then(|| Settings {
         exchange,
         queue,

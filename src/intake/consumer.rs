@@ -530,11 +530,7 @@ impl Intake {
             _ => self.redis.up(),
         }
         if unreplicated {
-            METRICS
-                .intake
-                .unreplicated
-                .with_label_values(&[name])
-                .inc();
+            METRICS.intake.unreplicated.with_label_values(&[name]).inc();
         }
         if !self.refused_logged.due() {
             return;

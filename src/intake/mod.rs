@@ -62,7 +62,10 @@ pub fn start(
             let (broker, redis, own_user) = (broker.clone(), redis.clone(), own_user.clone());
             let stop = stop.clone();
             tokio::spawn(async move {
-                let waits = b.intake.as_ref().is_some_and(|i| i.replica_wait.replicas > 0);
+                let waits = b
+                    .intake
+                    .as_ref()
+                    .is_some_and(|i| i.replica_wait.replicas > 0);
                 let conn = if waits {
                     match own_connection(&settings, &stop).await {
                         Some(c) => c,
@@ -89,7 +92,9 @@ async fn own_connection(settings: &Redis, stop: &CancellationToken) -> Option<Re
     loop {
         match settings.connect().await {
             Ok(c) => return Some(c),
-            Err(e) => tracing::warn!(error = %e, "cannot connect to Redis for the intake's writes; retrying with backoff (its messages wait in the intake queue)"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot connect to Redis for the intake's writes; retrying with backoff (its messages wait in the intake queue)")
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => return None,

@@ -143,7 +143,8 @@ impl Writer {
         }
         let mut conn = self.conn.clone();
         if self.wait.replicas == 0 {
-            let (at_ms, absorbed, renamed) = cmd.query_async(&mut conn).await.map_err(StoreError::from)?;
+            let (at_ms, absorbed, renamed) =
+                cmd.query_async(&mut conn).await.map_err(StoreError::from)?;
             return Ok(Stored {
                 at_ms,
                 absorbed,
