@@ -143,8 +143,16 @@ impl Writer {
         }
         let mut conn = self.conn.clone();
         if self.wait.replicas == 0 {
-            let (at_ms, absorbed, renamed) =
-                cmd.query_async(&mut conn).await.map_err(StoreError::from)?;
+            // A server without the script (restarted, promoted) says
+            // NOSCRIPT in the reply, which the connection does not retry.
+            let reply = match cmd.query_async(&mut conn).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => match scripts::eval_for(&cmd) {
+                    Some(eval) => eval.query_async(&mut conn).await,
+                    None => Err(e),
+                },
+                other => other,
+            };
+            let (at_ms, absorbed, renamed) = reply.map_err(StoreError::from)?;
             return Ok(Stored {
                 at_ms,
                 absorbed,
