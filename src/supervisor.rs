@@ -193,6 +193,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         &config,
         &businesses,
         &conn,
+        &redis,
         consuming.as_ref(),
         &redis_health,
         &stop,
@@ -221,6 +222,7 @@ fn start_intakes(
     config: &Config,
     businesses: &[Arc<Business>],
     conn: &RedisConn,
+    redis: &Redis,
     consuming: Option<&Broker>,
     redis_health: &Arc<Health>,
     stop: &CancellationToken,
@@ -234,7 +236,15 @@ fn start_intakes(
         .cloned()
         .collect();
     let own_user = crate::amqp::login_user(&config.amqp).map(Arc::from);
-    crate::intake::start(&with_intake, conn, consuming, redis_health, own_user, stop)
+    crate::intake::start(
+        &with_intake,
+        conn,
+        redis,
+        consuming,
+        redis_health,
+        own_user,
+        stop,
+    )
 }
 
 /// When a business's stop must end: set by the first signal, read by its

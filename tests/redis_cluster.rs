@@ -712,3 +712,178 @@ async fn bench_runs_against_a_cluster_with_its_shard_comparison() {
         assert!(out.contains(row), "no {row:?} in:\n{out}");
     }
 }
+
+/// A cluster node stopped with SIGSTOP, resumed when dropped.
+struct Stalled(String);
+
+impl Stalled {
+    fn node(c: &Cluster, port: u16) -> Self {
+        let pid = std::fs::read_to_string(c.dir.join(format!("{port}.pid")))
+            .unwrap()
+            .trim()
+            .to_string();
+        assert!(std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success());
+        Stalled(pid)
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0])
+            .status();
+    }
+}
+
+/// Intake messages acknowledged so far, from /metrics.
+fn intake_acked(port: u16, business: &str) -> u64 {
+    let body = http_get(port, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let line = format!("delayd_intake_stored_total{{business=\"{business}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intake_on_a_cluster_acknowledges_a_shards_messages_only_once_its_masters_replica_holds_them(
+) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    c.wait_ready();
+    let mut b = BusinessSpec::random("intake");
+    let (exchange, queue) = (unique("intake-ex"), unique("intake-q"));
+    b.extra = format!(
+        "shards = 3\nshard_names = \"spread\"\nproperties = \"standard\"\n[businesses.intake.intake]\nexchange = \"{exchange}\"\nqueue = \"{queue}\"\n"
+    );
+    let consumers = Consumers::on(&amqp_url(), &[&b]).await;
+    let config = write_config_redis(
+        consumers.dir.path(),
+        &c.section(),
+        &amqp_url(),
+        "127.0.0.1:0",
+        &[&b],
+    );
+    let keys = delayd::config::load(&config).unwrap().businesses[0].keys();
+    let daemon = Daemon::start(&config);
+    let amqp = amqp_at(&amqp_url()).await;
+    wait_consumed_queue(&amqp, &queue, &daemon).await;
+    let mut port = None;
+    for _ in 0..400 {
+        port = daemon
+            .logs()
+            .split("listen=127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split(|ch: char| !ch.is_ascii_digit()).next())
+            .and_then(|p| p.parse::<u16>().ok());
+        if port.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let port = port.expect("no /metrics port in the log");
+    let acked = move || async move {
+        tokio::task::spawn_blocking(move || intake_acked(port, "intake"))
+            .await
+            .unwrap()
+    };
+
+    let ids: Vec<String> = (0..150).map(|i| format!("c-{i}")).collect();
+    let on_first = ids
+        .iter()
+        .filter(|id| delayd::tasks::shard_of(&keys, id.as_bytes()) == keys[0])
+        .count() as u64;
+    assert!(on_first > 0 && on_first < ids.len() as u64);
+    let master = c.master_of_slot(delayd::keys::slot(&keys[0])).await;
+    let replica = c.replica_of(&master).await;
+    let stalled = Stalled::node(c, replica.port);
+    let ch = amqp.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for id in &ids {
+        let mut h = lapin::types::FieldTable::default();
+        h.insert(
+            "x-delay".into(),
+            lapin::types::AMQPValue::LongInt(3_600_000),
+        );
+        let props = lapin::BasicProperties::default()
+            .with_headers(h)
+            .with_message_id(id.as_str().into());
+        let confirm = ch
+            .basic_publish(
+                exchange.as_str().into(),
+                "rk".into(),
+                BasicPublishOptions::default(),
+                id.as_bytes(),
+                props,
+            )
+            .await
+            .unwrap();
+        assert!(confirm.await.unwrap().is_ack());
+    }
+    let said = eventually(Duration::from_secs(20), || async {
+        daemon
+            .logs()
+            .contains("not acknowledged until enough replicas hold them")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let while_stalled = acked().await;
+    drop(stalled);
+    assert!(
+        said,
+        "no line says why the intake waits:\n{}",
+        daemon.logs()
+    );
+    assert!(
+        while_stalled <= ids.len() as u64 - on_first,
+        "{while_stalled} acknowledged while the replica of the first shard's master was stopped: more than the {} on the other shards",
+        ids.len() as u64 - on_first
+    );
+    let all = eventually(Duration::from_secs(30), || async {
+        acked().await >= ids.len() as u64
+    })
+    .await;
+    assert!(
+        all,
+        "only {} of {} acknowledged after the replica came back:\n{}",
+        acked().await,
+        ids.len(),
+        daemon.logs()
+    );
+    let mut conn = c.conn().await;
+    let mut stored = 0u64;
+    for k in &keys {
+        stored += zcard(&mut conn, k).await;
+    }
+    assert_eq!(
+        stored,
+        ids.len() as u64,
+        "not every acknowledged message is pending"
+    );
+    drop(daemon);
+    for k in &keys {
+        for key in family(k).all() {
+            let _: i64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(0);
+        }
+    }
+    let admin = amqp.create_channel().await.unwrap();
+    let _ = admin
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await;
+    let _ = admin
+        .exchange_delete(exchange.as_str().into(), Default::default())
+        .await;
+}

@@ -699,3 +699,326 @@ async fn sentinels_with_passwords_work_and_no_password_reaches_logs_or_output() 
         );
     }
 }
+
+/// A data node stopped with SIGSTOP: it neither reads what the master sends
+/// nor acknowledges it. Resumed (SIGCONT) when dropped, so a failing test
+/// leaves the shared set usable.
+struct Stalled(u32);
+
+impl Stalled {
+    fn node(s: &Sentinels, port: u16) -> Self {
+        let pid: u32 = std::fs::read_to_string(s.dir.join(format!("{port}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        signal(pid, "-STOP");
+        Stalled(pid)
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+/// A business with an intake (default replica settings) in sentinel mode,
+/// its daemon serving /metrics, and a producer channel in confirm mode.
+struct IntakeFlow {
+    _consumers: Consumers,
+    b: BusinessSpec,
+    exchange: String,
+    queue: String,
+    amqp: lapin::Connection,
+    daemon: Daemon,
+    metrics_port: u16,
+}
+
+/// A delay no test waits for: intake messages stay pending in `K`.
+const HOUR_MS: i32 = 3_600_000;
+
+impl IntakeFlow {
+    async fn start(s: &Sentinels, name: &str) -> Self {
+        let mut b = BusinessSpec::random(name);
+        let exchange = unique("intake-ex");
+        let queue = unique("intake-q");
+        b.extra = format!(
+            "properties = \"standard\"\n[businesses.{name}.intake]\nexchange = \"{exchange}\"\nqueue = \"{queue}\"\n"
+        );
+        let c = Consumers::on(&amqp_url(), &[&b]).await;
+        let config = write_config_redis(
+            c.dir.path(),
+            &s.section("main"),
+            &amqp_url(),
+            "127.0.0.1:0",
+            &[&b],
+        );
+        let daemon = Daemon::start(&config);
+        let amqp = amqp_at(&amqp_url()).await;
+        wait_consumed_queue(&amqp, &queue, &daemon).await;
+        let metrics_port = listen_port(&daemon).await;
+        IntakeFlow {
+            _consumers: c,
+            b,
+            exchange,
+            queue,
+            amqp,
+            daemon,
+            metrics_port,
+        }
+    }
+
+    /// Publishes `ids` as message ids with an hour's `x-delay`, and waits
+    /// for the broker's confirm of each.
+    async fn publish(&self, ids: &[String]) {
+        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+        let ch = self.amqp.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut confirms = Vec::new();
+        for id in ids {
+            let mut h = lapin::types::FieldTable::default();
+            h.insert("x-delay".into(), lapin::types::AMQPValue::LongInt(HOUR_MS));
+            let props = lapin::BasicProperties::default()
+                .with_headers(h)
+                .with_message_id(id.as_str().into())
+                .with_delivery_mode(2);
+            let c = ch
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    "rk".into(),
+                    BasicPublishOptions::default(),
+                    id.as_bytes(),
+                    props,
+                )
+                .await
+                .unwrap();
+            confirms.push(c);
+        }
+        for c in confirms {
+            let ok = tokio::time::timeout(Duration::from_secs(10), c)
+                .await
+                .expect("no confirm within 10s")
+                .unwrap();
+            assert!(ok.is_ack(), "the broker nacked a publish to the intake");
+        }
+    }
+
+    /// Intake messages delayd acknowledged to the broker so far.
+    async fn acked(&self) -> u64 {
+        let port = self.metrics_port;
+        let body = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+            .await
+            .unwrap()
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let line = format!(
+            "delayd_intake_stored_total{{business=\"{}\"}} ",
+            self.b.name
+        );
+        body.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until `n` intake messages are acknowledged; false after `limit`.
+    async fn wait_acked(&self, n: u64, limit: Duration) -> bool {
+        eventually(limit, || async { self.acked().await >= n }).await
+    }
+
+    /// The ids of `ids` that are not pending in `K` on the master.
+    async fn missing(&self, s: &Sentinels, ids: &[String]) -> Vec<String> {
+        let mut c = s.master_conn().await;
+        let pending: std::collections::HashSet<String> = redis::cmd("ZRANGE")
+            .arg(&self.b.key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        ids.iter()
+            .filter(|id| !pending.contains(*id))
+            .cloned()
+            .collect()
+    }
+
+    async fn cleanup(self, s: &Sentinels) {
+        drop(self.daemon);
+        let ch = self.amqp.create_channel().await.unwrap();
+        let _ = ch
+            .queue_delete(self.queue.as_str().into(), Default::default())
+            .await;
+        let _ = ch
+            .exchange_delete(self.exchange.as_str().into(), Default::default())
+            .await;
+        let mut c = s.master_conn().await;
+        for k in family(&self.b.key).all() {
+            let _: i64 = redis::cmd("DEL")
+                .arg(k)
+                .query_async(&mut c)
+                .await
+                .unwrap_or(0);
+        }
+    }
+}
+
+/// The port the daemon serves /metrics on, from its log; panics after 20 s.
+async fn listen_port(daemon: &Daemon) -> u16 {
+    for _ in 0..400 {
+        let port = daemon
+            .logs()
+            .split("listen=127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse::<u16>().ok());
+        if let Some(p) = port {
+            return p;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the daemon never said where it serves /metrics:\n{}",
+        daemon.logs()
+    );
+}
+
+/// The replica of the shared set: the data node the sentinels do not name.
+async fn replica_port(s: &Sentinels) -> (u16, u16) {
+    let master = s.named_master().await.expect("no master named");
+    let replica = if master == s.base { s.base + 1 } else { s.base };
+    (master, replica)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intake_write_no_replica_holds_is_not_acknowledged_until_the_replica_takes_it() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let f = IntakeFlow::start(s, "unreplicated").await;
+    let (_, replica) = replica_port(s).await;
+    let ids: Vec<String> = (0..200).map(|i| format!("u-{i}")).collect();
+    let stalled = Stalled::node(s, replica);
+    f.publish(&ids).await;
+    // The first write after a start also finds the script missing, and each
+    // of the batches in flight waits its replica_timeout (1 s) in turn.
+    let said = eventually(Duration::from_secs(20), || async {
+        f.daemon
+            .logs()
+            .contains("not acknowledged until enough replicas hold them")
+            || f.acked().await > 0
+    })
+    .await;
+    // Every write keeps failing for as long as the replica is stopped.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let acked = f.acked().await;
+    let log = f.daemon.logs();
+    drop(stalled);
+    assert_eq!(
+        acked, 0,
+        "{acked} intake messages acknowledged while no replica could hold them; log:\n{log}"
+    );
+    assert!(
+        said && log.contains("not acknowledged until enough replicas hold them"),
+        "no line says why the intake waits:\n{log}"
+    );
+    assert_eq!(
+        log.matches("not acknowledged until enough replicas")
+            .count(),
+        1,
+        "one line per 10 s:\n{log}"
+    );
+    // The replica is back: the intake proceeds, and the replica has them all.
+    assert!(
+        f.wait_acked(ids.len() as u64, Duration::from_secs(30))
+            .await,
+        "only {} of {} acknowledged after the replica came back; log:\n{}",
+        f.acked().await,
+        ids.len(),
+        f.daemon.logs()
+    );
+    let missing = f.missing(s, &ids).await;
+    assert!(
+        missing.is_empty(),
+        "{} not pending: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let mut r = connect(&s.url(replica, &s.password)).await.unwrap();
+    let on_replica: u64 = redis::cmd("ZCARD")
+        .arg(&f.b.key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(on_replica, ids.len() as u64, "the replica holds fewer");
+    f.cleanup(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intake_messages_acknowledged_before_the_master_dies_are_on_the_promoted_replica() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let f = IntakeFlow::start(s, "failover").await;
+    let (master, replica) = replica_port(s).await;
+    let ids: Vec<String> = (0..200).map(|i| format!("f-{i}")).collect();
+    // The replica stops reading, and the master drops its link: nothing
+    // written from now on reaches the replica, not even its socket buffer.
+    let stalled = Stalled::node(s, replica);
+    let mut m = connect(&s.url(master, &s.password)).await.unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut m)
+        .await
+        .unwrap();
+    f.publish(&ids).await;
+    // Long enough for an intake that does not wait to acknowledge them all.
+    f.wait_acked(ids.len() as u64, Duration::from_secs(5)).await;
+    let acked_before = f.acked().await;
+
+    // The master dies; the replica wakes and the sentinels promote it.
+    s.kill_node(master);
+    drop(stalled);
+    let promoted = s.wait_switch(master, Duration::from_secs(30)).await;
+    assert_eq!(promoted, replica, "the sentinels promoted another node");
+    // The old master comes back as a replica, so writes can be replicated.
+    s.heal();
+    let all = f
+        .wait_acked(ids.len() as u64, Duration::from_secs(60))
+        .await;
+    let missing = f.missing(s, &ids).await;
+    eprintln!(
+        "{acked_before} acknowledged before the master died; {} after the failover; {} missing",
+        f.acked().await,
+        missing.len()
+    );
+    assert!(
+        all,
+        "only {} of {} acknowledged after the failover; log:\n{}",
+        f.acked().await,
+        ids.len(),
+        f.daemon.logs()
+    );
+    // Every message is acknowledged now, so each must be pending.
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged intake messages are missing after the failover ({acked_before} were acknowledged while only the dead master held them; first: {:?})",
+        missing.len(),
+        ids.len(),
+        &missing[..missing.len().min(5)]
+    );
+    f.cleanup(s).await;
+}

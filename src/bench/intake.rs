@@ -86,8 +86,9 @@ pub(super) async fn bench(
     start_consumer(amqp, names, &counter).await?;
 
     let extra = args.business.join("\n");
+    let intake_extra = args.intake_setting.join("\n");
     let toml = format!(
-        "{}{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\n{extra}\n[businesses.bench.intake]\nexchange = \"{}\"\nqueue = \"{}\"\n",
+        "{}{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\n{extra}\n[businesses.bench.intake]\nexchange = \"{}\"\nqueue = \"{}\"\n{intake_extra}\n",
         cfg.redis.to_toml(),
         cfg.amqp.to_toml(),
         names.key,

@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// rate, its memory per message and its end-to-end lateness.
     #[arg(long)]
     pub intake: bool,
+    /// Extra lines for the bench business's intake section, e.g.
+    /// "replicas = 1" to measure what waiting for a replica costs.
+    #[arg(long, value_name = "TOML", requires = "intake")]
+    pub intake_setting: Vec<String>,
     /// Measure what a backlog of this many pending members costs instead of
     /// the drain (Redis memory per task, claim cost, RSS, idle cost), in
     /// body and id mode; repeat for several sizes.

@@ -124,6 +124,12 @@ pub mod limits {
     /// AMQP short strings (exchange, routing key, content type, the
     /// business's name in `type`) are at most this many bytes.
     pub const SHORT_STRING: usize = 255;
+    /// `intake.replicas`.
+    pub const REPLICAS: i64 = 100;
+    /// `intake.replica_timeout`: a write and its wait must be answered
+    /// within the Redis connection's reply timeout (10 s), or the
+    /// connection gives up on a write Redis may still apply.
+    pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(5);
 }
 
 /// A problem for every key two businesses would share: one's key (or a shard
@@ -206,7 +212,7 @@ pub(super) fn validate_business(
     let intake = rb
         .intake
         .take()
-        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, problems));
+        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, mode, problems));
     let recurring = rb.recurring.take().map_or_else(Vec::new, |raw| {
         let dir = path.parent().unwrap_or(Path::new("."));
         recurring_section::validate(name, raw, dir, problems)

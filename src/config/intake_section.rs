@@ -10,6 +10,7 @@ pub(super) fn validate_intake(
     raw: RawIntake,
     member: Option<&str>,
     target: &str,
+    mode: RedisMode,
     problems: &mut Vec<String>,
 ) -> Option<Settings> {
     let before = problems.len();
@@ -83,6 +84,14 @@ pub(super) fn validate_intake(
     if let Some(d) = &dead_letter_exchange {
         check_short_string(&place("dead_letter_exchange"), d, problems);
     }
+    let replica_wait = replica_wait(
+        &place,
+        &raw.replicas,
+        raw.replica_timeout,
+        raw.replica_ack.as_deref(),
+        mode,
+        problems,
+    );
     (problems.len() == before).then(|| Settings {
         exchange,
         queue,
@@ -93,5 +102,70 @@ pub(super) fn validate_intake(
         max_message_size,
         x_delay,
         user_id,
+        replica_wait,
     })
+}
+
+/// `replicas`, `replica_timeout` and `replica_ack`: by default one replica
+/// in the modes that have replicas (Sentinel, Cluster), none standalone.
+fn replica_wait(
+    place: &dyn Fn(&str) -> String,
+    replicas: &Option<i64>,
+    timeout: Option<String>,
+    ack: Option<&str>,
+    mode: RedisMode,
+    problems: &mut Vec<String>,
+) -> super::intake_settings::ReplicaWait {
+    use super::intake_settings::{defaults, ReplicaAck, ReplicaWait};
+    let replicas = match *replicas {
+        None if mode == RedisMode::Standalone => 0,
+        None => defaults::REPLICAS,
+        Some(n) if (0..=limits::REPLICAS).contains(&n) => n as u32,
+        Some(n) => {
+            problems.push(format!(
+                "{} must be between 0 and {} (got {n}): the replicas that must hold an intake write before it is acknowledged",
+                place("replicas"),
+                limits::REPLICAS
+            ));
+            0
+        }
+    };
+    let timeout_text = timeout.unwrap_or_else(|| defaults::REPLICA_TIMEOUT.to_string());
+    let timeout = parse_duration(
+        &place("replica_timeout"),
+        &timeout_text,
+        limits::REPLICA_TIMEOUT,
+        problems,
+    )
+    .unwrap_or(Duration::from_secs(1));
+    if timeout < Duration::from_millis(1) {
+        problems.push(format!(
+            "{} must be at least 1ms (got \"{timeout_text}\"): Redis waits in whole milliseconds, and 0 would wait for ever",
+            place("replica_timeout")
+        ));
+    }
+    let ack = one_of(
+        &place("replica_ack"),
+        ack,
+        &[
+            ("received", "WAIT", ReplicaAck::Received),
+            (
+                "fsynced",
+                "WAITAOF: Redis 7.2 or later, replicas with appendonly yes",
+                ReplicaAck::Fsynced,
+            ),
+        ],
+        problems,
+    );
+    if ack == ReplicaAck::Fsynced && replicas == 0 {
+        problems.push(format!(
+            "{} = \"fsynced\" needs replicas of at least 1 (there is nothing to wait for)",
+            place("replica_ack")
+        ));
+    }
+    ReplicaWait {
+        replicas,
+        timeout,
+        ack,
+    }
 }

@@ -6,6 +6,33 @@ pub mod defaults {
     pub const PREFETCH: u16 = 2000;
     /// Deliveries written to Redis in one script call.
     pub const BATCH_SIZE: usize = 500;
+    /// Replicas that must hold an intake write before it is acknowledged,
+    /// in Sentinel and Cluster modes (standalone: 0, nothing to wait for).
+    pub const REPLICAS: u32 = 1;
+    /// How long a write waits for them before it is retried.
+    pub const REPLICA_TIMEOUT: &str = "1s";
+}
+
+/// What a replica must have done with an intake write for it to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaAck {
+    /// Received it (`WAIT`): in the replica's memory (the default).
+    Received,
+    /// Written it to its append-only file and fsynced it (`WAITAOF`,
+    /// Redis 7.2 and later, Valkey 8): the replica needs `appendonly yes`.
+    Fsynced,
+}
+
+/// How many replicas must hold an intake write before its deliveries are
+/// acknowledged to the broker, and how long a write waits for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// Replicas that must hold it; 0 waits for none.
+    pub replicas: u32,
+    /// The longest one write waits; fewer replicas by then: retried.
+    pub timeout: std::time::Duration,
+    /// What a replica must have done with it.
+    pub ack: ReplicaAck,
 }
 
 /// What kind of queue delayd declares as the intake queue when it is missing.
@@ -63,6 +90,8 @@ pub struct Settings {
     pub x_delay: XDelay,
     /// The delivered `user_id`.
     pub user_id: UserId,
+    /// The replicas a write waits for before its deliveries are acknowledged.
+    pub replica_wait: ReplicaWait,
 }
 
 /// A problem for every intake queue two businesses name: each would take
@@ -165,6 +194,84 @@ mod tests {
         );
         let e = load_str(&with_intake("", "exchange = \"amq.fanout\"\nqueue = \"q\"")).unwrap_err();
         assert!(e.contains("reserves"), "{e}");
+    }
+
+    fn in_mode(redis: &str, intake: &str) -> Result<ReplicaWait, String> {
+        let body = with_intake("", &format!("exchange = \"x\"\nqueue = \"q\"\n{intake}")).replace(
+            "[redis]\nurl = \"redis://127.0.0.1:6379/0\"",
+            &format!("[redis]\n{redis}"),
+        );
+        let c = load_str(&body)?;
+        Ok(c.businesses[0].intake.clone().unwrap().replica_wait)
+    }
+
+    #[test]
+    fn an_intake_waits_for_one_replica_in_sentinel_and_cluster_modes_and_none_standalone() {
+        let second = std::time::Duration::from_secs(1);
+        let standalone = in_mode("url = \"redis://127.0.0.1:6379/0\"", "").unwrap();
+        assert_eq!(
+            (standalone.replicas, standalone.timeout, standalone.ack),
+            (0, second, ReplicaAck::Received)
+        );
+        let sentinel = in_mode(
+            "mode = \"sentinel\"\nurls = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"m\"",
+            "",
+        )
+        .unwrap();
+        assert_eq!((sentinel.replicas, sentinel.timeout), (1, second));
+        let cluster = in_mode(
+            "mode = \"cluster\"\nurls = [\"redis://127.0.0.1:7000\"]",
+            "",
+        )
+        .unwrap();
+        assert_eq!(cluster.replicas, 1);
+        let set = in_mode(
+            "url = \"redis://127.0.0.1:6379/0\"",
+            "replicas = 2\nreplica_timeout = \"250ms\"\nreplica_ack = \"fsynced\"",
+        )
+        .unwrap();
+        assert_eq!(
+            (set.replicas, set.timeout, set.ack),
+            (
+                2,
+                std::time::Duration::from_millis(250),
+                ReplicaAck::Fsynced
+            )
+        );
+    }
+
+    #[test]
+    fn replica_settings_that_cannot_work_are_refused_with_their_field() {
+        let standalone = "url = \"redis://127.0.0.1:6379/0\"";
+        for (intake, want) in [
+            (
+                "replicas = -1",
+                "field \"intake.replicas\" must be between 0 and 100 (got -1)",
+            ),
+            (
+                "replicas = 1\nreplica_timeout = \"0s\"",
+                "field \"intake.replica_timeout\" must be longer than zero",
+            ),
+            (
+                "replica_timeout = \"500us\"",
+                "field \"intake.replica_timeout\" must be at least 1ms",
+            ),
+            (
+                "replica_timeout = \"10s\"",
+                "field \"intake.replica_timeout\" must be at most 5s",
+            ),
+            (
+                "replica_ack = \"maybe\"",
+                "field \"intake.replica_ack\" must be \"received\" (WAIT) or \"fsynced\"",
+            ),
+            (
+                "replica_ack = \"fsynced\"",
+                "replica_ack\" = \"fsynced\" needs replicas of at least 1",
+            ),
+        ] {
+            let e = in_mode(standalone, intake).unwrap_err();
+            assert!(e.contains(want), "{intake}: {want:?} missing from {e}");
+        }
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub(super) struct RawIntake {
     pub(super) max_message_size: Option<i64>,
     pub(super) x_delay: Option<String>,
     pub(super) user_id: Option<String>,
+    pub(super) replicas: Option<i64>,
+    pub(super) replica_timeout: Option<String>,
+    pub(super) replica_ack: Option<String>,
 }
 
 /// A node list: an array in the file, or one string from the environment

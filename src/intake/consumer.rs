@@ -516,9 +516,9 @@ impl Intake {
             .inc_by(stored.renamed);
     }
 
-    /// Reports a write Redis refused or did not answer: a metric at once,
-    /// one log line per [`LOG_EVERY`].
-    fn refused(&self, e: &crate::store::StoreError) {
+    /// Reports a write Redis refused, did not answer, or did not replicate
+    /// in time: a metric at once, one log line per [`LOG_EVERY`].
+    fn refused(&self, e: &write::WriteError) {
         let name = self.business.name.as_str();
         METRICS.intake.waiting.with_label_values(&[name]).set(1);
         METRICS
@@ -526,12 +526,23 @@ impl Intake {
             .write_retries
             .with_label_values(&[name])
             .inc();
-        if e.is_wrong_type() {
-            self.redis.up();
-        } else {
-            self.redis.down(e);
+        let unreplicated = matches!(e, write::WriteError::Unreplicated { .. });
+        match e {
+            write::WriteError::Redis(e) if !e.is_wrong_type() => self.redis.down(e),
+            _ => self.redis.up(),
         }
-        if self.refused_logged.due() {
+        if unreplicated {
+            METRICS.intake.unreplicated.with_label_values(&[name]).inc();
+        }
+        if !self.refused_logged.due() {
+            return;
+        }
+        if unreplicated {
+            tracing::warn!(
+                error = %e,
+                "intake messages not acknowledged until enough replicas hold them: taking in paused, they wait in the intake queue unacknowledged, and the write is retried with backoff (delayd_intake_unreplicated_total, delayd_intake_waiting_for_redis; one line per 10 s). Check the replicas' link to the master (INFO replication); intake.replicas sets how many must hold a write"
+            );
+        } else {
             tracing::warn!(
                 error = %e,
                 "Redis does not store intake messages now; taking in paused, they wait in the intake queue unacknowledged, and the write is retried with backoff (delayd_intake_waiting_for_redis; one line per 10 s)"

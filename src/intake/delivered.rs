@@ -109,6 +109,11 @@ mod tests {
             max_message_size: None,
             x_delay: XDelay::AsPublished,
             user_id,
+            replica_wait: crate::config::intake_settings::ReplicaWait {
+                replicas: 0,
+                timeout: std::time::Duration::from_secs(1),
+                ack: crate::config::intake_settings::ReplicaAck::Received,
+            },
         }
     }
 

@@ -25,16 +25,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::Broker;
 use crate::config::Business;
-use crate::redis_conn::RedisConn;
+use crate::redis_conn::{Redis, RedisConn};
 use crate::telemetry::Health;
 
 /// Starts the intake of every business that has one; each task returns
 /// after `stop`, once what it took in is written and acknowledged.
 /// `own_user` is the user delayd publishes as, when known: a producer's
-/// `user_id` naming it is kept.
+/// `user_id` naming it is kept. An intake that waits for replicas writes
+/// over a connection of its own made from `settings` (`WAIT` blocks the
+/// connection it runs on); the others share `conn`.
 pub fn start(
     businesses: &[Arc<Business>],
     conn: &RedisConn,
+    settings: &Redis,
     broker: &Broker,
     redis: &Arc<Health>,
     own_user: Option<Arc<str>>,
@@ -42,9 +45,49 @@ pub fn start(
 ) -> Vec<JoinHandle<()>> {
     businesses
         .iter()
-        .filter_map(|b| {
-            consumer::Intake::new(b.clone(), conn.clone(), redis.clone(), own_user.clone())
+        .filter(|b| b.intake.is_some())
+        .map(|b| {
+            let (b, conn, settings) = (b.clone(), conn.clone(), settings.clone());
+            let (broker, redis, own_user) = (broker.clone(), redis.clone(), own_user.clone());
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let waits = b
+                    .intake
+                    .as_ref()
+                    .is_some_and(|i| i.replica_wait.replicas > 0);
+                let conn = if waits {
+                    match own_connection(&settings, &stop).await {
+                        Some(c) => c,
+                        None => return,
+                    }
+                } else {
+                    conn
+                };
+                if let Some(intake) = consumer::Intake::new(b, conn, redis, own_user) {
+                    intake.run(broker, stop).await;
+                }
+            })
         })
-        .map(|intake| tokio::spawn(intake.run(broker.clone(), stop.clone())))
         .collect()
+}
+
+/// A connection for one intake's writes, retried with backoff until made
+/// or `stop`.
+async fn own_connection(settings: &Redis, stop: &CancellationToken) -> Option<RedisConn> {
+    let mut backoff = crate::telemetry::Backoff::new(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(10),
+    );
+    loop {
+        match settings.connect().await {
+            Ok(c) => return Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot connect to Redis for the intake's writes; retrying with backoff (its messages wait in the intake queue)")
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
 }

@@ -1,6 +1,19 @@
 //! Writing intake messages to Redis: one `intake.lua` call per shard per
-//! batch (more only for very large messages), on the daemon's shared
-//! connection.
+//! batch (more only for very large messages), followed, when the settings
+//! ask for replicas, by `WAIT` (or `WAITAOF`) in the same pipeline.
+//!
+//! `WAIT` counts the replicas that hold the replication offset of the
+//! calling connection's last write, so it must follow the write on the
+//! connection that made it: one pipeline keeps the two together through
+//! reconnections (a reconnected client has no last write, and its `WAIT`
+//! would answer at once), and in Cluster mode sends both to the node of
+//! the keys' slot. `WAIT` also blocks its connection until it answers:
+//! an intake that waits has a connection of its own, never the one the
+//! scanners use.
+
+use std::time::Duration;
+
+use redis::{Cmd, Value};
 
 use crate::redis_conn::scripts;
 
@@ -9,6 +22,7 @@ use crate::redis_conn::RedisConn;
 use crate::store::{KeyFamily, StoreError};
 
 use super::delay::Due;
+use crate::config::intake_settings::{ReplicaAck, ReplicaWait};
 
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
@@ -39,21 +53,62 @@ pub struct Stored {
     pub renamed: u64,
 }
 
+/// Why a write did not store a call as the settings require.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Redis refused it or did not answer.
+    #[error(transparent)]
+    Redis(#[from] StoreError),
+    /// The master stored it, but fewer replicas than `replicas` said they
+    /// hold it within `replica_timeout`: a failover now could lose it.
+    #[error("the master stored it, but {got} of the {wanted} replicas the intake waits for (intake.replicas) {} within {}", .ack.verb(), humantime::format_duration(*.timeout))]
+    Unreplicated {
+        /// Replicas that answered.
+        got: u32,
+        /// Replicas the settings ask for.
+        wanted: u32,
+        /// How long it waited.
+        timeout: Duration,
+        /// What they were asked to do with it.
+        ack: ReplicaAck,
+    },
+}
+
+impl ReplicaAck {
+    fn verb(&self) -> &'static str {
+        match self {
+            ReplicaAck::Received => "received it",
+            ReplicaAck::Fsynced => "fsynced it to their append-only file",
+        }
+    }
+}
+
 /// Stores intake messages of one business, each on the shard its id hashes to.
 #[derive(Clone)]
 pub struct Writer {
     conn: RedisConn,
     keys: Vec<String>,
     unit: ScoreUnit,
+    wait: ReplicaWait,
 }
 
 impl Writer {
-    /// A writer for `business`'s keys over a shared connection.
+    /// A writer for `business`'s keys over `conn`: one of its own when the
+    /// intake waits for replicas (see the module's note).
     pub fn new(conn: RedisConn, business: &Business) -> Self {
         Self {
             conn,
             keys: business.keys(),
             unit: business.score_unit,
+            wait: business
+                .intake
+                .as_ref()
+                .map(|i| i.replica_wait)
+                .unwrap_or(ReplicaWait {
+                    replicas: 0,
+                    timeout: Duration::from_secs(1),
+                    ack: ReplicaAck::Received,
+                }),
         }
     }
 
@@ -70,27 +125,101 @@ impl Writer {
         shard: usize,
         items: &[usize],
         batch: &[Item],
-    ) -> Result<Stored, StoreError> {
+    ) -> Result<Stored, WriteError> {
         let keys = KeyFamily::new(&self.keys[shard]);
-        let mut inv = scripts::INTAKE.prepare_invoke();
-        inv.key(&keys.pending)
-            .key(&keys.body)
-            .key(&keys.dead)
-            .key(&keys.reasons)
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(scripts::INTAKE.get_hash())
+            .arg(4)
+            .arg(&keys.pending)
+            .arg(&keys.body)
+            .arg(&keys.dead)
+            .arg(&keys.reasons)
             .arg(self.unit.millis());
         for &i in items {
             let item = &batch[i];
-            inv.arg(item.id.as_slice())
+            cmd.arg(item.id.as_slice())
                 .arg(item.when())
                 .arg(item.envelope.as_slice());
         }
         let mut conn = self.conn.clone();
-        let (at_ms, absorbed, renamed) = inv.invoke_async(&mut conn).await?;
-        Ok(Stored {
+        if self.wait.replicas == 0 {
+            // A server without the script (restarted, promoted) says
+            // NOSCRIPT in the reply, which the connection does not retry.
+            let reply = match cmd.query_async(&mut conn).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => match scripts::eval_for(&cmd) {
+                    Some(eval) => eval.query_async(&mut conn).await,
+                    None => Err(e),
+                },
+                other => other,
+            };
+            let (at_ms, absorbed, renamed) = reply.map_err(StoreError::from)?;
+            return Ok(Stored {
+                at_ms,
+                absorbed,
+                renamed,
+            });
+        }
+        let (stored, got) = self.write_and_wait(&mut conn, cmd).await?;
+        if got < self.wait.replicas {
+            return Err(WriteError::Unreplicated {
+                got,
+                wanted: self.wait.replicas,
+                timeout: self.wait.timeout,
+                ack: self.wait.ack,
+            });
+        }
+        Ok(stored)
+    }
+
+    /// The script and the wait in one pipeline (as `EVAL` when the server
+    /// does not have the script): what it stored, and how many replicas
+    /// hold it.
+    async fn write_and_wait(
+        &self,
+        conn: &mut RedisConn,
+        script: Cmd,
+    ) -> Result<(Stored, u32), StoreError> {
+        let mut replies = self.pipeline(conn, script.clone()).await?;
+        if matches!(&replies[0], Value::ServerError(e) if e.code() == "NOSCRIPT") {
+            let eval = scripts::eval_for(&script)
+                .ok_or_else(|| StoreError::Reply("intake script not registered".into()))?;
+            replies = self.pipeline(conn, eval).await?;
+        }
+        let mut replies = replies.into_iter();
+        let (Some(stored), Some(waited)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::Reply("a pipeline of two answered fewer".into()));
+        };
+        let (at_ms, absorbed, renamed) =
+            redis::from_redis_value(stored.extract_error()?).map_err(redis::RedisError::from)?;
+        let waited = waited.extract_error()?;
+        let got: i64 = match self.wait.ack {
+            ReplicaAck::Received => redis::from_redis_value(waited),
+            // WAITAOF answers [local fsyncs, replica fsyncs].
+            ReplicaAck::Fsynced => redis::from_redis_value::<(i64, i64)>(waited).map(|(_, r)| r),
+        }
+        .map_err(redis::RedisError::from)?;
+        let stored = Stored {
             at_ms,
             absorbed,
             renamed,
-        })
+        };
+        Ok((stored, got.clamp(0, u32::MAX as i64) as u32))
+    }
+
+    async fn pipeline(&self, conn: &mut RedisConn, script: Cmd) -> Result<Vec<Value>, StoreError> {
+        let ms = self.wait.timeout.as_millis().max(1) as u64;
+        let mut wait = match self.wait.ack {
+            ReplicaAck::Received => redis::cmd("WAIT"),
+            ReplicaAck::Fsynced => {
+                let mut c = redis::cmd("WAITAOF");
+                c.arg(0);
+                c
+            }
+        };
+        wait.arg(self.wait.replicas).arg(ms);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().add_command(script).add_command(wait);
+        Ok(pipe.query_async(conn).await?)
     }
 }
 

@@ -8,6 +8,10 @@
 -- envelope names a different message: it is stored too, under the id
 -- followed by '#' and 16 hex digits of the envelope's SHA-1, so that both
 -- are delivered and a redelivery of the second is absorbed in turn.
+-- An absorbed envelope is written again, unchanged: every call then sends
+-- the replicas a write, so a WAIT that follows it on the same connection
+-- waits for the stored copy too, even where an earlier call stored it over
+-- another connection (a retry after a reconnection).
 -- KEYS[1] pending ZSET K (score = due, in score units)
 -- KEYS[2] body HASH (task id -> envelope)
 -- KEYS[3] dead ZSET {K}:dead (score = when it died, epoch ms)
@@ -37,11 +41,13 @@ local function store(id, envelope)
   end
   if redis.call('HGET', KEYS[2], id) == envelope then
     absorbed = absorbed + 1
+    redis.call('HSET', KEYS[2], id, envelope)
     return nil
   end
   local derived = id .. '#' .. string.sub(redis.sha1hex(envelope), 1, 16)
   if redis.call('HSETNX', KEYS[2], derived, envelope) == 0 then
     absorbed = absorbed + 1
+    redis.call('HSET', KEYS[2], derived, envelope)
     return nil
   end
   renamed = renamed + 1

@@ -584,10 +584,17 @@ impl ConnectionLike for RedisConn {
                 Inner::Sentinel(s) => {
                     let (g, mut c) = s.get_waiting().await.map_err(conn_error)?;
                     let r = c.req_packed_commands(cmd, offset, count).await;
-                    if let Err(e) = &r {
-                        if SentinelConn::must_reresolve(e) {
-                            s.forget(g).await;
-                        }
+                    // A pipeline's server errors come back as replies.
+                    let demoted = |v: &Value| {
+                        matches!(v, Value::ServerError(e)
+                            if matches!(e.code(), "READONLY" | "MASTERDOWN" | "LOADING"))
+                    };
+                    let reresolve = match &r {
+                        Err(e) => SentinelConn::must_reresolve(e),
+                        Ok(replies) => replies.iter().any(demoted),
+                    };
+                    if reresolve {
+                        s.forget(g).await;
                     }
                     r
                 }

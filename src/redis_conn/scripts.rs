@@ -65,7 +65,7 @@ pub static INTAKE: LazyLock<Script> = lua!("intake");
 pub static RECURRING: LazyLock<Script> = lua!("recurring");
 
 /// The `EVAL` equivalent of an `EVALSHA` command whose script is known.
-pub(super) fn eval_for(cmd: &Cmd) -> Option<Cmd> {
+pub(crate) fn eval_for(cmd: &Cmd) -> Option<Cmd> {
     let mut args = cmd.args_iter().map(|a| match a {
         redis::Arg::Simple(b) => b,
         _ => &[][..],

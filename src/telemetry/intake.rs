@@ -17,6 +17,9 @@ pub struct Metrics {
     pub waiting: IntGaugeVec,
     /// Intake writes Redis refused or did not answer, each retried.
     pub write_retries: IntCounterVec,
+    /// Intake writes the master stored but fewer replicas than
+    /// `intake.replicas` held in time: not acknowledged, retried.
+    pub unreplicated: IntCounterVec,
     /// Re-publishes (same id, same message) absorbed into the stored one.
     pub absorbed: IntCounterVec,
     /// Different messages published with an id already stored: kept too,
@@ -56,6 +59,11 @@ impl Metrics {
             write_retries: counter(
                 "delayd_intake_write_retries_total",
                 "Intake writes Redis refused or did not answer, retried with backoff",
+                b,
+            ),
+            unreplicated: counter(
+                "delayd_intake_unreplicated_total",
+                "Intake writes the master stored but fewer replicas than intake.replicas held within intake.replica_timeout: not acknowledged, retried",
                 b,
             ),
             absorbed: counter(
