@@ -49,33 +49,48 @@ struct Results {
 
 /// Runs every phase in order and prints the table.
 pub(super) async fn bench(
-    args: &BenchArgs,
-    cfg: &config::Config,
-    names: &Names,
-    client: &Redis,
+    ctx: &Ctx<'_>,
     redis: &mut RedisConn,
-    amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
-    let s = setup(args, cfg, names, client, redis, amqp, state).await?;
-    let mut compare = match args.compare_shards {
-        Some(n) => Some(shard_compare(args, state, &s, n as usize)?),
+    let s = setup(ctx, redis, state).await?;
+    let mut compare = match ctx.args.compare_shards {
+        Some(n) => Some(shard_compare(ctx.args, state, &s, n as usize)?),
         None => None,
     };
-    let best = best_publisher(args, names, amqp, &s).await?;
-    let rounds = drain_rounds(args, names, redis, amqp, &s, best, compare.as_mut()).await?;
+    let best = best_publisher(ctx.args, ctx.names, ctx.amqp, &s).await?;
+    let rounds = drain_rounds(
+        ctx.args,
+        ctx.names,
+        redis,
+        ctx.amqp,
+        &s,
+        best,
+        compare.as_mut(),
+    )
+    .await?;
     let rss_after_drain = rss_kb(s.pid);
-    if args.no_consumer {
-        start_consumer(amqp, names, &s.counter).await?;
+    if ctx.args.no_consumer {
+        start_consumer(ctx.amqp, ctx.names, &s.counter).await?;
     }
     eprintln!("bench: the common recipe (one member per Lua call, no confirms) ...");
-    let recipe =
-        common_recipe_drain(redis, amqp, names, &s.keys[0], args.messages, args.size).await?;
+    let recipe = common_recipe_drain(
+        redis,
+        ctx.amqp,
+        ctx.names,
+        &s.keys[0],
+        ctx.args.messages,
+        ctx.args.size,
+    )
+    .await?;
     wait_consumed(&s.counter, Duration::from_secs(60)).await;
-    let lateness = lateness(args, redis, &s).await?;
-    eprintln!("bench: idle Redis commands over {} s ...", args.idle_secs);
+    let lateness = lateness(ctx.args, redis, &s).await?;
+    eprintln!(
+        "bench: idle Redis commands over {} s ...",
+        ctx.args.idle_secs
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle = idle_commands(client, redis, &s.keys, args.idle_secs.max(1)).await?;
+    let idle = idle_commands(ctx.client, redis, &s.keys, ctx.args.idle_secs.max(1)).await?;
     eprintln!("bench: producers writing {FAR_RATE} members/s due in a week for {FAR_SECS} s ...");
     let far = far_writes::run(redis, &s.fams, FAR_RATE, FAR_SECS).await?;
     let results = Results {
@@ -84,57 +99,53 @@ pub(super) async fn bench(
         compare,
         recipe,
         lateness,
-        idle_per_s: idle as f64 / args.idle_secs.max(1) as f64,
+        idle_per_s: idle as f64 / ctx.args.idle_secs.max(1) as f64,
         far,
         rss_after_drain,
         rss_end: rss_kb(s.pid),
     };
-    print_table(args, &s, &results);
+    print_table(ctx.args, &s, &results);
     Ok(())
 }
 
 /// Declares the bench queue, starts its consumer (unless `--no-consumer`)
 /// and delayd on a temporary business, as users run it.
 async fn setup(
-    args: &BenchArgs,
-    cfg: &config::Config,
-    names: &Names,
-    client: &Redis,
+    ctx: &Ctx<'_>,
     redis: &mut RedisConn,
-    amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<Setup, BenchError> {
-    let ch = declare_bench_queue(amqp, names).await?;
+    let ch = declare_bench_queue(ctx.amqp, ctx.names).await?;
     // One consumer for every phase, so the broker does the same work in
     // each; with --no-consumer, only from the common recipe on, and the
     // queue is purged between phases instead.
     let counter = Counter::default();
-    if !args.no_consumer {
-        start_consumer(amqp, names, &counter).await?;
+    if !ctx.args.no_consumer {
+        start_consumer(ctx.amqp, ctx.names, &counter).await?;
     }
-    let extra = args.business.join("\n");
+    let extra = ctx.args.business.join("\n");
     let mut toml = format!(
         "{}{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\nrouting_key = \"{}\"\n{extra}\n",
-        cfg.redis.to_toml(),
-        cfg.amqp.to_toml(),
-        names.key,
-        names.exchange,
-        names.routing_key
+        ctx.cfg.redis.to_toml(),
+        ctx.cfg.amqp.to_toml(),
+        ctx.names.key,
+        ctx.names.exchange,
+        ctx.names.routing_key
     );
-    if let Some(shards) = args.compare_shards {
+    if let Some(shards) = ctx.args.compare_shards {
         toml.push_str(&format!(
             "[businesses.bench_sharded]\nkey = \"{}:sharded\"\nexchange = \"{}\"\nrouting_key = \"{}\"\nshards = {shards}\n{extra}\n",
-            names.key, names.exchange, names.routing_key
+            ctx.names.key, ctx.names.exchange, ctx.names.routing_key
         ));
     }
-    let (pid, business) = start_daemon(names, state, &toml)?;
+    let (pid, business) = start_daemon(ctx.names, state, &toml)?;
     // With `shards = M` delayd reads M keys: the backlog is spread over them
     // as producers would spread it.
     let keys = business.keys();
     state.keys = keys.clone();
     let fams = keys.iter().map(|k| KeyFamily::new(k)).collect();
     let watch = CpuWatch {
-        redis: redis_processes(client, redis).await,
+        redis: redis_processes(ctx.client, redis).await,
         daemon: pid,
     };
     Ok(Setup {

@@ -24,7 +24,7 @@ use super::report::{median, percentile, row};
 use super::{
     body_of, confirm_channel, declare_bench_queue, drain_confirms, fail, join_publishers,
     memory_usage, rss_kb, start_consumer, wall_ms_f, BenchArgs, BenchError, BenchState, Counter,
-    Names,
+    Ctx, Names,
 };
 use crate::config;
 use crate::redis_conn::RedisConn;
@@ -55,66 +55,63 @@ struct IntakeNames {
 
 /// Runs the intake bench and prints its table.
 pub(super) async fn bench(
-    args: &BenchArgs,
-    cfg: &config::Config,
-    names: &Names,
+    ctx: &Ctx<'_>,
     redis: &mut RedisConn,
-    amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
     let intake = IntakeNames {
-        exchange: format!("{}-intake", names.exchange),
-        queue: format!("{}-intake", names.queue),
-        plain_exchange: format!("{}-plain", names.exchange),
-        plain_queue: format!("{}-plain", names.queue),
+        exchange: format!("{}-intake", ctx.names.exchange),
+        queue: format!("{}-intake", ctx.names.queue),
+        plain_exchange: format!("{}-plain", ctx.names.exchange),
+        plain_queue: format!("{}-plain", ctx.names.queue),
     };
     state.intake_names = vec![
         (intake.exchange.clone(), intake.queue.clone()),
         (intake.plain_exchange.clone(), intake.plain_queue.clone()),
     ];
-    let ch = declare_bench_queue(amqp, names).await?;
+    let ch = declare_bench_queue(ctx.amqp, ctx.names).await?;
     crate::amqp::declare_bound_queue(
         &ch,
         &intake.plain_exchange,
         &intake.plain_queue,
-        &names.routing_key,
+        &ctx.names.routing_key,
         FieldTable::default(),
     )
     .await
     .map_err(|e| fail("declare plain queue")(e.to_string()))?;
     let counter = Counter::default();
-    start_consumer(amqp, names, &counter).await?;
+    start_consumer(ctx.amqp, ctx.names, &counter).await?;
 
-    let extra = args.business.join("\n");
-    let intake_extra = args.intake_setting.join("\n");
+    let extra = ctx.args.business.join("\n");
+    let intake_extra = ctx.args.intake_setting.join("\n");
     let toml = format!(
         "{}{}[http]\nlisten = \"off\"\n[log]\nlevel = \"warn\"\n[businesses.bench]\nkey = \"{}\"\nexchange = \"{}\"\n{extra}\n[businesses.bench.intake]\nexchange = \"{}\"\nqueue = \"{}\"\n{intake_extra}\n",
-        cfg.redis.to_toml(),
-        cfg.amqp.to_toml(),
-        names.key,
-        names.exchange,
+        ctx.cfg.redis.to_toml(),
+        ctx.cfg.amqp.to_toml(),
+        ctx.names.key,
+        ctx.names.exchange,
         intake.exchange,
         intake.queue,
     );
-    let (pid, business) = super::start_daemon(names, state, &toml)?;
+    let (pid, business) = super::start_daemon(ctx.names, state, &toml)?;
     let fams: Vec<KeyFamily> = business.keys().iter().map(|k| KeyFamily::new(k)).collect();
-    wait_consumer(amqp, &intake.queue).await?;
+    wait_consumer(ctx.amqp, &intake.queue).await?;
 
-    let r = rounds(args, amqp, &intake, names, redis, &fams).await?;
+    let r = rounds(ctx.args, ctx.amqp, &intake, ctx.names, redis, &fams).await?;
 
     eprintln!(
         "bench: lateness at {STEADY_RATE}/s with x-delay {NEAR_MS} ms for {} s ...",
-        args.lateness_secs
+        ctx.args.lateness_secs
     );
     let phase = Phase {
-        amqp,
-        cfg,
+        amqp: ctx.amqp,
+        cfg: ctx.cfg,
         intake: &intake,
-        names,
+        names: ctx.names,
         counter: &counter,
-        size: args.size,
+        size: ctx.args.size,
     };
-    let steady = lateness(&phase, args.lateness_secs).await?;
+    let steady = lateness(&phase, ctx.args.lateness_secs).await?;
     eprintln!("bench: messages coming due while {BURST} are taken in ...");
     let (burst, burst_took) = lateness_under_burst(&phase, &intake.exchange, BURST_SECS).await?;
     eprintln!("bench: the same with the burst sent to a plain queue instead ...");
@@ -131,7 +128,7 @@ pub(super) async fn bench(
             redis::cmd("DEL").arg(&f.all()[..]).query_async(redis).await;
     }
 
-    report(args, &r, [&steady, &burst, &control], burst_took, rss);
+    report(ctx.args, &r, [&steady, &burst, &control], burst_took, rss);
     let _ = counter.received.load(Ordering::Relaxed);
     Ok(())
 }

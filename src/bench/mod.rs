@@ -197,13 +197,20 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     ])
     .map_err(|e| fail("signal handlers")(e.to_string()))?;
     let mut state = BenchState::default();
+    let ctx = Ctx {
+        args: &args,
+        cfg: &cfg,
+        names: &names,
+        client: &client,
+        amqp: &amqp,
+    };
     let run = async {
         if args.intake {
-            intake::bench(&args, &cfg, &names, &mut redis, &amqp, &mut state).await
+            intake::bench(&ctx, &mut redis, &mut state).await
         } else if !args.scale.is_empty() {
-            scale::bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state).await
+            scale::bench(&ctx, &mut redis, &mut state).await
         } else {
-            full::bench(&args, &cfg, &names, &client, &mut redis, &amqp, &mut state).await
+            full::bench(&ctx, &mut redis, &mut state).await
         }
     };
     let outcome = tokio::select! {
@@ -296,6 +303,17 @@ async fn join_publishers(
             .map_err(|e| fail(what)(e.to_string()))?;
     }
     Ok(())
+}
+
+/// What every mode of the bench is given and only reads: the options, the
+/// loaded config, the run's names and its connections.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    args: &'a BenchArgs,
+    cfg: &'a config::Config,
+    names: &'a Names,
+    client: &'a Redis,
+    amqp: &'a Connection,
 }
 
 struct Names {

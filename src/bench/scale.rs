@@ -11,12 +11,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lapin::Connection;
-
 use super::far_writes::{commandstats, script_calls};
 use super::{
     body_of, declare_bench_queue, fail, idle_commands, memory_usage, rss_kb, start_consumer,
-    start_daemon, stop_child, BenchArgs, BenchError, BenchState, Counter, Names,
+    start_daemon, stop_child, BenchArgs, BenchError, BenchState, Counter, Ctx, Names,
 };
 use crate::config;
 use crate::redis_conn::{Redis, RedisConn};
@@ -54,27 +52,23 @@ struct Scale {
 /// Runs every size in `args.scale`, body mode then id mode, and prints one
 /// table.
 pub(super) async fn bench(
-    args: &BenchArgs,
-    cfg: &config::Config,
-    names: &Names,
-    client: &Redis,
+    ctx: &Ctx<'_>,
     redis: &mut RedisConn,
-    amqp: &Connection,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
-    let _ch = declare_bench_queue(amqp, names).await?;
+    let _ch = declare_bench_queue(ctx.amqp, ctx.names).await?;
     let counter = Counter::default();
-    start_consumer(amqp, names, &counter).await?;
+    start_consumer(ctx.amqp, ctx.names, &counter).await?;
     let run = Run {
-        args,
-        cfg,
-        names,
-        client,
+        args: ctx.args,
+        cfg: ctx.cfg,
+        names: ctx.names,
+        client: ctx.client,
         counter,
     };
     let mut results = Vec::new();
     for id_mode in [false, true] {
-        for &pending in &args.scale {
+        for &pending in &ctx.args.scale {
             let r = run.one(redis, state, id_mode, pending).await;
             // A 50 M family takes a while to free: UNLINK does it in the
             // background instead of blocking Redis.
@@ -82,7 +76,7 @@ pub(super) async fn bench(
             results.push(r?);
         }
     }
-    print(args, &results);
+    print(ctx.args, &results);
     Ok(())
 }
 
