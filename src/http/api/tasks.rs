@@ -307,20 +307,11 @@ pub async fn cancel(
     headers: HeaderMap,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let role = require_admin(&state, &headers)?;
-    let b = state.business(&name)?;
-    id_mode(b)?;
+    let (role, b) = admin_by_id(&state, &headers, &name)?;
     let mut conn = state.conn(&b.name)?;
     let (key, outcome) = bounded(&b.name, tasks::cancel(&mut conn, b, id.as_bytes())).await?;
-    state
-        .audit(Write {
-            by: role.name(),
-            business: &b.name,
-            action: "cancel",
-            what: &format!("id \"{id}\""),
-            count: (outcome == Cancelled::Cancelled) as u64,
-        })
-        .await;
+    let count = (outcome == Cancelled::Cancelled) as u64;
+    audit_id(&state, (b, role, "cancel"), &id, count).await;
     let mut v = json!({ "business": b.name, "id": id, "key": key, "result": outcome });
     let what = format!("id \"{id}\" of business \"{}\"", b.name);
     let status = match outcome {
@@ -351,9 +342,7 @@ pub async fn reschedule(
     Path((name, id)): Path<(String, String)>,
     req: Result<Json<When>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let role = require_admin(&state, &headers)?;
-    let b = state.business(&name)?;
-    id_mode(b)?;
+    let (role, b) = admin_by_id(&state, &headers, &name)?;
     let Json(req) = req?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
@@ -367,12 +356,41 @@ pub async fn run_now(
     headers: HeaderMap,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let role = require_admin(&state, &headers)?;
-    let b = state.business(&name)?;
-    id_mode(b)?;
+    let (role, b) = admin_by_id(&state, &headers, &name)?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
     moved(&state, (b, role, "run_now"), &id, now_ms).await
+}
+
+/// A write on one task by id: the caller's role and the business, which
+/// must be in id mode.
+fn admin_by_id<'a>(
+    state: &'a Shared,
+    headers: &HeaderMap,
+    name: &str,
+) -> Result<(Role, &'a Business), ApiError> {
+    let role = require_admin(state, headers)?;
+    let b = state.business(name)?;
+    id_mode(b)?;
+    Ok((role, b))
+}
+
+/// Logs a write on task `id` to the audit log; `count` is 1 when it took.
+async fn audit_id(
+    state: &Shared,
+    (b, role, action): (&Business, Role, &str),
+    id: &str,
+    count: u64,
+) {
+    state
+        .audit(Write {
+            by: role.name(),
+            business: &b.name,
+            action,
+            what: &format!("id \"{id}\""),
+            count,
+        })
+        .await;
 }
 
 /// Reschedules `id` to `due_ms`; when it is not pending, says where it is
@@ -390,15 +408,7 @@ async fn moved(
         tasks::reschedule(&mut conn, b, id.as_bytes(), due_ms),
     )
     .await?;
-    state
-        .audit(Write {
-            by: role.name(),
-            business: &b.name,
-            action,
-            what: &format!("id \"{id}\""),
-            count: key.is_some() as u64,
-        })
-        .await;
+    audit_id(state, (b, role, action), id, key.is_some() as u64).await;
     if let Some(key) = key {
         return Ok(Json(json!({
             "business": b.name, "id": id, "result": "rescheduled", "key": key, "due_ms": due_ms,
