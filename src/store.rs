@@ -646,34 +646,6 @@ impl Store {
         }
         Ok((now, out))
     }
-
-    /// Moves up to `limit` dead members back to pending, due now.
-    pub async fn dead_requeue(&self, limit: usize) -> Result<u64, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(scripts::DEAD_REQUEUE
-            .key(&self.keys.pending)
-            .key(&self.keys.dead)
-            .key(&self.keys.reasons)
-            .key(&self.keys.meta)
-            .arg(limit)
-            .arg(self.unit.millis())
-            .invoke_async(&mut conn)
-            .await?)
-    }
-
-    /// Deletes up to `limit` dead members.
-    pub async fn dead_purge(&self, limit: usize) -> Result<u64, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(scripts::DEAD_PURGE
-            .key(&self.keys.dead)
-            .key(&self.keys.reasons)
-            .key(&self.keys.pending)
-            .key(&self.keys.inflight)
-            .key(&self.keys.body)
-            .arg(limit)
-            .invoke_async(&mut conn)
-            .await?)
-    }
 }
 
 fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
