@@ -72,13 +72,8 @@ pub(super) async fn lateness_phase(
             // The due time rides in the body too, for businesses that send
             // no headers.
             let body = body_of(&format!("late{due}"), next, size);
-            if id_mode {
-                let id = format!("late-{next}");
-                hsets[s].arg(&id).arg(body);
-                zadds[s].arg(due).arg(id);
-            } else {
-                zadds[s].arg(due).arg(body);
-            }
+            let id = || format!("late-{next}");
+            add_member((&mut zadds[s], &mut hsets[s]), id_mode, due, id, body);
             next += 1;
             any[s] = true;
         }
@@ -88,14 +83,8 @@ pub(super) async fn lateness_phase(
             }
             let mut pipe = redis::pipe();
             pipe.atomic();
-            if id_mode {
-                pipe.add_command(hset).ignore();
-            }
-            pipe.add_command(zadd).ignore();
-            let () = pipe
-                .query_async(redis)
-                .await
-                .map_err(|e| fail("redis")(e.to_string()))?;
+            queue_writes(&mut pipe, id_mode, (zadd, hset));
+            send_pipe(redis, &pipe).await?;
         }
     }
     // Let the last members come due.

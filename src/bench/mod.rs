@@ -333,6 +333,40 @@ struct BenchState {
     intake_names: Vec<(String, String)>,
 }
 
+/// Adds one member due at `due` to `zadd`: its body, or in id mode the id
+/// `id()` names, with the body going to `hset` under it.
+fn add_member(
+    (zadd, hset): (&mut redis::Cmd, &mut redis::Cmd),
+    id_mode: bool,
+    due: i64,
+    id: impl FnOnce() -> String,
+    body: Vec<u8>,
+) {
+    if id_mode {
+        let id = id();
+        hset.arg(&id).arg(body);
+        zadd.arg(due).arg(id);
+    } else {
+        zadd.arg(due).arg(body);
+    }
+}
+
+/// Queues a batch's writes on `pipe`: in id mode the bodies first, so no id
+/// is pending without its body.
+fn queue_writes(pipe: &mut redis::Pipeline, id_mode: bool, (zadd, hset): (redis::Cmd, redis::Cmd)) {
+    if id_mode {
+        pipe.add_command(hset).ignore();
+    }
+    pipe.add_command(zadd).ignore();
+}
+
+/// Sends `pipe`, whose replies are all ignored.
+async fn send_pipe(redis: &mut RedisConn, pipe: &redis::Pipeline) -> Result<(), BenchError> {
+    pipe.query_async(redis)
+        .await
+        .map_err(|e| fail("redis")(e.to_string()))
+}
+
 fn body_of(tag: &str, i: usize, size: usize) -> Vec<u8> {
     let mut body = format!("{tag}-{i:09}-").into_bytes();
     body.resize(size.max(body.len()), b'x');

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use super::far_writes::{commandstats, script_calls};
 use super::{
-    body_of, declare_bench_queue, fail, idle_commands, memory_usage, rss_kb, start_consumer,
-    start_daemon, stop_child, BenchArgs, BenchError, BenchState, Counter, Ctx, Names,
+    add_member, body_of, declare_bench_queue, fail, idle_commands, memory_usage, queue_writes,
+    rss_kb, send_pipe, start_consumer, start_daemon, stop_child, BenchArgs, BenchError, BenchState,
+    Counter, Ctx, Names,
 };
 use crate::config;
 use crate::redis_conn::{Redis, RedisConn};
@@ -203,23 +204,12 @@ async fn write(
             hset.arg(&fam.body);
             for i in start..end {
                 let body = body_of("scale", i, size);
-                if id_mode {
-                    let id = format!("t{i:010}");
-                    hset.arg(&id).arg(body);
-                    zadd.arg(due).arg(id);
-                } else {
-                    zadd.arg(due).arg(body);
-                }
+                let id = || format!("t{i:010}");
+                add_member((&mut zadd, &mut hset), id_mode, due, id, body);
             }
-            if id_mode {
-                pipe.add_command(hset).ignore();
-            }
-            pipe.add_command(zadd).ignore();
+            queue_writes(&mut pipe, id_mode, (zadd, hset));
         }
-        let () = pipe
-            .query_async(redis)
-            .await
-            .map_err(|e| fail("redis")(e.to_string()))?;
+        send_pipe(redis, &pipe).await?;
     }
     Ok(())
 }
