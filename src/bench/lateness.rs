@@ -49,22 +49,7 @@ pub(super) async fn lateness_phase(
         tick.tick().await;
         // Everything due within the next second (of the schedule) is added now.
         let horizon = started.elapsed().as_millis() as f64 + 1000.0;
-        let mut zadds: Vec<redis::Cmd> = fams
-            .iter()
-            .map(|f| {
-                let mut c = redis::cmd("ZADD");
-                c.arg(&f.pending);
-                c
-            })
-            .collect();
-        let mut hsets: Vec<redis::Cmd> = fams
-            .iter()
-            .map(|f| {
-                let mut c = redis::cmd("HSET");
-                c.arg(&f.body);
-                c
-            })
-            .collect();
+        let (mut zadds, mut hsets): (Vec<_>, Vec<_>) = fams.iter().map(writes_to).unzip();
         let mut any = vec![false; shards];
         while next < total && (next as f64 * spacing) <= horizon {
             let due = t0 + (next as f64 * spacing) as i64;

@@ -333,6 +333,16 @@ struct BenchState {
     intake_names: Vec<(String, String)>,
 }
 
+/// An empty `ZADD` on `fam`'s pending set and `HSET` on its body hash, for
+/// [`add_member`] to fill.
+fn writes_to(fam: &KeyFamily) -> (redis::Cmd, redis::Cmd) {
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg(&fam.pending);
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&fam.body);
+    (zadd, hset)
+}
+
 /// Adds one member due at `due` to `zadd`: its body, or in id mode the id
 /// `id()` names, with the body going to `hset` under it.
 fn add_member(

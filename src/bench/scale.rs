@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use super::far_writes::{commandstats, script_calls};
 use super::{
     add_member, body_of, declare_bench_queue, fail, idle_commands, memory_usage, queue_writes,
-    rss_kb, send_pipe, start_consumer, start_daemon, stop_child, BenchArgs, BenchError, BenchState,
-    Counter, Ctx, Names,
+    rss_kb, send_pipe, start_consumer, start_daemon, stop_child, writes_to, BenchArgs, BenchError,
+    BenchState, Counter, Ctx, Names,
 };
 use crate::config;
 use crate::redis_conn::{Redis, RedisConn};
@@ -198,10 +198,7 @@ async fn write(
         let mut pipe = redis::pipe();
         for &start in group {
             let end = (start + CHUNK).min(range.end);
-            let mut zadd = redis::cmd("ZADD");
-            zadd.arg(&fam.pending);
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&fam.body);
+            let (mut zadd, mut hset) = writes_to(fam);
             for i in start..end {
                 let body = body_of("scale", i, size);
                 let id = || format!("t{i:010}");
