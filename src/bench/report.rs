@@ -17,24 +17,23 @@ pub(super) fn row(label: &str, value: &str, note: &str) {
 
 /// Per-round rates, as whole numbers.
 pub(super) fn join_rates(v: &[f64]) -> String {
-    v.iter()
-        .map(|r| format!("{r:.0}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    join(v, 0)
 }
 
 /// Per-round ratios, to three places.
 pub(super) fn join_ratios(v: &[f64]) -> String {
-    v.iter()
-        .map(|r| format!("{r:.3}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    join(v, 3)
 }
 
 /// Per-round microseconds, to one place.
 pub(super) fn join_us(v: &[f64]) -> String {
+    join(v, 1)
+}
+
+/// Figures joined by commas, each to `places` decimal places.
+fn join(v: &[f64], places: usize) -> String {
     v.iter()
-        .map(|r| format!("{r:.1}"))
+        .map(|r| format!("{r:.places$}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
