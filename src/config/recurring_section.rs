@@ -153,22 +153,16 @@ fn schedule(
         ],
         problems,
     );
-    let window_text = r
-        .catch_up_window
-        .unwrap_or_else(|| defaults::CATCH_UP_WINDOW.to_string());
-    let catch_up_window = crate::config::parse_duration(
+    let (_, catch_up_window) = duration_field(
         &place("catch_up_window"),
-        &window_text,
-        MAX_CATCH_UP_WINDOW,
+        r.catch_up_window,
+        (defaults::CATCH_UP_WINDOW, MAX_CATCH_UP_WINDOW),
         problems,
     );
-    let ahead_text = r
-        .write_ahead
-        .unwrap_or_else(|| defaults::WRITE_AHEAD.to_string());
-    let write_ahead = crate::config::parse_duration(
+    let (ahead_text, write_ahead) = duration_field(
         &place("write_ahead"),
-        &ahead_text,
-        MAX_WRITE_AHEAD,
+        r.write_ahead,
+        (defaults::WRITE_AHEAD, MAX_WRITE_AHEAD),
         problems,
     );
     if write_ahead.is_some_and(|d| d < Duration::from_secs(1)) {
@@ -194,6 +188,19 @@ fn schedule(
         catch_up_window: catch_up_window?,
         write_ahead: write_ahead?,
     })
+}
+
+/// A duration field, `default` when unset and at most `max`: its text (for
+/// later messages) and its value, or `None` with the problem pushed.
+fn duration_field(
+    place: &str,
+    v: Option<String>,
+    (default, max): (&str, Duration),
+    problems: &mut Vec<String>,
+) -> (String, Option<Duration>) {
+    let text = v.unwrap_or_else(|| default.to_string());
+    let d = crate::config::parse_duration(place, &text, max, problems);
+    (text, d)
 }
 
 /// A schedule's name starts each occurrence's id: 1 to 200 bytes, no `@`.
