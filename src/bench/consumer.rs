@@ -33,14 +33,7 @@ pub(super) async fn start_consumer(
     names: &Names,
     counter: &Counter,
 ) -> Result<(), BenchError> {
-    let consumer_ch = amqp
-        .create_channel()
-        .await
-        .map_err(|e| fail("channel")(e.to_string()))?;
-    consumer_ch
-        .basic_qos(2000, BasicQosOptions::default())
-        .await
-        .map_err(|e| fail("qos")(e.to_string()))?;
+    let consumer_ch = consumer_channel(amqp, 2000).await?;
     let mut consumer = consumer_ch
         .basic_consume(
             names.queue.as_str().into(),

@@ -355,16 +355,8 @@ async fn plain_rate(
     n: usize,
     size: usize,
 ) -> Result<f64, BenchError> {
-    let ch = amqp
-        .create_channel()
-        .await
-        .map_err(|e| fail("channel")(e.to_string()))?;
-    ch.basic_qos(
-        crate::config::intake_settings::defaults::PREFETCH,
-        BasicQosOptions::default(),
-    )
-    .await
-    .map_err(|e| fail("qos")(e.to_string()))?;
+    let prefetch = crate::config::intake_settings::defaults::PREFETCH;
+    let ch = super::consumer_channel(amqp, prefetch).await?;
     let mut consumer = ch
         .basic_consume(
             intake.plain_queue.as_str().into(),

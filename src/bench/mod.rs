@@ -269,6 +269,18 @@ async fn delete_topology(ch: &lapin::Channel, exchange: &str, queue: &str) {
 }
 
 /// A channel in confirm mode, for a publisher.
+/// A channel for a consumer, with at most `prefetch` deliveries unacked.
+async fn consumer_channel(amqp: &Connection, prefetch: u16) -> Result<lapin::Channel, BenchError> {
+    let ch = amqp
+        .create_channel()
+        .await
+        .map_err(|e| fail("channel")(e.to_string()))?;
+    ch.basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .map_err(|e| fail("qos")(e.to_string()))?;
+    Ok(ch)
+}
+
 async fn confirm_channel(amqp: &Connection) -> Result<lapin::Channel, BenchError> {
     let ch = amqp
         .create_channel()
