@@ -371,22 +371,19 @@ fn rate_rows(s: &Setup, r: &Results) {
         &format!("{:.0} msg/s", rounds.median(|r| r.drain)),
         &format!("median; rounds {}", join_rates(&rounds.each(|r| r.drain))),
     );
-    row(
-        "delayd / ceiling",
-        &format!("{:.3}", rounds.median(Round::ratio)),
-        &format!(
-            "median of per-round ratios {}",
-            join_ratios(&rounds.each(Round::ratio))
+    let ratios = [
+        ("delayd / ceiling", Round::ratio as fn(&Round) -> f64, ""),
+        (
+            "delayd / same-format publisher",
+            Round::same_ratio,
+            "; delayd's own overhead",
         ),
-    );
-    row(
-        "delayd / same-format publisher",
-        &format!("{:.3}", rounds.median(Round::same_ratio)),
-        &format!(
-            "median of per-round ratios {}; delayd's own overhead",
-            join_ratios(&rounds.each(Round::same_ratio))
-        ),
-    );
+    ];
+    for (label, ratio, why) in ratios {
+        let each = join_ratios(&rounds.each(ratio));
+        let note = format!("median of per-round ratios {each}{why}");
+        row(label, &format!("{:.3}", rounds.median(ratio)), &note);
+    }
     for (label, value, note) in r.compare.iter().flat_map(|c| c.rows()) {
         row(&label, &value, &note);
     }
