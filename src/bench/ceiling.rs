@@ -52,19 +52,12 @@ pub(super) async fn raw_publish(
                         crate::message::properties(b, &key, &claimed, claimed.due_ms)
                     }
                 };
-                let confirm = ch
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        rk.as_str().into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            immediate: false,
-                        },
-                        &body,
-                        props,
-                    )
-                    .await?;
-                inflight.push(confirm);
+                let mandatory = BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                };
+                let to = (exchange.as_str(), rk.as_str());
+                publish_confirmed(&ch, &mut inflight, to, mandatory, (&body, props)).await?;
             }
             drain_confirms(&ch, &mut inflight).await
         }));

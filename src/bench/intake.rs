@@ -327,16 +327,9 @@ async fn publish(
                 let props = BasicProperties::default()
                     .with_delivery_mode(2)
                     .with_headers(h);
-                let confirm = ch
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        rk.as_str().into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        props,
-                    )
-                    .await?;
-                inflight.push(confirm);
+                let to = (exchange.as_str(), rk.as_str());
+                let options = BasicPublishOptions::default();
+                super::publish_confirmed(&ch, &mut inflight, to, options, (&body, props)).await?;
             }
             drain_confirms(&ch, &mut inflight).await
         }));

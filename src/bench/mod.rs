@@ -292,6 +292,22 @@ async fn confirm_channel(amqp: &Connection) -> Result<lapin::Channel, BenchError
     Ok(ch)
 }
 
+/// Publishes one message on `ch`; its confirm joins `inflight`, to be
+/// awaited with the others.
+async fn publish_confirmed(
+    ch: &lapin::Channel,
+    inflight: &mut FuturesUnordered<lapin::PublisherConfirm>,
+    (exchange, rk): (&str, &str),
+    options: BasicPublishOptions,
+    (body, props): (&[u8], BasicProperties),
+) -> Result<(), lapin::Error> {
+    let confirm = ch
+        .basic_publish(exchange.into(), rk.into(), options, body, props)
+        .await?;
+    inflight.push(confirm);
+    Ok(())
+}
+
 /// Waits for every confirm still in flight on `ch`, then closes it.
 async fn drain_confirms(
     ch: &lapin::Channel,
