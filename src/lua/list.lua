@@ -31,6 +31,15 @@ local function after(a, b)
 end
 
 local items = {}
+-- Keeps the (member, score) pairs of `got` up to the highest score.
+local function take(got)
+  for i = 1, #got, 2 do
+    if num(got[i + 1]) > hin then break end
+    items[#items + 1] = got[i]
+    items[#items + 1] = got[i + 1]
+  end
+end
+
 if cs == '' then
   items = redis.call('ZRANGE', KEYS[1], lo, hi, 'BYSCORE', 'LIMIT', 0, n + 1, 'WITHSCORES')
 else
@@ -38,12 +47,7 @@ else
   local score = rank and redis.call('ZSCORE', KEYS[1], cm)
   if rank and num(score) == num(cs) then
     -- The cursor member is still where it was: continue by rank.
-    local got = redis.call('ZRANGE', KEYS[1], rank + 1, rank + n + 1, 'WITHSCORES')
-    for i = 1, #got, 2 do
-      if num(got[i + 1]) > hin then break end
-      items[#items + 1] = got[i]
-      items[#items + 1] = got[i + 1]
-    end
+    take(redis.call('ZRANGE', KEYS[1], rank + 1, rank + n + 1, 'WITHSCORES'))
   else
     -- It was claimed, cancelled or moved since: find the first member
     -- after it in Redis's order by a binary search over the ranks of its
@@ -55,12 +59,7 @@ else
       local m = redis.call('ZRANGE', KEYS[1], mid, mid)[1]
       if after(m, cm) then b = mid else a = mid + 1 end
     end
-    local got = redis.call('ZRANGE', KEYS[1], a, a + n, 'WITHSCORES')
-    for i = 1, #got, 2 do
-      if num(got[i + 1]) > hin then break end
-      items[#items + 1] = got[i]
-      items[#items + 1] = got[i + 1]
-    end
+    take(redis.call('ZRANGE', KEYS[1], a, a + n, 'WITHSCORES'))
   end
 end
 local out = {0}
