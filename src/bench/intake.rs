@@ -53,18 +53,25 @@ struct IntakeNames {
     plain_queue: String,
 }
 
+impl IntakeNames {
+    /// The run's names with `-intake` and `-plain` added.
+    fn of(names: &Names) -> IntakeNames {
+        IntakeNames {
+            exchange: format!("{}-intake", names.exchange),
+            queue: format!("{}-intake", names.queue),
+            plain_exchange: format!("{}-plain", names.exchange),
+            plain_queue: format!("{}-plain", names.queue),
+        }
+    }
+}
+
 /// Runs the intake bench and prints its table.
 pub(super) async fn bench(
     ctx: &Ctx<'_>,
     redis: &mut RedisConn,
     state: &mut BenchState,
 ) -> Result<(), BenchError> {
-    let intake = IntakeNames {
-        exchange: format!("{}-intake", ctx.names.exchange),
-        queue: format!("{}-intake", ctx.names.queue),
-        plain_exchange: format!("{}-plain", ctx.names.exchange),
-        plain_queue: format!("{}-plain", ctx.names.queue),
-    };
+    let intake = IntakeNames::of(ctx.names);
     state.intake_names = vec![
         (intake.exchange.clone(), intake.queue.clone()),
         (intake.plain_exchange.clone(), intake.plain_queue.clone()),
