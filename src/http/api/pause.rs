@@ -11,30 +11,20 @@ use crate::http::auth::require_admin;
 use crate::tasks::audit::Write;
 use crate::tasks::pause;
 
+/// What each of these answers: the business's new state, or why not.
+type Reply = Result<Json<Value>, ApiError>;
+
 /// Pauses the business: no instance claims from it until it is resumed.
-pub async fn pause(
-    state: Shared,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn pause(state: Shared, headers: HeaderMap, Path(name): Path<String>) -> Reply {
     set(state, headers, name, true).await
 }
 
 /// Lets a paused business's claims run again.
-pub async fn resume(
-    state: Shared,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn resume(state: Shared, headers: HeaderMap, Path(name): Path<String>) -> Reply {
     set(state, headers, name, false).await
 }
 
-async fn set(
-    state: Shared,
-    headers: HeaderMap,
-    name: String,
-    on: bool,
-) -> Result<Json<Value>, ApiError> {
+async fn set(state: Shared, headers: HeaderMap, name: String, on: bool) -> Reply {
     let role = require_admin(&state, &headers)?;
     let b = state.business(&name)?;
     let stores = state.stores_of(&b.name)?;
