@@ -7,7 +7,9 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, bounded_by, handle, member_kind, member_of, ApiError, Shared, Shown};
+use super::{
+    bounded, bounded_by, handle, member_kind, member_of, page_limit, ApiError, Shared, Shown,
+};
 use crate::http::auth::{require_admin, require_read};
 use crate::tasks::audit::Write;
 use crate::tasks::dead::{self, Action, Filter};
@@ -28,14 +30,7 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = q?;
     let b = state.business(&name)?;
-    let limit = match q.limit.unwrap_or(100) {
-        n @ 1..=1000 => n,
-        n => {
-            return Err(ApiError::bad(format!(
-                "\"limit\" must be between 1 and 1000 (got {n})"
-            )))
-        }
-    };
+    let limit = page_limit(q.limit, 100)?;
     let stores = state.stores_of(&b.name)?;
     let (now_ms, members) = bounded(&b.name, dead::list(&stores, limit)).await?;
     let total = bounded(&b.name, dead::count(&stores, &Filter::All)).await?;

@@ -177,6 +177,19 @@ impl Shown {
 }
 
 /// `"id"` or `"body"`: what a business's members are.
+/// Most rows one page lists.
+const MAX_PAGE: usize = 1000;
+
+/// A page's `limit`: `default` when unset, else 1 to [`MAX_PAGE`].
+fn page_limit(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
+    match limit.unwrap_or(default) {
+        n @ 1..=MAX_PAGE => Ok(n),
+        n => Err(ApiError::bad(format!(
+            "\"limit\" must be between 1 and {MAX_PAGE} (got {n})"
+        ))),
+    }
+}
+
 fn member_kind(b: &Business) -> &'static str {
     if b.member.is_id() {
         "id"

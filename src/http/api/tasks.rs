@@ -8,14 +8,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, handle, member_kind, ApiError, Shared, Shown};
+use super::{bounded, handle, member_kind, page_limit, ApiError, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::{require_admin, Role};
 use crate::tasks::audit::Write;
 use crate::tasks::{self, when, Cancelled, Range, TaskState};
 
-/// Most tasks one page lists.
-const MAX_PAGE: usize = 1000;
 /// Longest search prefix, in bytes.
 const MAX_PREFIX: usize = 1024;
 
@@ -31,15 +29,6 @@ pub struct ListQuery {
     limit: Option<usize>,
     /// The cursor of the previous page.
     cursor: Option<String>,
-}
-
-fn page_limit(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
-    match limit.unwrap_or(default) {
-        n @ 1..=MAX_PAGE => Ok(n),
-        n => Err(ApiError::bad(format!(
-            "\"limit\" must be between 1 and {MAX_PAGE} (got {n})"
-        ))),
-    }
 }
 
 fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
