@@ -104,23 +104,18 @@ impl DeadBody {
     }
 }
 
+/// A requeue's or purge's body, or why it was refused.
+type Req = Result<Json<DeadBody>, JsonRejection>;
+/// What a requeue or purge answers: what it did or would do, or why not.
+type Reply = Result<Json<Value>, ApiError>;
+
 /// Requeues dead members: due now, attempts reset.
-pub async fn requeue(
-    state: Shared,
-    headers: HeaderMap,
-    path: Path<String>,
-    req: Result<Json<DeadBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn requeue(state: Shared, headers: HeaderMap, path: Path<String>, req: Req) -> Reply {
     act(state, headers, path, req, Action::Requeue).await
 }
 
 /// Deletes dead members for good.
-pub async fn purge(
-    state: Shared,
-    headers: HeaderMap,
-    path: Path<String>,
-    req: Result<Json<DeadBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn purge(state: Shared, headers: HeaderMap, path: Path<String>, req: Req) -> Reply {
     act(state, headers, path, req, Action::Purge).await
 }
 
@@ -129,9 +124,9 @@ async fn act(
     state: Shared,
     headers: HeaderMap,
     Path(name): Path<String>,
-    req: Result<Json<DeadBody>, JsonRejection>,
+    req: Req,
     action: Action,
-) -> Result<Json<Value>, ApiError> {
+) -> Reply {
     let b = state.business(&name)?;
     let Json(req) = req?;
     let filter = req.filter()?;
