@@ -782,9 +782,20 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
             .unwrap();
         confirms.push(c);
         if i == n / 10 {
-            // Kill it mid-flow, with deliveries taken in but not acked.
-            wait_n(&t.inbox, 1, Duration::from_secs(30), &d).await;
+            // From here Redis takes no writes, so what delayd takes in
+            // stays unacked until the kill.
+            client_pause(&t.redis, &["PAUSE", "20000", "WRITE"]).await;
+        }
+        if i == n / 5 {
+            // Kill it once it holds some of what came since, unacked.
+            let since = (n / 5 - n / 10) as u32;
+            let taken = eventually(Duration::from_secs(20), || async {
+                queue_depth(&t.amqp, &t.queue).await < since
+            })
+            .await;
             d.kill();
+            client_pause(&t.redis, &["UNPAUSE"]).await;
+            assert!(taken, "delayd took nothing in while Redis was paused");
         }
     }
     for c in confirms {
@@ -819,6 +830,16 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
     );
     drop(d);
     t.cleanup().await;
+}
+
+/// `CLIENT args`, on the test's own connection.
+async fn client_pause(redis: &redis::aio::MultiplexedConnection, args: &[&str]) {
+    let mut r = redis.clone();
+    let _: () = redis::cmd("CLIENT")
+        .arg(args)
+        .query_async(&mut r)
+        .await
+        .unwrap();
 }
 
 /// `delayd check` reports the intake's exchange and queue (missing ones are
