@@ -726,14 +726,7 @@ async fn kill_9_mid_intake_loses_nothing() {
     t.inbox.settle(Duration::from_millis(500)).await;
     let duplicates = t.inbox.len() - n;
     let (_, metrics) = http_get(port, "/metrics").unwrap();
-    let counter = |name: &str| -> usize {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(&format!("{name}{{business=\"delayed\"}}")))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
+    let counter = |name: &str| business_counter(&metrics, name);
     // Two ways to a duplicate after a crash, both counted: an intake
     // delivery written but not acked (redelivered by the broker), and a
     // member published but not acked in Redis (recovered after its lease).
@@ -753,7 +746,6 @@ async fn kill_9_mid_intake_loses_nothing() {
 /// redelivery): that count is the intake queue's, not the consumer's.
 #[tokio::test]
 async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_delivery_count() {
-    let port = free_port(30000..40000, &[]);
     let t = Intake::new(
         ExchangeKind::Direct,
         &[""],
@@ -761,11 +753,19 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
         "queue_type = \"quorum\"",
     )
     .await;
-    let config = std::fs::read_to_string(&t.config).unwrap().replace(
-        "listen = \"off\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    );
+    let port = listen_on_free_port(&t.config, 30000..40000);
+    // A Redis of its own: the pause below stops every writer of a server,
+    // and the other tests' must go on.
+    let redis_server = PrivateRedis::started(t.dir.path());
+    let config = std::fs::read_to_string(&t.config)
+        .unwrap()
+        .replace(&redis_url(), &redis_server.url());
     std::fs::write(&t.config, config).unwrap();
+    let private = redis::Client::open(redis_server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let mut d = t.start().await;
     let n = 20_000usize;
     let mut confirms = Vec::new();
@@ -784,18 +784,19 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
         if i == n / 10 {
             // From here Redis takes no writes, so what delayd takes in
             // stays unacked until the kill.
-            client_pause(&t.redis, &["PAUSE", "20000", "WRITE"]).await;
+            client_pause(&private, &["PAUSE", "20000", "WRITE"]).await;
         }
         if i == n / 5 {
-            // Kill it once it holds some of what came since, unacked.
+            // Kill it once it holds some of what came since, unacked (or a
+            // full prefetch window of what came before, when it lags: the
+            // redelivery count below says which held anything).
             let since = (n / 5 - n / 10) as u32;
-            let taken = eventually(Duration::from_secs(20), || async {
+            eventually(Duration::from_secs(5), || async {
                 queue_depth(&t.amqp, &t.queue).await < since
             })
             .await;
             d.kill();
-            client_pause(&t.redis, &["UNPAUSE"]).await;
-            assert!(taken, "delayd took nothing in while Redis was paused");
+            client_pause(&private, &["UNPAUSE"]).await;
         }
     }
     for c in confirms {
@@ -807,12 +808,7 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
         (0..n).map(|i| format!("q{i}").into_bytes()).collect();
     wait_all(&t.inbox, &want, Duration::from_secs(60), &d).await;
     let (_, metrics) = http_get(port, "/metrics").unwrap();
-    let redelivered: usize = metrics
-        .lines()
-        .find(|l| l.starts_with("delayd_intake_redelivered_total{business=\"delayed\"}"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let redelivered = business_counter(&metrics, "delayd_intake_redelivered_total");
     eprintln!("quorum intake, kill -9: {redelivered} redelivered");
     assert!(redelivered > 0, "the kill left nothing to redeliver");
     let counted: Vec<_> = t
@@ -830,6 +826,17 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
     );
     drop(d);
     t.cleanup().await;
+}
+
+/// Counter `name` of the business "delayed" in a `/metrics` page (0 when
+/// it has not been counted yet).
+fn business_counter(metrics: &str, name: &str) -> usize {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{business=\"delayed\"}}")))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `CLIENT args`, on the test's own connection.
