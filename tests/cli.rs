@@ -25,7 +25,7 @@ fn write(dir: &Path, body: &[u8]) -> PathBuf {
 /// Returns (exit code, stderr, how long it took).
 fn run_bounded(path: &Path, limit: Duration) -> (i32, String, Duration) {
     let start = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_delayd"))
+    let mut child = Command::new(daemon_bin())
         .args(["run", "--config"])
         .arg(path)
         .env("RUST_BACKTRACE", "1")
@@ -391,7 +391,7 @@ async fn bench_prints_its_table_and_cleans_up_also_when_terminated() {
     assert!(!out.contains(":guest@") && !err.contains(":guest@"));
 
     // SIGTERM in the middle of a run: exit 1, and nothing left behind.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_delayd"))
+    let mut child = Command::new(daemon_bin())
         .args(["bench", "--config", config, "--messages", "1000000"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

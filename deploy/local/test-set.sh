@@ -5,10 +5,10 @@
 #   deploy/local/test-set.sh SET [cargo test args]   e.g. rabbitmq4-valkey8 --test intake
 #
 # Starts the set's Redis and RabbitMQ (servers.sh start, on the set's ports or
-# DELAYD_REDIS_PORT / DELAYD_AMQP_PORT), runs `cargo test --release
-# --no-fail-fast ARGS` with the set's environment (servers.sh env: its URLs,
-# and its commands first on PATH for the servers tests start themselves), and
-# stops the servers it started. On a RabbitMQ 4 set it then runs the tests
+# DELAYD_REDIS_PORT / DELAYD_AMQP_PORT), runs the test build (CARGO_TEST in
+# lib.sh) with --no-fail-fast ARGS in the set's environment (servers.sh env:
+# its URLs, and its commands first on PATH for the servers tests start
+# themselves), and stops the servers it started. On a RabbitMQ 4 set it then runs the tests
 # that need RabbitMQ 4 and are ignored elsewhere (tests/intake_amqp10.rs).
 # Exits non-zero if any cargo run failed.
 set -euo pipefail
@@ -30,8 +30,9 @@ exit_trap stop_noted_servers
 start_servers
 log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
 rc=0
-cargo test --release --no-fail-fast "$@" || rc=$?
+use_release_daemon
+"${CARGO_TEST[@]}" --no-fail-fast "$@" || rc=$?
 if [[ "$SET_RABBITMQ" == 4 ]]; then
-	cargo test --release --test intake_amqp10 -- --include-ignored || rc=$?
+	"${CARGO_TEST[@]}" --test intake_amqp10 -- --include-ignored || rc=$?
 fi
 exit "$rc"

@@ -9,8 +9,9 @@
 #    when missing; cargo itself is assumed;
 # 2. starts the servers (deploy/local/servers.sh start) and exports
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
-# 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test --release and
-#    the container test (deploy/container/test.sh);
+# 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test (the
+#    release daemon, run by test binaries built lighter: CARGO_TEST in lib.sh)
+#    and the container test (deploy/container/test.sh);
 # 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
 #    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
 #    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
@@ -127,10 +128,12 @@ step() {
 step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --all-targets -- -D warnings
 # --no-fail-fast: run every test binary even after one fails.
-step "tests " cargo test --release --no-fail-fast "$@"
+log "==> cargo build --release --bin delayd (the daemon the tests run)"
+use_release_daemon
+step "tests " "${CARGO_TEST[@]}" --no-fail-fast "$@"
 if [[ "$SET_RABBITMQ" == 4 ]]; then
 	# Ignored by default: tests that need RabbitMQ 4 (tests/intake_amqp10.rs).
-	step "rabbitmq 4" cargo test --release --test intake_amqp10 -- --include-ignored
+	step "rabbitmq 4" "${CARGO_TEST[@]}" --test intake_amqp10 -- --include-ignored
 fi
 # The image, built and run beside the same servers. It installs podman as
 # root; elsewhere it runs only where podman already is.
