@@ -19,6 +19,17 @@ pub fn escape_bytes(b: &[u8]) -> String {
         .collect()
 }
 
+/// Text with its control characters escaped (`\u{1b}`), so that a line
+/// quoting a user's value stays one line and cannot drive a terminal.
+pub fn visible(s: &str) -> String {
+    s.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
 /// A duration in words ("1h 5m"), "-" for none, "far future" past a century.
 pub fn human_ms(ms: Option<i64>) -> String {
     match ms {

@@ -37,7 +37,7 @@ pub(crate) fn load_with_env(
         .build()
         .map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            reason: one_line(&e.to_string()),
+            reason: located_toml_error(path).unwrap_or_else(|| one_line(&e.to_string())),
         })?;
     let raw: RawConfig = built.try_deserialize().map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
@@ -76,6 +76,38 @@ pub(super) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The file's TOML error with the place it names, when the file does not
+/// parse: the `config` crate drops the place for some errors (a number too
+/// large for 64 bits), and a user needs the field.
+fn located_toml_error(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let e = toml::from_str::<toml::Table>(&text).err()?;
+    let at = e.span()?.start.min(text.len());
+    let line_no = text[..at].matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("");
+    let place = match (table_header_before(&text[..at]), line.split_once('=')) {
+        (Some(table), Some((key, _))) => {
+            format!(
+                "{} (line {line_no})",
+                describe_key(&format!("{table}.{}", key.trim()))
+            )
+        }
+        _ => format!("line {line_no}"),
+    };
+    Some(format!("{place}: {}", one_line(e.message())))
+}
+
+/// The name of the last `[table]` header in `text`, if any.
+fn table_header_before(text: &str) -> Option<&str> {
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && !l.starts_with("[["))
+        .and_then(|l| l.strip_prefix('['))
+        .and_then(|l| l.split(']').next())
+        .map(str::trim)
+}
+
 /// Rewrites the `config` crate's "... for key `businesses.x.y`" into a
 /// sentence that starts with the place, which is what a user looks for.
 pub(super) fn describe_parse_error(msg: &str) -> String {
@@ -94,9 +126,11 @@ pub(super) fn describe_key(key: &str) -> String {
     let parts: Vec<&str> = key.split('.').collect();
     match parts.as_slice() {
         ["businesses", name] => format!("business \"{name}\""),
-        ["businesses", name, field, ..] => format!("business \"{name}\", field \"{field}\""),
+        ["businesses", name, field @ ..] => {
+            format!("business \"{name}\", field \"{}\"", field.join("."))
+        }
         [section] => format!("section [{section}]"),
-        [section, field, ..] => format!("[{section}] field \"{field}\""),
+        [section, field @ ..] => format!("[{section}] field \"{}\"", field.join(".")),
         [] => key.to_string(),
     }
 }

@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::keys::ShardNames;
 use crate::secret::{url_reason, Secret, SecretUrl};
+use crate::text::visible;
 
 mod amqp_section;
 mod business;
@@ -37,7 +38,7 @@ pub use redis_section::*;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file is missing or unreadable.
-    #[error("config file {path}: {reason}")]
+    #[error("config file {}: {}", visible(&path.display().to_string()), visible(reason))]
     Unreadable {
         /// The file named on the command line.
         path: PathBuf,
@@ -45,7 +46,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// The file does not parse, or a field has the wrong type or is unknown.
-    #[error("config file {path}: {reason}")]
+    #[error("config file {}: {}", visible(&path.display().to_string()), visible(reason))]
     Parse {
         /// The file named on the command line.
         path: PathBuf,
@@ -53,7 +54,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// The file parses but its values are unusable; every problem is listed.
-    #[error("config file {path}: {}", problems.join("; "))]
+    #[error("config file {}: {}", visible(&path.display().to_string()), visible(&problems.join("; ")))]
     Invalid {
         /// The file named on the command line.
         path: PathBuf,

@@ -864,3 +864,31 @@ fn a_bad_url_error_does_not_echo_its_password() {
         }
     }
 }
+
+#[test]
+fn a_number_too_large_for_64_bits_is_refused_naming_its_field_and_line() {
+    let e = refused(
+        &business("batch_size = 12345678901234567890123"),
+        &[
+            "business \"billing\", field \"batch_size\" (line 11)",
+            "12345678901234567890123",
+        ],
+    );
+    assert!(!e.contains('\n'), "{e}");
+    let e = refused(
+        &business(
+            "[businesses.billing.intake]\nexchange = \"x\"\nreplicas = -99999999999999999999999",
+        ),
+        &["business \"billing\", field \"intake.replicas\" (line 13)"],
+    );
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn control_characters_in_a_refused_value_are_shown_escaped() {
+    let e = refused(
+        &business("score_unit = \"a\\u001b[31m\\nred\""),
+        &["field \"score_unit\"", "a\\u{1b}[31m\\nred"],
+    );
+    assert!(!e.chars().any(char::is_control), "{e:?}");
+}
