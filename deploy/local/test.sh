@@ -16,8 +16,8 @@
 #    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
 #    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
 #    with the same build against that set (deploy/local/test-set.sh), all sets
-#    at once, each on its own ports: its defaults, or DELAYD_REDIS_PORT /
-#    DELAYD_AMQP_PORT + 1, + 2, ... when those are set;
+#    at once and beside step 3's tests, each on its own ports: its defaults, or
+#    DELAYD_REDIS_PORT / DELAYD_AMQP_PORT + 1, + 2, ... when those are set;
 #    all run even when one fails, so one report shows every problem;
 # 5. exits non-zero if any step failed.
 #
@@ -125,11 +125,58 @@ step() {
 	fi
 }
 
+# The binaries that exercise the servers' behaviour (delivery and its faults,
+# the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
+# to both); the others test delayd's own logic, which no server version changes.
+read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
+matrix_sets=()
+
+# start_matrix ARGS: starts every set of DELAYD_MATRIX in the background, each
+# on its own servers and into its own log (printed by wait_matrix). Their tests
+# mostly wait on servers and timers, so they run beside the whole suite.
+start_matrix() {
+	local i=0 set t ports matrix_args=()
+	for t in "${matrix_tests[@]}"; do
+		matrix_args+=(--test "$t")
+	done
+	for set in ${DELAYD_MATRIX:-}; do
+		i=$((i + 1))
+		ports=()
+		[[ -z "${DELAYD_REDIS_PORT:-}" ]] || ports+=("DELAYD_REDIS_PORT=$((DELAYD_REDIS_PORT + i))")
+		[[ -z "${DELAYD_AMQP_PORT:-}" ]] || ports+=("DELAYD_AMQP_PORT=$((DELAYD_AMQP_PORT + i))")
+		log "==> $set: deploy/local/test-set.sh ${matrix_args[*]} $* (log: .local/test-$set.log)"
+		setsid env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@" \
+			</dev/null >"$DELAYD_LOCAL_DIR/test-$set.log" 2>&1 &
+		matrix_pids+=("$!")
+		matrix_sets+=("$set")
+	done
+	matrix_t0="$(date +%s)"
+}
+
+# wait_matrix: waits for every set, prints its log and records its result.
+wait_matrix() {
+	local i rc
+	for i in "${!matrix_sets[@]}"; do
+		rc=0
+		wait "${matrix_pids[$i]}" || rc=$?
+		cat "$DELAYD_LOCAL_DIR/test-${matrix_sets[$i]}.log" >&2
+		if ((rc == 0)); then
+			results+=("${matrix_sets[$i]}: ok ($(($(date +%s) - matrix_t0))s from the start of the sets)")
+		else
+			results+=("${matrix_sets[$i]}: FAILED with exit code $rc ($(($(date +%s) - matrix_t0))s from the start of the sets)")
+			failed=1
+		fi
+	done
+}
+
 step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --all-targets -- -D warnings
-# --no-fail-fast: run every test binary even after one fails.
 log "==> cargo build --release --bin delayd (the daemon the tests run)"
 use_release_daemon
+# The test binaries, built once for every set.
+step "build " "${CARGO_TEST[@]}" --no-run "$@"
+start_matrix "$@"
+# --no-fail-fast: run every test binary even after one fails.
 step "tests " "${CARGO_TEST[@]}" --no-fail-fast "$@"
 if [[ "$SET_RABBITMQ" == 4 ]]; then
 	# Ignored by default: tests that need RabbitMQ 4 (tests/intake_amqp10.rs).
@@ -142,43 +189,7 @@ if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; t
 else
 	results+=("image : skipped (no podman, and not root to install it)")
 fi
-
-# The binaries that exercise the servers' behaviour (delivery and its faults,
-# the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
-# to both); the others test delayd's own logic, which no server version changes.
-read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
-matrix_args=()
-for t in "${matrix_tests[@]}"; do
-	matrix_args+=(--test "$t")
-done
-# The sets run at once, each into its own log (printed when all are done):
-# their tests mostly wait on servers and timers, so two sets take little
-# longer than one.
-i=0
-matrix_sets=()
-for set in ${DELAYD_MATRIX:-}; do
-	i=$((i + 1))
-	ports=()
-	[[ -z "${DELAYD_REDIS_PORT:-}" ]] || ports+=("DELAYD_REDIS_PORT=$((DELAYD_REDIS_PORT + i))")
-	[[ -z "${DELAYD_AMQP_PORT:-}" ]] || ports+=("DELAYD_AMQP_PORT=$((DELAYD_AMQP_PORT + i))")
-	log "==> $set: deploy/local/test-set.sh ${matrix_args[*]} $* (log: .local/test-$set.log)"
-	setsid env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@" \
-		</dev/null >"$DELAYD_LOCAL_DIR/test-$set.log" 2>&1 &
-	matrix_pids+=("$!")
-	matrix_sets+=("$set")
-done
-t0="$(date +%s)"
-for i in "${!matrix_sets[@]}"; do
-	rc=0
-	wait "${matrix_pids[$i]}" || rc=$?
-	cat "$DELAYD_LOCAL_DIR/test-${matrix_sets[$i]}.log" >&2
-	if ((rc == 0)); then
-		results+=("${matrix_sets[$i]}: ok (all sets: $(($(date +%s) - t0))s)")
-	else
-		results+=("${matrix_sets[$i]}: FAILED with exit code $rc (all sets: $(($(date +%s) - t0))s)")
-		failed=1
-	fi
-done
+wait_matrix
 
 log "summary:"
 for r in "${results[@]}"; do
