@@ -498,7 +498,8 @@ async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
         "published at once"
     );
     let ok = eventually(Duration::from_secs(5), || async {
-        d.logs().contains("x-delay is not a number")
+        let logs = d.logs();
+        logs.contains("the delay header is not a number") && logs.contains("x-delay: the string")
     })
     .await;
     assert!(ok, "no warning:\n{}", d.tail());

@@ -429,7 +429,7 @@ impl Intake {
         if self.invalid_logged.due() {
             tracing::warn!(
                 value = %what,
-                "x-delay is not a number of milliseconds; published at once (the delayed-message plugin published a value of another type at once too, and closed the publisher's connection on a string that is not an integer; delayd_intake_invalid_delay_total counts them; one line per 10 s)"
+                "the delay header is not a number of milliseconds; published at once (the delayed-message plugin published a value of another type at once too, and closed the publisher's connection on a string that is not an integer; delayd_intake_invalid_delay_total counts them; one line per 10 s)"
             );
         }
     }

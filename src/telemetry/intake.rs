@@ -25,7 +25,7 @@ pub struct Metrics {
     /// Different messages published with an id already stored: kept too,
     /// under a derived id.
     pub id_reused: IntCounterVec,
-    /// Messages whose `x-delay` is not a number: published at once.
+    /// Messages whose delay header is not a number: published at once.
     pub invalid_delay: IntCounterVec,
     /// Deliveries the broker marked redelivered: a crash or a lost channel
     /// came between an earlier write and its ack, so the message may be
@@ -93,7 +93,7 @@ impl Metrics {
             ),
             invalid_delay: counter(
                 "delayd_intake_invalid_delay_total",
-                "Intake messages whose x-delay is not a number, published at once",
+                "Intake messages whose delay header (x-delay, x-opt-delivery-delay or x-opt-delivery-time) is not a number, published at once",
                 b,
             ),
             redelivered: counter(
