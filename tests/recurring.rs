@@ -310,3 +310,36 @@ async fn a_schedule_with_its_own_routing_key_publishes_with_it() {
     assert_eq!(ids.len(), got.len(), "one message_id per occurrence");
     del_family(&mut s.redis, &b.key).await;
 }
+
+/// The API shows a written-ahead occurrence of a schedule with its own
+/// routing key as the command line does: its body and the message it will
+/// be published as, not the stored envelope's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_shows_an_occurrence_with_its_own_routing_key_as_its_body_and_message() {
+    let mut b = every_second("routing_key = \"tick.own\"\nwrite_ahead = \"10s\"");
+    b.extra = b
+        .extra
+        .replace("properties = \"full\"", "properties = \"standard\"");
+    let mut s = Setup::new(&[&b]).await;
+    let port = listen_on_free_port(&s.config, 30000..40000);
+    let d = Daemon::start(&s.config);
+    let key = b.key.clone();
+    let written = eventually_redis(&s.redis, Duration::from_secs(10), |mut c| {
+        let key = key.clone();
+        async move { zcard(&mut c, &key).await >= 5 }
+    })
+    .await;
+    assert!(written, "no occurrences written ahead:\n{}", d.tail());
+    let pending: Vec<String> = zrange(&mut s.redis, &b.key).await;
+    let id = pending.last().unwrap();
+    let got = api_get(port, &format!("/api/v1/businesses/{}/tasks/{id}", b.name)).await;
+    assert_eq!(got.status, 200, "{}", got.text);
+    assert_eq!(got.json["body"]["text"], "tick", "{}", got.text);
+    assert_eq!(
+        got.json["message"]["routing_key"], "tick.own",
+        "{}",
+        got.text
+    );
+    drop(d);
+    del_family(&mut s.redis, &b.key).await;
+}

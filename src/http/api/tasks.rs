@@ -164,11 +164,7 @@ pub async fn get(
     v["id"] = id.clone().into();
     v["now_ms"] = now_ms.into();
     if let Some(body) = &found.body {
-        match b
-            .intake
-            .as_ref()
-            .and_then(|_| crate::message::envelope::decode(body))
-        {
+        match crate::message::stored(b, body) {
             Some(e) => {
                 v["body"] = serde_json::to_value(Shown::of(e.body)).unwrap_or_default();
                 v["message"] = crate::message::envelope::describe(&e);
