@@ -158,9 +158,11 @@ async fn cancel_and_reschedule_of_an_in_flight_id_exit_3_and_leave_it_in_flight(
     ]);
     assert_eq!(code, 0, "{out}{err}");
     // A real claim, by the script delayd runs, puts it in flight.
-    let client = redis::Client::open(redis_url()).unwrap();
-    let cm = client.get_connection_manager().await.unwrap();
-    let store = delayd::store::Store::new(cm, fam.clone(), delayd::config::ScoreUnit::Millis);
+    let store = delayd::store::Store::new(
+        store_conn().await,
+        fam.clone(),
+        delayd::config::ScoreUnit::Millis,
+    );
     let claim = store.claim(10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(claim.members.len(), 1);
 

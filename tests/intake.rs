@@ -762,11 +762,7 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
         .unwrap()
         .replace(&redis_url(), &redis_server.url());
     std::fs::write(&t.config, config).unwrap();
-    let private = redis::Client::open(redis_server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let private = redis_at(&redis_server.url()).await;
     let mut d = t.start().await;
     let n = 20_000usize;
     let mut confirms = Vec::new();

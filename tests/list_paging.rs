@@ -128,11 +128,7 @@ async fn a_page_over_many_shards_reads_about_what_it_shows_not_shards_times_limi
         "a page of {limit} read {sent} bytes (bound {bound})"
     );
 
-    let manager = redis::aio::ConnectionManager::new(
-        redis::Client::open(redis_server.url().as_str()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let manager = store_conn_at(&redis_server.url()).await;
     let stores: Vec<delayd::store::Store> = business
         .keys()
         .iter()

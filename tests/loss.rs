@@ -18,9 +18,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 const LEASE: Duration = Duration::from_secs(30);
 
 async fn store(key: &str) -> Store {
-    let client = redis::Client::open(redis_url()).unwrap();
-    let conn = client.get_connection_manager().await.unwrap();
-    Store::new(conn, KeyFamily::new(key), ScoreUnit::Millis)
+    Store::new(store_conn().await, KeyFamily::new(key), ScoreUnit::Millis)
 }
 
 fn policy(reason: &str) -> BackPolicy<'_> {

@@ -26,6 +26,26 @@ pub async fn redis_at(url: &str) -> redis::aio::MultiplexedConnection {
     .expect("cannot connect to Redis")
 }
 
+/// A connection for a `Store` the test drives itself, with the daemon's own
+/// timeouts: a claim may take up to `RESPONSE_TIMEOUT` to answer, which the
+/// client's half-second default does not allow on a busy machine.
+pub async fn store_conn() -> redis::aio::ConnectionManager {
+    store_conn_at(&redis_url()).await
+}
+
+/// [`store_conn`] to the server at `url`.
+pub async fn store_conn_at(url: &str) -> redis::aio::ConnectionManager {
+    use delayd::redis_conn::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+    let cfg = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT));
+    let client = redis::Client::open(url).unwrap();
+    client
+        .get_connection_manager_with_config(cfg)
+        .await
+        .expect("cannot connect to Redis")
+}
+
 /// Redis's clock in epoch ms (the clock delayd's scripts use).
 pub async fn redis_now_ms(conn: &mut impl redis::aio::ConnectionLike) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
