@@ -976,6 +976,55 @@ async fn run_refuses_an_intake_exchange_that_is_not_fanout() {
     t.cleanup().await;
 }
 
+/// `replica_ack = "fsynced"` asks for WAITAOF, which Redis has from 7.2 (and
+/// Valkey from its first release). Where Redis lacks it every intake write
+/// would fail and be retried for ever, so `run` refuses to start (exit 2)
+/// and `check` fails, each with one line naming the setting and the remedy;
+/// where Redis has it, `check` passes. (What the wait does on a replica is
+/// in `tests/redis_sentinel.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsynced_is_refused_with_one_line_where_redis_lacks_waitaof() {
+    let t = Intake::new(
+        ExchangeKind::Direct,
+        &[""],
+        "",
+        "replicas = 1\nreplica_ack = \"fsynced\"",
+    )
+    .await;
+    let mut r = t.redis.clone();
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("WAITAOF")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let has_waitaof = !matches!(info.first(), None | Some(redis::Value::Nil));
+    let wanted = "intake.replica_ack = \"fsynced\" needs WAITAOF";
+    if has_waitaof {
+        let (code, out, err) = t.cli(&["check"]);
+        assert_eq!(
+            code, 0,
+            "check refused fsynced where Redis has WAITAOF:\n{out}{err}"
+        );
+        assert!(!out.contains(wanted), "{out}");
+        t.cleanup().await;
+        return;
+    }
+    let f = assert_check_fails(&t.config);
+    assert!(
+        f.line.contains(wanted) && f.line.contains("replica_ack = \"received\""),
+        "{}",
+        f.line
+    );
+    let mut d = Daemon::start(&t.config);
+    let status = tokio::task::block_in_place(|| d.wait(Duration::from_secs(30)));
+    let logs = d.logs();
+    assert_eq!(status.code(), Some(2), "{logs}");
+    assert_eq!(logs.matches("needs WAITAOF").count(), 1, "{logs}");
+    assert!(!logs.contains("consuming the intake queue"), "{logs}");
+    t.cleanup().await;
+}
+
 /// The migration guide's steps on a real broker (the plugin itself is not
 /// installed here, so its exchange is a stand-in topic exchange bound like
 /// the plugin's): target declared and bound with the old binding key,
