@@ -161,6 +161,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
                 crate::supervisor::RunError::Amqp(_)
                 | crate::supervisor::RunError::Redis(_)
                 | crate::supervisor::RunError::UnreadKeys(_)
+                | crate::supervisor::RunError::IntakeRedis(..)
                 | crate::supervisor::RunError::IntakeExchange(..) => Failure::usage(e.to_string()),
                 other => Failure::runtime(other.to_string()),
             })

@@ -34,12 +34,31 @@ pub enum RunError {
     /// Members wait under key names a business does not read.
     #[error("{0}")]
     UnreadKeys(String),
+    /// An intake asks Redis for a wait it cannot do.
+    #[error("business \"{0}\": {1}")]
+    IntakeRedis(String, String),
     /// An intake exchange exists with a type delayd cannot consume through.
     #[error("business \"{0}\": {1}")]
     IntakeExchange(String, String),
     /// The HTTP listener could not bind.
     #[error("[http] listen {0}: {1}; choose a free address or set listen = \"off\"")]
     Http(std::net::SocketAddr, std::io::Error),
+}
+
+/// Refuses to start on an intake that asks for `WAITAOF` where Redis lacks
+/// it, with the line `delayd check` prints. A question that fails (Redis
+/// going away at this moment) is logged and does not hold up the start.
+async fn refuse_missing_waitaof(config: &Config, conn: &RedisConn) -> Result<(), RunError> {
+    for b in &config.businesses {
+        match crate::intake::waitaof::refusal(conn, b).await {
+            Ok(None) => {}
+            Ok(Some(line)) => return Err(RunError::IntakeRedis(b.name.clone(), line)),
+            Err(e) => {
+                tracing::warn!(business = %b.name, error = %e, "could not ask Redis whether it has WAITAOF");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses to start while members wait under key names a business does not
@@ -156,6 +175,7 @@ pub async fn run(config: Config) -> Result<(), RunError> {
         return Ok(());
     };
     let preflight = async {
+        refuse_missing_waitaof(&config, &conn).await?;
         refuse_unread_keys(&config, &conn).await?;
         match &consuming {
             Some(c) => refuse_wrong_intake_exchanges(&config, c, &stop).await,

@@ -491,3 +491,31 @@ async fn metrics_answer_within_their_bound_while_redis_is_frozen() {
         "a scrape took {took:?} with Redis frozen"
     );
 }
+
+/// RabbitMQ 4 deprecates transient non-exclusive queues and global QoS for
+/// 0-9-1 clients; the RabbitMQ 4 server sets deny both
+/// (`deploy/local/rabbitmq-lib.sh`), so every test that passes there shows
+/// that neither delayd nor its tests rely on them. This checks the denial
+/// is in force (global QoS, when denied, is accepted and ignored, so only
+/// the queue can be checked from a client).
+#[tokio::test]
+async fn the_rabbitmq_4_test_brokers_deny_transient_non_exclusive_queues() {
+    if RawAmqp::connect(&amqp_url()).await.rabbitmq_major() < 4 {
+        return;
+    }
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("transient");
+    let declared = ch
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    let err = declared.expect_err("RabbitMQ 4 took a transient non-exclusive queue");
+    assert!(
+        err.to_string().contains("transient_nonexcl_queues"),
+        "refused for another reason: {err}"
+    );
+}

@@ -375,6 +375,117 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
         .unwrap();
 }
 
+/// A quorum queue as the target, at its length limit (reject-publish): the
+/// broker confirms what the queue took and nacks the rest, and delayd takes
+/// a member out of Redis only for a confirm, so at every moment what left
+/// Redis is in the queue. Once the consumer makes room everything arrives,
+/// each member once, and a first delivery carries no `x-delivery-count`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_target_gets_each_member_once_without_a_delivery_count_and_what_it_refuses_stays_pending(
+) {
+    // Paced, a few at a time: a quorum queue tells the channels publishing
+    // to it that it is full only after it is, and takes a burst already on
+    // the way.
+    let b = BusinessSpec::with_extra(
+        "quorum",
+        "max_attempts = 3\nretry_backoff = \"100ms\"\nscanners = 1\nbatch_size = 5\nmax_rate = 100",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    let queue = unique("qq");
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(3));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString(LongString::from("reject-publish")),
+    );
+    declare_with(&ch, &b.exchange, &queue, &b.routing_key, args).await;
+    // Full before delayd publishes.
+    let fillers = 3;
+    ch.confirm_select(Default::default()).await.unwrap();
+    for i in 0..fillers {
+        let body = format!("filler-{i}");
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                Default::default(),
+                body.as_bytes(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        assert!(confirm.await.unwrap().is_ack());
+    }
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let mut redis = redis().await;
+    let n = 100;
+    let items = schedule_due_now(&mut redis, &b.key, "quorum", n).await;
+    let mut d = Daemon::start(&config);
+
+    let f = family(&b.key);
+    let start = Instant::now();
+    let mut depth = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        // Redis first: the queue only grows, so what left Redis before the
+        // depth was read must be in it. One transaction: a nacked member
+        // moves from in-flight back to pending between two reads.
+        let (due, inflight): (u64, u64) = redis::pipe()
+            .atomic()
+            .zcard(&b.key)
+            .zcard(&f.inflight)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let pending = due + inflight;
+        depth = queue_depth(&amqp, &queue).await as u64 - fillers;
+        assert!(
+            n as u64 - pending <= depth,
+            "{} members left Redis, {depth} are in the queue; log:\n{}",
+            n as u64 - pending,
+            d.tail()
+        );
+        assert_eq!(zcard(&mut redis, &f.dead).await, 0, "{}", d.tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        depth < n as u64,
+        "the queue took all {n}: it refused nothing"
+    );
+    let inbox = Inbox::default();
+    consume_into(&amqp, &queue, &inbox, true).await;
+    let want: HashSet<Vec<u8>> = items.iter().map(|(_, m)| m.clone()).collect();
+    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    assert_eq!(
+        inbox.len(),
+        n + fillers as usize,
+        "each member delivered once"
+    );
+    let counted: Vec<_> = inbox
+        .all()
+        .into_iter()
+        .filter(|r| r.headers.contains_key("x-delivery-count"))
+        .collect();
+    assert!(
+        counted.is_empty(),
+        "{} arrived with an x-delivery-count",
+        counted.len()
+    );
+    assert_eq!(zcard(&mut redis, &f.dead).await, 0);
+    wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
+    assert_running(&mut d);
+    drop(d);
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_members_are_delivered_or_dead_lettered_and_never_wedge_a_scanner() {
     // A private broker whose message size limit (5 MiB) is cheap to exceed.

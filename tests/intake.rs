@@ -846,6 +846,64 @@ async fn client_pause(redis: &redis::aio::MultiplexedConnection, args: &[&str]) 
         .unwrap();
 }
 
+/// A quorum queue counts every hand-back of a delivery, a closed channel or
+/// connection included, and RabbitMQ 4 drops a message handed back more
+/// than 20 times (its default `delivery-limit`). delayd hands its deliveries
+/// back whenever it stops before Redis has taken them: a Redis that refuses
+/// writes for long, across restarts of delayd (a crash loop, a rolling
+/// deploy), must not cost the messages waiting in the intake queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_intake_message_handed_back_more_than_20_times_is_still_delivered() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "queue_type = \"quorum\"").await;
+    // A Redis of its own: the test makes it refuse every write.
+    let redis_server = tokio::task::block_in_place(|| PrivateRedis::started(t.dir.path()));
+    let config = std::fs::read_to_string(&t.config)
+        .unwrap()
+        .replace(&redis_url(), &redis_server.url());
+    std::fs::write(&t.config, config).unwrap();
+    let mut private = redis_server.conn().await;
+    let mut d = t.start().await;
+    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = query(&mut private, "CONFIG", ("SET", k, v)).await;
+    }
+    let want: std::collections::HashSet<Vec<u8>> =
+        (0..5).map(|i| format!("back-{i}").into_bytes()).collect();
+    for body in &want {
+        t.publish_delayed("", body, 0).await;
+    }
+    let rounds = 22;
+    for round in 0..rounds {
+        // delayd holds all five, unacked, and cannot store them.
+        let held = eventually(Duration::from_secs(20), || async {
+            queue_depth(&t.amqp, &t.queue).await == 0
+        })
+        .await;
+        assert!(
+            held,
+            "round {round}: delayd never took the messages in; log:\n{}",
+            d.tail()
+        );
+        d.kill();
+        wait_unconsumed_queue(&t.amqp, &t.queue).await;
+        let back = eventually(Duration::from_secs(10), || async {
+            queue_depth(&t.amqp, &t.queue).await == want.len() as u32
+        })
+        .await;
+        assert!(
+            back,
+            "after {} hand-backs the intake queue holds {} of {} messages",
+            round + 1,
+            queue_depth(&t.amqp, &t.queue).await,
+            want.len()
+        );
+        d = t.start().await;
+    }
+    let _: () = query(&mut private, "CONFIG", ("SET", "maxmemory", "0")).await;
+    wait_all(&t.inbox, &want, Duration::from_secs(30), &d).await;
+    drop(d);
+    t.cleanup().await;
+}
+
 /// `delayd check` reports the intake's exchange and queue (missing ones are
 /// declared by `run`, existing ones are counted), and refuses an intake
 /// exchange that would not pass every routing key to the queue.
@@ -912,6 +970,55 @@ async fn run_refuses_an_intake_exchange_that_is_not_fanout() {
     assert!(!logs.contains("consuming the intake queue"), "{logs}");
     let f = assert_check_fails(&t.config);
     assert!(f.line.contains("is direct, not fanout"), "{}", f.line);
+    t.cleanup().await;
+}
+
+/// `replica_ack = "fsynced"` asks for WAITAOF, which Redis has from 7.2 (and
+/// Valkey from its first release). Where Redis lacks it every intake write
+/// would fail and be retried for ever, so `run` refuses to start (exit 2)
+/// and `check` fails, each with one line naming the setting and the remedy;
+/// where Redis has it, `check` passes. (What the wait does on a replica is
+/// in `tests/redis_sentinel.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsynced_is_refused_with_one_line_where_redis_lacks_waitaof() {
+    let t = Intake::new(
+        ExchangeKind::Direct,
+        &[""],
+        "",
+        "replicas = 1\nreplica_ack = \"fsynced\"",
+    )
+    .await;
+    let mut r = t.redis.clone();
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("WAITAOF")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let has_waitaof = !matches!(info.first(), None | Some(redis::Value::Nil));
+    let wanted = "intake.replica_ack = \"fsynced\" needs WAITAOF";
+    if has_waitaof {
+        let (code, out, err) = t.cli(&["check"]);
+        assert_eq!(
+            code, 0,
+            "check refused fsynced where Redis has WAITAOF:\n{out}{err}"
+        );
+        assert!(!out.contains(wanted), "{out}");
+        t.cleanup().await;
+        return;
+    }
+    let f = assert_check_fails(&t.config);
+    assert!(
+        f.line.contains(wanted) && f.line.contains("replica_ack = \"received\""),
+        "{}",
+        f.line
+    );
+    let mut d = Daemon::start(&t.config);
+    let status = tokio::task::block_in_place(|| d.wait(Duration::from_secs(30)));
+    let logs = d.logs();
+    assert_eq!(status.code(), Some(2), "{logs}");
+    assert_eq!(logs.matches("needs WAITAOF").count(), 1, "{logs}");
+    assert!(!logs.contains("consuming the intake queue"), "{logs}");
     t.cleanup().await;
 }
 

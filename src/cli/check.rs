@@ -135,6 +135,11 @@ async fn business(cfg: &Config, b: &Business, s: &Servers) -> bool {
     if let Some(conn) = &s.redis {
         key_types(conn, b, &mut notes).await;
         unread_keys(conn, b, &mut notes).await;
+        match crate::intake::waitaof::refusal(conn, b).await {
+            Ok(None) => {}
+            Ok(Some(line)) => notes.push(line),
+            Err(e) => notes.push(format!("cannot ask Redis whether it has WAITAOF: {e}")),
+        }
     }
     if let Some(conn) = &s.amqp {
         if let Err(e) = crate::amqp::exchange_exists(conn, &b.exchange).await {

@@ -55,7 +55,13 @@ pub struct Intake {
     user_id_logged: Throttle,
     /// The same for Redis refusing the intake's writes.
     refused_logged: Throttle,
+    /// The same for a delivery handed back [`HANDED_BACK_WARN`] times.
+    handed_back_logged: Throttle,
 }
+
+/// The `x-delivery-count` from which a redelivery is worth a warning: half
+/// of RabbitMQ 4's default delivery limit.
+const HANDED_BACK_WARN: i64 = 10;
 
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -164,6 +170,7 @@ impl Intake {
             invalid_logged: Throttle::default(),
             user_id_logged: Throttle::default(),
             refused_logged: Throttle::default(),
+            handed_back_logged: Throttle::default(),
         })
     }
 
@@ -328,7 +335,8 @@ impl Intake {
         for mut d in deliveries {
             if d.redelivered {
                 m.redelivered.with_label_values(&[name]).inc();
-                delivered::drop_delivery_count(&mut d.properties);
+                let count = delivered::drop_delivery_count(&mut d.properties);
+                self.log_handed_back(count);
             }
             let due = delay::due_of(d.properties.headers().as_ref());
             if let Due::Invalid(what) = &due {
@@ -430,6 +438,18 @@ impl Intake {
             tracing::warn!(
                 value = %what,
                 "the delay header is not a number of milliseconds; published at once (the delayed-message plugin published a value of another type at once too, and closed the publisher's connection on a string that is not an integer; delayd_intake_invalid_delay_total counts them; one line per 10 s)"
+            );
+        }
+    }
+
+    /// Warns of a delivery the intake queue has handed out many times: a
+    /// quorum queue that delayd did not declare keeps the broker's
+    /// `delivery-limit` (20 on RabbitMQ 4) and drops the message past it.
+    fn log_handed_back(&self, count: Option<i64>) {
+        if count.is_some_and(|n| n >= HANDED_BACK_WARN) && self.handed_back_logged.due() {
+            tracing::warn!(
+                count,
+                "an intake message has been handed back to the intake queue this many times (delayd stopped or lost its channel before Redis took it); a quorum queue drops it past its delivery-limit (20 by default on RabbitMQ 4) unless delayd declared the queue: for a queue declared otherwise, set a policy with delivery-limit 2147483647 (one line per 10 s)"
             );
         }
     }

@@ -35,17 +35,22 @@ pub fn properties(
 /// lost by dropping it.
 const DELIVERY_COUNT: &str = "x-delivery-count";
 
-/// Drops the intake queue's `x-delivery-count` from a redelivered message.
-pub fn drop_delivery_count(props: &mut BasicProperties) {
-    let Some(headers) = props.headers() else {
-        return;
+/// Drops the intake queue's `x-delivery-count` from a redelivered message;
+/// returns the count it dropped, when it was an integer.
+pub fn drop_delivery_count(props: &mut BasicProperties) -> Option<i64> {
+    let headers = props.headers().as_ref()?;
+    let count = match headers.inner().get(DELIVERY_COUNT)? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+        _ => None,
     };
-    if !headers.contains_key(DELIVERY_COUNT) {
-        return;
-    }
     let mut kept = headers.inner().clone();
     kept.retain(|key, _| key.as_str() != DELIVERY_COUNT);
     *props = props.clone().with_headers(kept.into());
+    count
 }
 
 /// `p` with every property but `user_id` (lapin can set a property, not
@@ -165,9 +170,9 @@ mod tests {
     fn a_redeliverys_delivery_count_is_dropped_and_every_other_header_kept() {
         let mut p = every_property("guest");
         let mut h = p.headers().clone().unwrap();
-        h.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(1));
+        h.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(7));
         p = p.with_headers(h);
-        drop_delivery_count(&mut p);
+        assert_eq!(drop_delivery_count(&mut p), Some(7));
         assert_eq!(p, every_property("guest"));
     }
 

@@ -10,12 +10,14 @@
 //! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
-//! - `write`: the Redis side (`src/lua/intake.lua`).
+//! - `write`: the Redis side (`src/lua/intake.lua`);
+//! - [`waitaof`]: whether the server can wait as `replica_ack = "fsynced"` asks.
 
 mod consumer;
 pub mod delay;
 mod delivered;
 pub mod topology;
+pub mod waitaof;
 mod write;
 
 use std::sync::Arc;

@@ -108,6 +108,16 @@ async fn bind(ch: &Channel, s: &Settings) -> Result<(), lapin::Error> {
     .await
 }
 
+/// The `x-delivery-limit` of a quorum intake queue delayd declares: one
+/// no stop of delayd can reach. A quorum queue counts every hand-back of a
+/// delivery (a closed channel or connection too), RabbitMQ 4 drops or
+/// dead-letters a message handed back more than 20 times by default, and
+/// delayd hands back what it holds whenever it stops before Redis took it.
+/// 2^31 - 1 hand-backs would take 24 days of nothing else at one a
+/// millisecond. Not RabbitMQ 4's "no limit", -1: RabbitMQ 3 takes it as a
+/// limit below every count and drops a message at its first hand-back.
+pub const DELIVERY_LIMIT: i64 = i32::MAX as i64;
+
 /// The arguments of a queue delayd declares.
 pub fn queue_arguments(s: &Settings) -> FieldTable {
     let mut args = FieldTable::default();
@@ -115,6 +125,10 @@ pub fn queue_arguments(s: &Settings) -> FieldTable {
         args.insert(
             "x-queue-type".into(),
             AMQPValue::LongString(LongString::from("quorum")),
+        );
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(DELIVERY_LIMIT),
         );
     }
     if let Some(dlx) = &s.dead_letter_exchange {
