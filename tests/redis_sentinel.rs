@@ -1091,12 +1091,7 @@ async fn an_fsynced_intake_write_is_acknowledged_only_once_the_replicas_append_o
         return;
     }
     set_appendonly(&replica_url, true).await;
-    let f = IntakeFlow::start_with(
-        s,
-        "fsynced",
-        "replica_ack = \"fsynced\"\nreplica_timeout = \"3s\"\n",
-    )
-    .await;
+    let f = IntakeFlow::start_with(s, "fsynced", "replica_ack = \"fsynced\"\n").await;
     let first: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
     f.publish(&first).await;
     let acked = f.wait_acked(100, Duration::from_secs(20)).await;

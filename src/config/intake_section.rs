@@ -130,20 +130,6 @@ fn replica_wait(
             0
         }
     };
-    let timeout_text = timeout.unwrap_or_else(|| defaults::REPLICA_TIMEOUT.to_string());
-    let timeout = parse_duration(
-        &place("replica_timeout"),
-        &timeout_text,
-        limits::REPLICA_TIMEOUT,
-        problems,
-    )
-    .unwrap_or(Duration::from_secs(1));
-    if timeout < Duration::from_millis(1) {
-        problems.push(format!(
-            "{} must be at least 1ms (got \"{timeout_text}\"): Redis waits in whole milliseconds, and 0 would wait for ever",
-            place("replica_timeout")
-        ));
-    }
     let ack = one_of(
         &place("replica_ack"),
         ack,
@@ -157,6 +143,26 @@ fn replica_wait(
         ],
         problems,
     );
+    // A replica fsyncs its append-only file once a second: a 1 s wait for
+    // it misses about every time, and a retried write waits again.
+    let default_timeout = match ack {
+        ReplicaAck::Received => defaults::REPLICA_TIMEOUT,
+        ReplicaAck::Fsynced => defaults::REPLICA_TIMEOUT_FSYNCED,
+    };
+    let timeout_text = timeout.unwrap_or_else(|| default_timeout.to_string());
+    let timeout = parse_duration(
+        &place("replica_timeout"),
+        &timeout_text,
+        limits::REPLICA_TIMEOUT,
+        problems,
+    )
+    .unwrap_or(Duration::from_secs(1));
+    if timeout < Duration::from_millis(1) {
+        problems.push(format!(
+            "{} must be at least 1ms (got \"{timeout_text}\"): Redis waits in whole milliseconds, and 0 would wait for ever",
+            place("replica_timeout")
+        ));
+    }
     if ack == ReplicaAck::Fsynced && replicas == 0 {
         problems.push(format!(
             "{} = \"fsynced\" needs replicas of at least 1 (there is nothing to wait for)",

@@ -11,6 +11,8 @@ pub mod defaults {
     pub const REPLICAS: u32 = 1;
     /// How long a write waits for them before it is retried.
     pub const REPLICA_TIMEOUT: &str = "1s";
+    /// The same with `replica_ack = "fsynced"`: replicas fsync once a second.
+    pub const REPLICA_TIMEOUT_FSYNCED: &str = "3s";
 }
 
 /// What a replica must have done with an intake write for it to count.
@@ -238,6 +240,18 @@ mod tests {
                 ReplicaAck::Fsynced
             )
         );
+    }
+
+    #[test]
+    fn fsynced_waits_three_seconds_by_default_since_replicas_fsync_once_a_second() {
+        let fsynced = in_mode(
+            "url = \"redis://127.0.0.1:6379/0\"",
+            "replicas = 1\nreplica_ack = \"fsynced\"",
+        )
+        .unwrap();
+        assert_eq!(fsynced.timeout, std::time::Duration::from_secs(3));
+        let received = in_mode("url = \"redis://127.0.0.1:6379/0\"", "replicas = 1").unwrap();
+        assert_eq!(received.timeout, std::time::Duration::from_secs(1));
     }
 
     #[test]
