@@ -467,3 +467,79 @@ fn a_list_cursor_with_text_that_is_not_hex_is_one_error_line_never_a_panic() {
         assert!(err.contains("--cursor"), "{err}");
     }
 }
+
+/// Audit entries of `business` whose `what` names `id`, newest first, as
+/// (by, action, count).
+async fn audit_of(
+    r: &mut redis::aio::MultiplexedConnection,
+    id: &str,
+) -> Vec<(String, String, u64)> {
+    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+        .arg("delayd:audit")
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(500)
+        .query_async(r)
+        .await
+        .unwrap();
+    let get = |f: &[(String, String)], k: &str| {
+        f.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    rows.into_iter()
+        .filter(|(_, f)| get(f, "what").contains(id))
+        .map(|(_, f)| {
+            (
+                get(&f, "by"),
+                get(&f, "action"),
+                get(&f, "count").parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_by_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = unique("test:cli-audit");
+    let b = BusinessSpec {
+        name: "billing".into(),
+        key: key.clone(),
+        exchange: "unused".into(),
+        routing_key: unique("rk"),
+        extra: "member = \"id\"\n".into(),
+    };
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let cfg = config.to_str().unwrap();
+    let id = unique("task");
+    let ok = |args: &[&str]| {
+        let (code, out, err) = delayd(args);
+        assert_eq!(code, 0, "delayd {args:?}:\n{out}\n{err}");
+    };
+    ok(&[
+        "schedule", "-c", cfg, "billing", "--id", &id, "--in", "1h", "body",
+    ]);
+    ok(&["reschedule", "-c", cfg, "billing", &id, "--in", "2h"]);
+    ok(&["cancel", "-c", cfg, "billing", &id]);
+    let (code, _, _) = delayd(&["cancel", "-c", cfg, "billing", &id]);
+    assert_eq!(code, 4, "a second cancel finds nothing pending");
+    let mut r = redis().await;
+    let entries = audit_of(&mut r, &id).await;
+    let want: Vec<(String, String, u64)> = [
+        ("cancel", 0),
+        ("cancel", 1),
+        ("reschedule", 1),
+        ("schedule", 1),
+    ]
+    .iter()
+    .map(|(a, n)| ("cli".to_string(), a.to_string(), *n))
+    .collect();
+    assert_eq!(
+        entries, want,
+        "newest first, each by cli with how many it changed"
+    );
+    del_family(&mut r, &key).await;
+}
