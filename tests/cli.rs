@@ -543,3 +543,83 @@ async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_
     );
     del_family(&mut r, &key).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirmed_and_audits_the_total(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = unique("test:cli-bulk");
+    let b = BusinessSpec {
+        name: "billing".into(),
+        key: key.clone(),
+        exchange: "unused".into(),
+        routing_key: unique("rk"),
+        extra: "member = \"id\"\n".into(),
+    };
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let cfg = config.to_str().unwrap();
+    let mut r = redis().await;
+    let fam = family(&key);
+    let now = redis_now_ms(&mut r).await;
+    let prefix = unique("grp");
+    let mut p = redis::pipe();
+    for i in 0..1200 {
+        let id = format!("{prefix}-{i}");
+        p.zadd(&key, &id, now + 3_600_000).ignore();
+        p.hset(&fam.body, &id, format!("payload {i} for ACME"))
+            .ignore();
+    }
+    p.zadd(&key, "other", now + 3_600_000).ignore();
+    let _: () = p.query_async(&mut r).await.unwrap();
+    let pick = format!("{prefix}-");
+
+    let (code, out, err) = delayd(&[
+        "bulk",
+        "cancel",
+        "-c",
+        cfg,
+        "billing",
+        "--prefix",
+        &pick,
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("1200 members of business \"billing\""),
+        "{out}"
+    );
+    let (code, _, err) = delayd(&["bulk", "cancel", "-c", cfg, "billing", "--prefix", &pick]);
+    assert_eq!(code, 2, "acting needs --confirm: {err}");
+    assert!(err.contains("--confirm 1200"), "{err}");
+    assert_eq!(
+        zcard(&mut r, &key).await,
+        1201,
+        "nothing done without the count confirmed"
+    );
+
+    let (code, out, err) = delayd(&["search", "-c", cfg, "billing", "--body", "payload 7 for"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains(&format!("{prefix}-7\t")), "{out}");
+
+    let (code, out, err) = delayd(&[
+        "bulk",
+        "cancel",
+        "-c",
+        cfg,
+        "billing",
+        "--prefix",
+        &pick,
+        "--confirm",
+        "1200",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("bulk_cancel: 1200 members"), "{out}");
+    assert_eq!(zcard(&mut r, &key).await, 1, "only the other id is left");
+    let entries = audit_of(&mut r, &pick).await;
+    assert_eq!(
+        entries,
+        [("cli".to_string(), "bulk_cancel".to_string(), 1200)]
+    );
+    del_family(&mut r, &key).await;
+}

@@ -280,6 +280,41 @@ mod tests {
     }
 
     #[test]
+    fn a_business_token_is_checked_as_the_global_ones_and_named_by_its_business() {
+        let with = |extra: &str| {
+            let mut f = tempfile::NamedTempFile::new().unwrap();
+            write!(
+                f,
+                "[redis]\nurl = \"redis://127.0.0.1:6379/0\"\n[amqp]\nurl = \"amqp://g:g@127.0.0.1:5672/%2f\"\n[businesses.b]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n{extra}\n"
+            )
+            .unwrap();
+            load_with_env(f.path(), Default::default())
+        };
+        let c = with("admin_token = \"biz-secret-1\"\nread_token = \"biz-secret-2\"").unwrap();
+        let t = &c.businesses[0].tokens;
+        assert_eq!(t.admin.as_ref().unwrap().expose(), "biz-secret-1");
+        assert_eq!(t.read.as_ref().unwrap().expose(), "biz-secret-2");
+        assert!(!format!("{c:?}").contains("biz-secret"));
+        let e = with("admin_token = \"two words-secret\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("business \"b\", field \"admin_token\": the token contains whitespace")
+                && !e.contains("secret"),
+            "{e}"
+        );
+        let e = with("read_token = \"same-x\"\nadmin_token = \"same-x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "business \"b\", fields \"read_token\" and \"admin_token\" are the same token"
+            ) && !e.contains("same-x"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_bad_token_is_refused_without_quoting_it() {
         let e = load("admin_token = \"\"", &[]).unwrap_err().to_string();
         assert!(
