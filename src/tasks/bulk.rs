@@ -126,17 +126,15 @@ impl Cursor {
         let mut parts = c.splitn(3, ':');
         let left = parts.next()?.parse().ok()?;
         let shard = parts.next()?.parse().ok().filter(|s| *s < shards)?;
-        let pos = match parts.next()? {
-            "" => Pos::Start,
-            p if p.starts_with('z') => Pos::Scan(p[1..].parse().ok()?),
-            p if p.starts_with('a') => {
-                let (s, m) = p[1..].split_once(':')?;
-                s.parse::<f64>()
-                    .ok()
-                    .or_else(|| matches!(s, "inf" | "-inf").then_some(0.0))?;
-                Pos::After(s.to_string(), unhex(m)?)
-            }
-            _ => return None,
+        let p = parts.next()?;
+        let pos = if p.is_empty() {
+            Pos::Start
+        } else if let Some(z) = p.strip_prefix('z') {
+            Pos::Scan(z.parse().ok()?)
+        } else {
+            let (s, m) = p.strip_prefix('a')?.split_once(':')?;
+            s.parse::<f64>().ok()?;
+            Pos::After(s.to_string(), unhex(m)?)
         };
         Some(Self { left, shard, pos })
     }
