@@ -11,11 +11,13 @@ use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{KeyFamily, Store, Totals};
 use crate::text::human_ms;
 
+mod bulk;
 mod by_id;
 mod check;
 mod dead;
 mod pause;
 mod recurring;
+mod search;
 
 /// Command-line interface of `delayd`.
 #[derive(Debug, Parser)]
@@ -58,6 +60,8 @@ enum Command {
     Cancel(by_id::MemberArgs),
     /// Move one pending task to a new due time (exit 3 if in flight, 4 if not pending).
     Reschedule(by_id::RescheduleArgs),
+    /// Find pending tasks by member prefix, or in id mode by text in the body.
+    Search(search::SearchArgs),
     /// Page through pending tasks in due order.
     List(by_id::ListArgs),
     /// Print the keys producers write to for a business, one per line
@@ -74,6 +78,12 @@ enum Command {
     Dead {
         #[command(subcommand)]
         action: dead::DeadAction,
+    },
+    /// Act on a filtered set (pending by due range or prefix, dead by
+    /// reason): count with --dry-run, then act with --confirm COUNT.
+    Bulk {
+        #[command(subcommand)]
+        action: bulk::BulkAction,
     },
     /// Stop claims of a business on every instance; pending work stays.
     Pause(pause::PauseArgs),
@@ -173,11 +183,13 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Cancel(a) => by_id::cancel(a).await,
         Command::Reschedule(a) => by_id::reschedule(a).await,
         Command::List(a) => by_id::list(a).await,
+        Command::Search(a) => search::run(a).await,
         Command::Shards {
             config: c,
             business,
         } => shards(&config::load(&c.config)?, &business),
         Command::Dead { action } => dead::run(action).await,
+        Command::Bulk { action } => bulk::run(action).await,
         Command::Pause(a) => pause::run(a, true).await,
         Command::Resume(a) => pause::run(a, false).await,
         Command::Recurring(a) => recurring::recurring(a),

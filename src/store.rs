@@ -66,10 +66,12 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
     flags.contains('K') && (flags.contains('z') || flags.contains('A'))
 }
 
+mod bulk;
 mod dead;
 mod forecast;
 mod pause;
 mod totals;
+pub use bulk::{Scored, Set};
 pub use forecast::DueCounts;
 pub use totals::Totals;
 
@@ -648,7 +650,7 @@ impl Store {
     }
 }
 
-fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
+pub(crate) fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
     match v {
         Some(redis::Value::Int(n)) => Ok(n),
         // Scripts pass some integers through as the digits Redis printed.
@@ -667,7 +669,7 @@ fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
     }
 }
 
-fn bytes_of(v: &redis::Value) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn bytes_of(v: &redis::Value) -> Result<Vec<u8>, StoreError> {
     match v {
         redis::Value::BulkString(b) => Ok(b.clone()),
         redis::Value::SimpleString(s) => Ok(s.as_bytes().to_vec()),

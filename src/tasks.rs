@@ -14,6 +14,7 @@ use crate::config::{Business, MemberMode, ScoreUnit};
 use crate::store::{KeyFamily, StoreError};
 
 pub mod audit;
+pub mod bulk;
 pub mod dead;
 mod merge;
 pub mod pause;

@@ -467,3 +467,159 @@ fn a_list_cursor_with_text_that_is_not_hex_is_one_error_line_never_a_panic() {
         assert!(err.contains("--cursor"), "{err}");
     }
 }
+
+/// Audit entries of `business` whose `what` names `id`, newest first, as
+/// (by, action, count).
+async fn audit_of(
+    r: &mut redis::aio::MultiplexedConnection,
+    id: &str,
+) -> Vec<(String, String, u64)> {
+    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+        .arg("delayd:audit")
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(500)
+        .query_async(r)
+        .await
+        .unwrap();
+    let get = |f: &[(String, String)], k: &str| {
+        f.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    rows.into_iter()
+        .filter(|(_, f)| get(f, "what").contains(id))
+        .map(|(_, f)| {
+            (
+                get(&f, "by"),
+                get(&f, "action"),
+                get(&f, "count").parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_by_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = unique("test:cli-audit");
+    let b = BusinessSpec {
+        name: "billing".into(),
+        key: key.clone(),
+        exchange: "unused".into(),
+        routing_key: unique("rk"),
+        extra: "member = \"id\"\n".into(),
+    };
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let cfg = config.to_str().unwrap();
+    let id = unique("task");
+    let ok = |args: &[&str]| {
+        let (code, out, err) = delayd(args);
+        assert_eq!(code, 0, "delayd {args:?}:\n{out}\n{err}");
+    };
+    ok(&[
+        "schedule", "-c", cfg, "billing", "--id", &id, "--in", "1h", "body",
+    ]);
+    ok(&["reschedule", "-c", cfg, "billing", &id, "--in", "2h"]);
+    ok(&["cancel", "-c", cfg, "billing", &id]);
+    let (code, _, _) = delayd(&["cancel", "-c", cfg, "billing", &id]);
+    assert_eq!(code, 4, "a second cancel finds nothing pending");
+    let mut r = redis().await;
+    let entries = audit_of(&mut r, &id).await;
+    let want: Vec<(String, String, u64)> = [
+        ("cancel", 0),
+        ("cancel", 1),
+        ("reschedule", 1),
+        ("schedule", 1),
+    ]
+    .iter()
+    .map(|(a, n)| ("cli".to_string(), a.to_string(), *n))
+    .collect();
+    assert_eq!(
+        entries, want,
+        "newest first, each by cli with how many it changed"
+    );
+    del_family(&mut r, &key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirmed_and_audits_the_total(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = unique("test:cli-bulk");
+    let b = BusinessSpec {
+        name: "billing".into(),
+        key: key.clone(),
+        exchange: "unused".into(),
+        routing_key: unique("rk"),
+        extra: "member = \"id\"\n".into(),
+    };
+    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let cfg = config.to_str().unwrap();
+    let mut r = redis().await;
+    let fam = family(&key);
+    let now = redis_now_ms(&mut r).await;
+    let prefix = unique("grp");
+    let mut p = redis::pipe();
+    for i in 0..1200 {
+        let id = format!("{prefix}-{i}");
+        p.zadd(&key, &id, now + 3_600_000).ignore();
+        p.hset(&fam.body, &id, format!("payload {i} for ACME"))
+            .ignore();
+    }
+    p.zadd(&key, "other", now + 3_600_000).ignore();
+    let _: () = p.query_async(&mut r).await.unwrap();
+    let pick = format!("{prefix}-");
+
+    let (code, out, err) = delayd(&[
+        "bulk",
+        "cancel",
+        "-c",
+        cfg,
+        "billing",
+        "--prefix",
+        &pick,
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("1200 members of business \"billing\""),
+        "{out}"
+    );
+    let (code, _, err) = delayd(&["bulk", "cancel", "-c", cfg, "billing", "--prefix", &pick]);
+    assert_eq!(code, 2, "acting needs --confirm: {err}");
+    assert!(err.contains("--confirm 1200"), "{err}");
+    assert_eq!(
+        zcard(&mut r, &key).await,
+        1201,
+        "nothing done without the count confirmed"
+    );
+
+    let (code, out, err) = delayd(&["search", "-c", cfg, "billing", "--body", "payload 7 for"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains(&format!("{prefix}-7\t")), "{out}");
+
+    let (code, out, err) = delayd(&[
+        "bulk",
+        "cancel",
+        "-c",
+        cfg,
+        "billing",
+        "--prefix",
+        &pick,
+        "--confirm",
+        "1200",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("bulk_cancel: 1200 members"), "{out}");
+    assert_eq!(zcard(&mut r, &key).await, 1, "only the other id is left");
+    let entries = audit_of(&mut r, &pick).await;
+    assert_eq!(
+        entries,
+        [("cli".to_string(), "bulk_cancel".to_string(), 1200)]
+    );
+    del_family(&mut r, &key).await;
+}

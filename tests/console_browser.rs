@@ -492,3 +492,73 @@ async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
     let (code, _, _) = delayd(&["resume", "-c", c.setup.config.to_str().unwrap(), "billing"]);
     assert_eq!(code, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_searched_and_a_bulk_cancel_counts_first_then_cancels_the_count_confirmed() {
+    let (billing, c, mut r) = billing_console().await;
+    let now = redis_now_ms(&mut r).await;
+    let fam = family(&billing.key);
+    let mut p = redis::pipe();
+    for i in 0..1500 {
+        let id = format!("batch-{i}");
+        p.hset(
+            &fam.body,
+            &id,
+            format!("{{\"order\":{i},\"for\":\"ACME-{i};\"}}"),
+        )
+        .ignore();
+        p.zadd(&billing.key, &id, now + 86_400_000).ignore();
+    }
+    for id in ["keep-1", "keep-2", "keep-3"] {
+        p.hset(&fam.body, id, "kept").ignore();
+        p.zadd(&billing.key, id, now + 86_400_000).ignore();
+    }
+    let _: () = p.query_async(&mut r).await.unwrap();
+
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=find", c.port))
+        .await
+        .unwrap();
+    b.type_into("#token", TOKEN).await;
+    b.click("#token-save").await;
+    b.wait_text("#token-state", |t| t.contains("token set"))
+        .await;
+    b.type_into("#body-input", "ACME-77;").await;
+    b.click("#body-go").await;
+    b.wait_text("#search-note", |t| t.starts_with("1 found"))
+        .await;
+    let row = b
+        .wait_text("#search tbody tr", |t| t.contains("batch-77"))
+        .await;
+    assert!(row.contains("\"for\":\"ACME-77;\""), "{row}");
+    b.screenshot("body-search").await;
+
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=bulk", c.port))
+        .await
+        .unwrap();
+    b.type_into("#bulk-prefix", "batch-").await;
+    b.click("#bulk-count").await;
+    b.wait_text("#bulk-confirm", |t| t.starts_with("cancel 1500 "))
+        .await;
+    assert_eq!(
+        zcard(&mut r, &billing.key).await,
+        1503,
+        "a count changes nothing"
+    );
+    b.screenshot("bulk-count").await;
+    b.click("#bulk-go").await;
+    b.wait_text("#result", |t| t == "cancel: 1500 done").await;
+    b.wait_text("#bulk-progress", |t| {
+        t.contains("1500 of at most 1500 done")
+    })
+    .await;
+    b.screenshot("bulk-done").await;
+    assert_eq!(
+        zcard(&mut r, &billing.key).await,
+        3,
+        "only the other ids are left"
+    );
+    b.close().await;
+}

@@ -158,6 +158,28 @@ fn task_name(b: &Business, id: &str) -> String {
     format!("{} \"{id}\" of business \"{}\"", member_word(b), b.name)
 }
 
+/// What the audit log names for a write on one task: the id, or only the
+/// size of a body (a body may hold what the log must not keep).
+fn member_what(b: &Business, member: &str) -> String {
+    match b.member {
+        MemberMode::Id { .. } => format!("id \"{member}\""),
+        MemberMode::Body => format!("a body of {} bytes", member.len()),
+    }
+}
+
+/// Records a write of this command in the audit log, by `cli`, as the API
+/// records its own.
+async fn audit_cli(conn: &RedisConn, b: &Business, action: &str, what: &str, count: u64) {
+    let write = crate::tasks::audit::Write {
+        by: "cli",
+        business: &b.name,
+        action,
+        what,
+        count,
+    };
+    super::audit(conn, &write).await;
+}
+
 fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -186,6 +208,12 @@ pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
         .await
         .map_err(redis_err(&b.name))?;
     let bytes = body.as_ref().unwrap_or(&member).len();
+    let what = if b.member.is_id() {
+        format!("id \"{}\"", text(&member))
+    } else {
+        format!("a body of {} bytes", member.len())
+    };
+    audit_cli(&conn, &b, "schedule", &what, 1).await;
     if a.json {
         let mut v = serde_json::json!({
             "business": b.name, "key": key, "due_ms": due_ms, "bytes": bytes,
@@ -321,6 +349,8 @@ pub(super) async fn cancel(a: MemberArgs) -> Result<(), Failure> {
     let (key, outcome) = tasks::cancel(&mut conn, &b, a.id.as_bytes())
         .await
         .map_err(redis_err(&b.name))?;
+    let count = (outcome == Cancelled::Cancelled) as u64;
+    audit_cli(&conn, &b, "cancel", &member_what(&b, &a.id), count).await;
     if a.json {
         let mut v = serde_json::json!({ "business": b.name, "key": key, "result": outcome });
         v[member_word(&b)] = a.id.clone().into();
@@ -353,6 +383,8 @@ pub(super) async fn reschedule(a: RescheduleArgs) -> Result<(), Failure> {
     let moved = tasks::reschedule(&mut conn, &b, a.id.as_bytes(), due_ms)
         .await
         .map_err(redis_err(&b.name))?;
+    let count = moved.is_some() as u64;
+    audit_cli(&conn, &b, "reschedule", &member_what(&b, &a.id), count).await;
     // Not pending: say where it is instead.
     let state = match moved {
         Some(_) => None,

@@ -57,6 +57,8 @@ pub struct Business {
     pub watchdog_interval: Duration,
     /// Whether members are bodies or task ids.
     pub member: MemberMode,
+    /// The console tokens that open this business only, besides `[http]`'s.
+    pub tokens: BusinessTokens,
     /// Messages published with `x-delay` to an intake exchange, when set.
     pub intake: Option<intake_settings::Settings>,
     /// Recurring schedules whose occurrences delayd writes ahead.
@@ -219,6 +221,7 @@ pub(super) fn validate_business(
     });
     problems.extend(schedules_by_body(name, &recurring, rb.member.as_deref()));
     let member = member_mode(name, &rb, intake.is_some(), &recurring, &timing, problems);
+    let tokens = business_tokens(name, &mut rb, problems);
     if problems.len() > before {
         return None;
     }
@@ -249,7 +252,42 @@ pub(super) fn validate_business(
         member,
         intake: intake.flatten(),
         recurring,
+        tokens,
     })
+}
+
+/// Console tokens for one business: its `read_token` reads its routes, its
+/// `admin_token` reads and writes them, and neither opens any other.
+#[derive(Debug, Clone, Default)]
+pub struct BusinessTokens {
+    /// Reads this business's routes.
+    pub read: Option<Secret>,
+    /// Reads and writes this business's routes.
+    pub admin: Option<Secret>,
+}
+
+/// The business's own tokens, each checked as `[http]`'s are.
+fn business_tokens(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> BusinessTokens {
+    let place = format!("business \"{name}\",");
+    let mut token = |given: Option<Secret>, file: Option<PathBuf>, field: &str| {
+        http_section::token(given, file, &place, field, problems)
+    };
+    let read = token(
+        rb.read_token.take(),
+        rb.read_token_file.take(),
+        "read_token",
+    );
+    let admin = token(
+        rb.admin_token.take(),
+        rb.admin_token_file.take(),
+        "admin_token",
+    );
+    if let (Some(r), Some(a)) = (&read, &admin) {
+        if r.expose() == a.expose() {
+            problems.push(format!("business \"{name}\", fields \"read_token\" and \"admin_token\" are the same token: a reader could write; give them different values"));
+        }
+    }
+    BusinessTokens { read, admin }
 }
 
 /// Where a business's messages come from and go: its key, exchange and

@@ -74,10 +74,17 @@ pub(crate) fn validate(raw: Option<RawHttp>, problems: &mut Vec<String>) -> Http
     let admin_token = token(
         raw.admin_token,
         raw.admin_token_file,
+        "[http]",
         "admin_token",
         problems,
     );
-    let read_token = token(raw.read_token, raw.read_token_file, "read_token", problems);
+    let read_token = token(
+        raw.read_token,
+        raw.read_token_file,
+        "[http]",
+        "read_token",
+        problems,
+    );
     if let (Some(r), Some(a)) = (&read_token, &admin_token) {
         if r.expose() == a.expose() {
             problems.push("[http] fields \"read_token\" and \"admin_token\" are the same token: a reader could write; give them different values".into());
@@ -122,29 +129,31 @@ fn host_names(raw: Option<Names>, problems: &mut Vec<String>) -> Vec<String> {
     out
 }
 
-/// The token `field` (or `field_file`) gives, if usable.
-fn token(
+/// The token `field` (or `field_file`) gives, if usable; `place` names the
+/// section in messages (`[http]`, or `business "billing",`).
+pub(super) fn token(
     given: Option<Secret>,
     file: Option<PathBuf>,
+    place: &str,
     field: &str,
     problems: &mut Vec<String>,
 ) -> Option<Secret> {
     match (given, file) {
         (Some(_), Some(_)) => {
-            problems.push(format!("[http] fields \"{field}\" and \"{field}_file\" are both set: give the token one way"));
+            problems.push(format!("{place} fields \"{field}\" and \"{field}_file\" are both set: give the token one way"));
             None
         }
-        (Some(t), None) => checked_token(t.expose(), field, problems),
+        (Some(t), None) => checked_token(t.expose(), place, field, problems),
         (None, Some(path)) => match std::fs::read_to_string(&path) {
             // One trailing line break is how files end, not part of the token.
             Ok(text) => {
                 let t = text.strip_suffix('\n').unwrap_or(&text);
                 let t = t.strip_suffix('\r').unwrap_or(t);
-                checked_token(t, &format!("{field}_file"), problems)
+                checked_token(t, place, &format!("{field}_file"), problems)
             }
             Err(e) => {
                 problems.push(format!(
-                    "[http] field \"{field}_file\": cannot read {} ({e})",
+                    "{place} field \"{field}_file\": cannot read {} ({e})",
                     path.display()
                 ));
                 None
@@ -155,7 +164,7 @@ fn token(
 }
 
 /// The token, if usable. The messages never quote it.
-fn checked_token(t: &str, field: &str, problems: &mut Vec<String>) -> Option<Secret> {
+fn checked_token(t: &str, place: &str, field: &str, problems: &mut Vec<String>) -> Option<Secret> {
     let problem = if t.is_empty() {
         "is empty: leave it unset, or give a token"
     } else if t.len() > MAX_TOKEN {
@@ -165,7 +174,7 @@ fn checked_token(t: &str, field: &str, problems: &mut Vec<String>) -> Option<Sec
     } else {
         return Some(Secret::new(t));
     };
-    problems.push(format!("[http] field \"{field}\": the token {problem}"));
+    problems.push(format!("{place} field \"{field}\": the token {problem}"));
     None
 }
 
@@ -268,6 +277,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("[http] field \"allowed_hosts\""), "{e}");
+    }
+
+    #[test]
+    fn a_business_token_is_checked_as_the_global_ones_and_named_by_its_business() {
+        let with = |extra: &str| {
+            let mut f = tempfile::NamedTempFile::new().unwrap();
+            write!(
+                f,
+                "[redis]\nurl = \"redis://127.0.0.1:6379/0\"\n[amqp]\nurl = \"amqp://g:g@127.0.0.1:5672/%2f\"\n[businesses.b]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n{extra}\n"
+            )
+            .unwrap();
+            load_with_env(f.path(), Default::default())
+        };
+        let c = with("admin_token = \"biz-secret-1\"\nread_token = \"biz-secret-2\"").unwrap();
+        let t = &c.businesses[0].tokens;
+        assert_eq!(t.admin.as_ref().unwrap().expose(), "biz-secret-1");
+        assert_eq!(t.read.as_ref().unwrap().expose(), "biz-secret-2");
+        assert!(!format!("{c:?}").contains("biz-secret"));
+        let e = with("admin_token = \"two words-secret\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("business \"b\", field \"admin_token\": the token contains whitespace")
+                && !e.contains("secret"),
+            "{e}"
+        );
+        let e = with("read_token = \"same-x\"\nadmin_token = \"same-x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "business \"b\", fields \"read_token\" and \"admin_token\" are the same token"
+            ) && !e.contains("same-x"),
+            "{e}"
+        );
     }
 
     #[test]

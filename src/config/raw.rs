@@ -76,6 +76,10 @@ pub(super) struct RawBusiness {
     pub(super) intake: Option<RawIntake>,
     pub(super) recurring:
         Option<std::collections::BTreeMap<String, recurring_section::RawSchedule>>,
+    pub(super) read_token: Option<crate::secret::Secret>,
+    pub(super) read_token_file: Option<std::path::PathBuf>,
+    pub(super) admin_token: Option<crate::secret::Secret>,
+    pub(super) admin_token_file: Option<std::path::PathBuf>,
 }
 
 /// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).

@@ -55,6 +55,10 @@ pub static DEAD_PURGE: LazyLock<Script> = lua!("dead_purge");
 pub static HISTOGRAM: LazyLock<Script> = lua!("histogram");
 /// Cancels one pending task (`cancel.lua`).
 pub static CANCEL: LazyLock<Script> = lua!("cancel");
+/// Cancels a batch of pending tasks by name (`bulk_cancel.lua`).
+pub static BULK_CANCEL: LazyLock<Script> = lua!("bulk_cancel");
+/// Ids whose body contains a text, one `HSCAN` step (`body_search.lua`).
+pub static BODY_SEARCH: LazyLock<Script> = lua!("body_search");
 /// One page of pending tasks after a cursor (`list.lua`).
 pub static LIST: LazyLock<Script> = lua!("list");
 /// Takes from the shared `max_rate` budget (`rate.lua`).

@@ -1,13 +1,18 @@
 //! Pending tasks whose member starts with a prefix (the body in body mode,
-//! the id in id mode), found with `ZSCAN MATCH`: bounded per call, so a
-//! search through millions of members is a series of cheap pages, each
-//! saying whether the set was searched to its end.
+//! the id in id mode), found with `ZSCAN MATCH`, and in id mode tasks whose
+//! body contains a text, found by `HSCAN` over `{K}:body`: bounded per call
+//! (in members looked at, and a body search in time too), so a search
+//! through millions of members is a series of cheap pages, each saying
+//! whether the set was searched to its end.
+
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
 use super::to_ms;
 use crate::config::Business;
-use crate::store::StoreError;
+use crate::redis_conn::scripts::BODY_SEARCH;
+use crate::store::{KeyFamily, StoreError};
 
 /// `ZSCAN` calls one search page makes at most.
 pub const CALLS_PER_PAGE: usize = 20;
@@ -37,7 +42,7 @@ pub struct SearchPage {
 
 /// A `MATCH` pattern for members starting with `prefix`: glob characters
 /// in the prefix are escaped, so they match themselves.
-fn pattern(prefix: &[u8]) -> Vec<u8> {
+pub(super) fn pattern(prefix: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 1);
     for &b in prefix {
         if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
@@ -120,6 +125,108 @@ pub async fn by_prefix<C: ConnectionLike>(
         tasks,
         cursor: Some(format!("{shard}:{at}")),
     })
+}
+
+/// Longest one page of a body search keeps starting `HSCAN` steps.
+pub const BODY_PAGE_TIME: Duration = Duration::from_millis(500);
+
+/// One id whose body contains the text searched for.
+#[derive(Debug, Clone)]
+pub struct BodyMatch {
+    /// The task id.
+    pub id: Vec<u8>,
+    /// Its stored body (an intake message's envelope in intake mode).
+    pub body: Vec<u8>,
+    /// Its due time while it is pending; `None` in flight or dead.
+    pub due_ms: Option<i64>,
+}
+
+/// One page of a body search.
+#[derive(Debug, Clone, Default)]
+pub struct BodyPage {
+    /// Matches found on this page, in the order Redis scanned them.
+    pub found: Vec<BodyMatch>,
+    /// Pass to the next call to search on; `None` once every shard's body
+    /// hash was searched to its end.
+    pub cursor: Option<String>,
+}
+
+/// Up to about `limit` ids (id mode) whose body contains `text`, from where
+/// `cursor` left off (the same `SHARD:CURSOR` form as [`by_prefix`]'s),
+/// making at most [`CALLS_PER_PAGE`] `HSCAN` steps of [`SCAN_COUNT`] and
+/// starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis.
+pub async fn by_body<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    text: &[u8],
+    limit: usize,
+    cursor: Option<&str>,
+) -> Result<BodyPage, StoreError> {
+    let keys = business.keys();
+    let (mut shard, mut at) = match cursor {
+        Some(c) => decode_cursor(c, keys.len()).ok_or_else(|| {
+            StoreError::Reply(format!("search cursor \"{c}\" is not one delayd returned"))
+        })?,
+        None => (0, 0),
+    };
+    let started = Instant::now();
+    let mut found = Vec::new();
+    for _ in 0..CALLS_PER_PAGE {
+        let fam = KeyFamily::new(&keys[shard]);
+        let reply: Vec<redis::Value> = BODY_SEARCH
+            .key(&fam.body)
+            .arg(at)
+            .arg(SCAN_COUNT)
+            .arg(text)
+            .invoke_async(conn)
+            .await?;
+        let next = crate::store::int_of(reply.first().cloned())?;
+        let mut pairs = Vec::new();
+        for kv in reply.get(1..).unwrap_or_default().chunks(2) {
+            if let [k, v] = kv {
+                pairs.push((crate::store::bytes_of(k)?, crate::store::bytes_of(v)?));
+            }
+        }
+        let due = due_of(conn, &keys[shard], &pairs).await?;
+        found.extend(pairs.into_iter().zip(due).map(|((id, body), s)| BodyMatch {
+            id,
+            body,
+            due_ms: s.map(|s| to_ms(s, business.score_unit)),
+        }));
+        at = next.max(0) as u64;
+        if at == 0 {
+            shard += 1;
+            if shard == keys.len() {
+                return Ok(BodyPage {
+                    found,
+                    cursor: None,
+                });
+            }
+        }
+        if found.len() >= limit || started.elapsed() >= BODY_PAGE_TIME {
+            break;
+        }
+    }
+    Ok(BodyPage {
+        found,
+        cursor: Some(format!("{shard}:{at}")),
+    })
+}
+
+/// The pending scores of the matched ids on `key`, in one pipeline.
+async fn due_of<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    pairs: &[(Vec<u8>, Vec<u8>)],
+) -> Result<Vec<Option<f64>>, StoreError> {
+    if pairs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for (id, _) in pairs {
+        pipe.zscore(key, id);
+    }
+    Ok(pipe.query_async(conn).await?)
 }
 
 #[cfg(test)]

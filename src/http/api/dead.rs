@@ -134,9 +134,9 @@ async fn act(
         return Err(ApiError::bad("\"limit\" must be at least 1"));
     }
     let role = if req.dry_run {
-        require_read(&state, &headers)?
+        require_read(&state, &headers, Some(&b.name))?
     } else {
-        require_admin(&state, &headers)?
+        require_admin(&state, &headers, &b.name)?
     };
     let stores = state.stores_of(&b.name)?;
     let done = if req.dry_run {

@@ -20,6 +20,8 @@ use crate::redis_conn::RedisConn;
 use crate::store::{Store, StoreError};
 
 mod audit;
+mod body_search;
+mod bulk;
 mod dead;
 mod overview;
 mod pause;
@@ -59,6 +61,7 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/businesses/{business}/dead", get(dead::list))
         .route("/businesses/{business}/dead/requeue", post(dead::requeue))
         .route("/businesses/{business}/dead/purge", post(dead::purge))
+        .route("/businesses/{business}/bulk/{action}", post(bulk::act))
         .route("/businesses/{business}/pause", post(pause::pause))
         .route("/businesses/{business}/resume", post(pause::resume))
         .fallback(|| async {

@@ -18,7 +18,7 @@ const REUSE: Duration = Duration::from_secs(1);
 /// Every business: counts from one stats script call per key, rates and
 /// lateness from this process's counters, paused and why.
 pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    let role = require_read(&state, &headers)?;
+    let role = require_read(&state, &headers, None)?;
     let s = state.0.clone();
     let mut v = state
         .overview
@@ -71,7 +71,8 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
             }
             Ok(json!({
                 "now_ms": now_ms,
-                "read_only": s.admin_token.is_none(),
+                "read_only": s.admin_token.is_none()
+                    && s.businesses.iter().all(|b| b.tokens.admin.is_none()),
                 "redis": super::super::probes::up_word(&s.redis),
                 "amqp": super::super::probes::up_word(&s.amqp),
                 "businesses": rows,
@@ -79,7 +80,15 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
         })
         .await?;
     // Shared by every caller; what this caller may do is its own.
-    v["can_write"] = (role == Role::Admin).into();
+    v["can_write"] = match role.only() {
+        Some(own) => role.writes(own),
+        None => role == Role::Admin,
+    }
+    .into();
+    if let (Some(own), Some(rows)) = (role.only(), v["businesses"].as_array_mut()) {
+        // A business's token sees its own business only.
+        rows.retain(|r| r["name"] == own);
+    }
     v["reads_need_token"] = state.read_token.is_some().into();
     Ok(Json(v))
 }

@@ -25,7 +25,7 @@ pub async fn resume(state: Shared, headers: HeaderMap, Path(name): Path<String>)
 }
 
 async fn set(state: Shared, headers: HeaderMap, name: String, on: bool) -> Reply {
-    let role = require_admin(&state, &headers)?;
+    let role = require_admin(&state, &headers, &name)?;
     let b = state.business(&name)?;
     let stores = state.stores_of(&b.name)?;
     let changed = if on {

@@ -14,8 +14,8 @@ use crate::http::auth::{require_admin, Role};
 use crate::tasks::audit::Write;
 use crate::tasks::{self, when, Cancelled, Range, TaskState};
 
-/// Longest search prefix, in bytes.
-const MAX_PREFIX: usize = 1024;
+/// Longest search prefix or body text, in bytes.
+pub(super) const MAX_PREFIX: usize = 1024;
 
 /// Query of `GET /tasks`.
 #[derive(Debug, serde::Deserialize)]
@@ -31,7 +31,7 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
-fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
+pub(super) fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
     v.map(|s| when::parse_at(s).map_err(|e| ApiError::bad(format!("\"{field}\" \"{s}\": {e}"))))
         .transpose()
 }
@@ -75,7 +75,7 @@ pub async fn list(
 }
 
 /// One pending task of a page: its member as shown, its handle, its due time.
-fn task_row(member: &[u8], due_ms: i64) -> Value {
+pub(super) fn task_row(member: &[u8], due_ms: i64) -> Value {
     json!({ "member": Shown::of(member), "handle": handle(member), "due_ms": due_ms })
 }
 
@@ -84,7 +84,9 @@ fn task_row(member: &[u8], due_ms: i64) -> Value {
 #[serde(deny_unknown_fields)]
 pub struct SearchQuery {
     /// What members start with.
-    prefix: String,
+    prefix: Option<String>,
+    /// Id mode: text the task's body contains (instead of `prefix`).
+    body: Option<String>,
     /// Matches wanted (1 to 1000; 50 unless set); a page may hold fewer.
     limit: Option<usize>,
     /// Where the previous page stopped.
@@ -101,10 +103,21 @@ pub async fn search(
     let Query(q) = q?;
     let b = state.business(&name)?;
     let limit = page_limit(q.limit, 50)?;
-    if q.prefix.len() > MAX_PREFIX {
+    let prefix = match (q.prefix, q.body) {
+        (None, Some(text)) => {
+            return super::body_search::page(&state, b, &text, limit, q.cursor.as_deref()).await
+        }
+        (Some(p), None) => p,
+        _ => {
+            return Err(ApiError::bad(
+                "give exactly one of \"prefix\" (what members start with) or \"body\" (text an id-mode body contains)",
+            ))
+        }
+    };
+    if prefix.len() > MAX_PREFIX {
         return Err(ApiError::bad(format!(
             "\"prefix\" is {} bytes; at most {MAX_PREFIX}",
-            q.prefix.len()
+            prefix.len()
         )));
     }
     if let Some(c) = &q.cursor {
@@ -117,13 +130,7 @@ pub async fn search(
     let mut conn = state.conn(&b.name)?;
     let page = bounded(
         &b.name,
-        tasks::search::by_prefix(
-            &mut conn,
-            b,
-            q.prefix.as_bytes(),
-            limit,
-            q.cursor.as_deref(),
-        ),
+        tasks::search::by_prefix(&mut conn, b, prefix.as_bytes(), limit, q.cursor.as_deref()),
     )
     .await?;
     let rows: Vec<Value> = page
@@ -197,7 +204,8 @@ pub struct When {
 }
 
 impl When {
-    fn due_ms(&self, now_ms: i64) -> Result<i64, ApiError> {
+    /// The due time these fields give, on Redis's clock `now_ms`.
+    pub(super) fn due_ms(&self, now_ms: i64) -> Result<i64, ApiError> {
         match (&self.in_, &self.at, self.at_ms) {
             (Some(d), None, None) => when::parse_in(d)
                 .map(|d| when::after(now_ms, d))
@@ -232,7 +240,7 @@ pub async fn schedule(
     Path(name): Path<String>,
     req: Result<Json<ScheduleBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let role = require_admin(&state, &headers)?;
+    let role = require_admin(&state, &headers, &name)?;
     let b = state.business(&name)?;
     let Json(req) = req?;
     let (member, body) = match (b.member, req.id) {
@@ -354,7 +362,7 @@ fn admin_by_id<'a>(
     headers: &HeaderMap,
     name: &str,
 ) -> Result<(Role, &'a Business), ApiError> {
-    let role = require_admin(state, headers)?;
+    let role = require_admin(state, headers, name)?;
     let b = state.business(name)?;
     id_mode(b)?;
     Ok((role, b))

@@ -312,6 +312,110 @@ async function act(method, p, body) {
   await refresh();
 }
 
+// --- search by payload (id mode) ----------------------------------------------
+
+let bodyCursor = null;
+
+async function searchBody(b, text, cursor) {
+  const q = new URLSearchParams({ body: text, limit: "50" });
+  if (cursor) q.set("cursor", cursor);
+  const r = await api("GET", path(b) + "/search?" + q);
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  const table = $("search");
+  table.hidden = false;
+  const body = table.tBodies[0];
+  if (!cursor) clear(body);
+  for (const t of r.json.tasks) {
+    const link = el("a", { href: "#" + new URLSearchParams({ b: b.name, tab: "find", id: t.id.text }) }, shown(t.id));
+    body.append(el("tr", { "data-id": t.id.text }, el("td", {}, t.due_ms === null ? "not pending" : when(t.due_ms)),
+      el("td", { class: "text" }, link, ": ", shown(t.body))));
+  }
+  bodyCursor = r.json.cursor;
+  searchCursor = null;
+  $("search-more").hidden = !bodyCursor;
+  $("search-note").textContent = body.rows.length + " found" +
+    (r.json.partial ? "; searched part of the bodies (bounded per request): search on for more" : "; searched to the end");
+}
+
+// --- bulk actions: count, confirm that count, act a bounded step at a time --
+
+function bulkRequest() {
+  const action = $("bulk-action").value;
+  const body = {};
+  if (action === "requeue" || action === "purge") {
+    body.reason = $("bulk-reason").value;
+  } else {
+    const prefix = $("bulk-prefix").value;
+    const from = $("bulk-from").value.trim(), to = $("bulk-to").value.trim();
+    if (prefix) body.prefix = prefix;
+    if (from) body.from = from;
+    if (to) body.to = to;
+    if (action === "reschedule") body.in = $("bulk-in").value.trim();
+  }
+  return [action, body];
+}
+
+function bulkFields() {
+  const action = $("bulk-action").value;
+  const dead = action === "requeue" || action === "purge";
+  for (const l of document.querySelectorAll(".bulk-pending")) l.hidden = dead;
+  for (const l of document.querySelectorAll(".bulk-dead")) l.hidden = !dead;
+  for (const l of document.querySelectorAll(".bulk-move")) l.hidden = action !== "reschedule";
+  $("bulk-confirm").hidden = true;
+}
+
+async function bulkCount(b) {
+  const [action, body] = bulkRequest();
+  const r = await api("POST", path(b) + "/bulk/" + action, Object.assign({ dry_run: true }, body));
+  const box = $("bulk-confirm");
+  clear(box);
+  box.hidden = true;
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  showResult("");
+  const n = r.json.count;
+  box.append(action + " " + n + " (" + r.json.filter + ")" + (r.json.partial ? ", at least: the count is partial" : "") + "? ");
+  if (n > 0) {
+    box.append(el("button", { id: "bulk-go", class: "write" + (action === "purge" || action === "cancel" ? " danger" : ""),
+      onclick: () => { box.hidden = true; bulkRun(b, action, body, n); } }, action + " " + n), " ");
+  }
+  box.append(el("button", { onclick: () => { box.hidden = true; } }, "leave them"));
+  for (const w of box.querySelectorAll(".write")) w.hidden = !overview.can_write;
+  box.hidden = false;
+}
+
+async function bulkRun(b, action, body, n) {
+  let cursor = null, total = 0, steps = 0;
+  do {
+    const req = Object.assign({}, body, cursor ? { cursor } : { confirm: n });
+    const r = await api("POST", path(b) + "/bulk/" + action, req);
+    if (!r.ok) { showResult(r.json.error, true); break; }
+    total += r.json.touched;
+    steps += 1;
+    cursor = r.json.cursor;
+    $("bulk-progress").textContent = action + ": " + total + " of at most " + n + " done in " + steps + " step" + (steps === 1 ? "" : "s") + (cursor ? "; going on…" : "");
+  } while (cursor && steps < 10000);
+  if (!cursor) showResult(action + ": " + total + " done", false);
+  await refresh();
+}
+
+function wireBulk() {
+  $("bulk-action").addEventListener("change", bulkFields);
+  $("bulk-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const b = business();
+    if (b) bulkCount(b);
+  });
+  $("body-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const b = business();
+    if (b) searchBody(b, $("body-input").value, null);
+  });
+  $("search-more").addEventListener("click", () => {
+    const b = business();
+    if (b && bodyCursor) searchBody(b, $("body-input").value, bodyCursor);
+  });
+}
+
 // --- the audit log -----------------------------------------------------------
 
 let auditCursor = null;
@@ -365,6 +469,7 @@ async function renderBusiness(b) {
     else if (b.member === "id") clear($("task"));
   }
   if (tab === "dead") await loadDead(b);
+  if (tab === "find") $("body-form").hidden = b.member !== "id";
 }
 
 async function refresh() {
@@ -422,7 +527,7 @@ function wire() {
     const b = business();
     if (b) act("POST", path(b) + "/" + e.target.dataset.action, {});
   });
-  $("search-more").addEventListener("click", () => { const b = business(); if (b) search(b, $("find-input").value, searchCursor); });
+  $("search-more").addEventListener("click", () => { const b = business(); if (b && searchCursor) search(b, $("find-input").value, searchCursor); });
   $("dead-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const b = business();
@@ -432,6 +537,7 @@ function wire() {
   });
   for (const f of ["dead-form"]) for (const btn of $(f).querySelectorAll("button")) btn.classList.add("write");
   $("audit-more").addEventListener("click", () => loadAudit(auditCursor));
+  wireBulk();
   window.addEventListener("hashchange", () => {
     showResult("");
     if (state().get("view") === "audit") loadAudit(null);

@@ -1,0 +1,212 @@
+//! `delayd bulk cancel|reschedule|requeue|purge`: act on a filtered set,
+//! counting first. `--dry-run` prints the count; acting needs `--confirm N`
+//! with that count and touches at most N members, a bounded step at a
+//! time, then writes one audit entry with the filter and the total.
+
+use clap::{Args, Subcommand};
+
+use super::{parse_at, redis_conn, stores, ConfigArg, Failure};
+use crate::config;
+use crate::tasks::audit::Write;
+use crate::tasks::bulk::{self, Act, Pick};
+use crate::tasks::{redis_now_ms, when, Range};
+
+/// A bulk action.
+#[derive(Debug, Subcommand)]
+pub(super) enum BulkAction {
+    /// Cancel pending tasks by due range or member prefix.
+    Cancel(PendingArgs),
+    /// Move pending tasks, by due range or member prefix, to a new due time.
+    Reschedule(RescheduleArgs),
+    /// Requeue dead members whose reason contains some text, due now.
+    Requeue(DeadArgs),
+    /// Purge dead members whose reason contains some text.
+    Purge(DeadArgs),
+}
+
+/// The business, counting or confirming.
+#[derive(Debug, Args)]
+pub(super) struct Common {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The business to act on.
+    business: String,
+    /// Print how many members the filter picks, and change nothing.
+    #[arg(long, conflicts_with = "confirm")]
+    dry_run: bool,
+    /// Act, on at most this many members: the count --dry-run printed.
+    #[arg(long, value_name = "COUNT")]
+    confirm: Option<u64>,
+}
+
+/// Which pending tasks: a due range or a member prefix.
+#[derive(Debug, Args)]
+pub(super) struct PendingArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Tasks due at or after this time (RFC 3339 or epoch ms).
+    #[arg(long, value_name = "TIME", conflicts_with = "prefix")]
+    from: Option<String>,
+    /// Tasks due at or before this time (RFC 3339 or epoch ms).
+    #[arg(long, value_name = "TIME", conflicts_with = "prefix")]
+    to: Option<String>,
+    /// Tasks whose member (the id in id mode) starts with this.
+    #[arg(long)]
+    prefix: Option<String>,
+}
+
+/// Which pending tasks, and when they become due.
+#[derive(Debug, Args)]
+pub(super) struct RescheduleArgs {
+    #[command(flatten)]
+    pending: PendingArgs,
+    /// Due after this long on Redis's clock, e.g. 30s, 5m (0s: now).
+    #[arg(long = "in", value_name = "DUR", conflicts_with = "at")]
+    in_: Option<String>,
+    /// Due at this time: RFC 3339 or epoch milliseconds.
+    #[arg(long, value_name = "TIME")]
+    at: Option<String>,
+}
+
+/// Which dead members: by reason.
+#[derive(Debug, Args)]
+pub(super) struct DeadArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Dead members whose reason contains this text.
+    #[arg(long)]
+    reason: String,
+}
+
+impl PendingArgs {
+    fn pick(&self) -> Result<Pick, Failure> {
+        match (&self.prefix, &self.from, &self.to) {
+            (Some(p), _, _) if p.is_empty() => Err(Failure::usage(
+                "--prefix is empty; give the start of the members",
+            )),
+            (Some(p), _, _) => Ok(Pick::Prefix(p.clone().into_bytes())),
+            (None, None, None) => Err(Failure::usage(
+                "give a due range (--from and/or --to) or --prefix",
+            )),
+            (None, from, to) => Ok(Pick::Due(Range {
+                from_ms: from.as_deref().map(parse_at).transpose()?,
+                to_ms: to.as_deref().map(parse_at).transpose()?,
+            })),
+        }
+    }
+}
+
+/// `delayd bulk ...`.
+pub(super) async fn run(action: BulkAction) -> Result<(), Failure> {
+    let (common, pick, due) = match &action {
+        BulkAction::Cancel(a) => (&a.common, a.pick()?, None),
+        BulkAction::Reschedule(a) => {
+            if a.in_.is_none() && a.at.is_none() {
+                return Err(Failure::usage(
+                    "give the new due time with --in DUR or --at TIME",
+                ));
+            }
+            (&a.pending.common, a.pending.pick()?, Some((&a.in_, &a.at)))
+        }
+        BulkAction::Requeue(a) | BulkAction::Purge(a) if a.reason.is_empty() => {
+            return Err(Failure::usage(
+                "--reason is empty; give text the dead reasons contain",
+            ))
+        }
+        BulkAction::Requeue(a) | BulkAction::Purge(a) => {
+            (&a.common, Pick::Reason(a.reason.clone()), None)
+        }
+    };
+    let cfg = config::load(&common.config.config)?;
+    let b = cfg.business(&common.business).map_err(Failure::usage)?;
+    let conn = redis_conn(&cfg).await?;
+    let stores = stores(&conn, b);
+    let redis = |e: crate::store::StoreError| {
+        Failure::runtime(format!("business \"{}\": redis: {e}", b.name))
+    };
+    if common.dry_run || common.confirm.is_none() {
+        let n = bulk::count(&stores, b.score_unit, &pick)
+            .await
+            .map_err(redis)?;
+        let more = if n.partial {
+            " at least (the count stopped early)"
+        } else {
+            ""
+        };
+        println!(
+            "{} members of business \"{}\" picked by {}{more}",
+            n.count,
+            b.name,
+            pick.describe()
+        );
+        if common.dry_run {
+            return Ok(());
+        }
+        return Err(Failure::usage(format!(
+            "nothing done: to act, run again with --confirm {} (the count above)",
+            n.count
+        )));
+    }
+    let act = match (&action, due) {
+        (BulkAction::Cancel(_), _) => Act::Cancel,
+        (BulkAction::Requeue(_), _) => Act::Requeue,
+        (BulkAction::Purge(_), _) => Act::Purge,
+        (_, due) => {
+            let mut c = conn.clone();
+            let now = redis_now_ms(&mut c).await.map_err(redis)?;
+            Act::Reschedule(due_ms(due, now)?)
+        }
+    };
+    let confirmed = common.confirm.unwrap_or(0);
+    let (mut total, mut cursor, mut failed) = (0u64, None::<String>, None);
+    loop {
+        match bulk::step(
+            &stores,
+            b.score_unit,
+            &pick,
+            act,
+            cursor.as_deref(),
+            confirmed,
+        )
+        .await
+        {
+            Ok(s) => {
+                total += s.touched;
+                cursor = s.cursor;
+            }
+            Err(e) => failed = Some(redis(e)),
+        }
+        if cursor.is_none() || failed.is_some() {
+            break;
+        }
+    }
+    let mut what = pick.describe();
+    if let Act::Reschedule(ms) = act {
+        what.push_str(&format!(", to {ms}"));
+    }
+    let write = Write {
+        by: "cli",
+        business: &b.name,
+        action: act.name(),
+        what: &what,
+        count: total,
+    };
+    super::audit(&conn, &write).await;
+    println!(
+        "{}: {total} members of business \"{}\" ({what})",
+        act.name(),
+        b.name
+    );
+    failed.map_or(Ok(()), Err)
+}
+
+/// The due time `--in` or `--at` gives, on Redis's clock `now`.
+fn due_ms(due: Option<(&Option<String>, &Option<String>)>, now: i64) -> Result<i64, Failure> {
+    match due {
+        Some((Some(d), _)) => when::parse_in(d)
+            .map(|d| when::after(now, d))
+            .map_err(|e| Failure::usage(format!("--in \"{d}\": {e}"))),
+        Some((None, Some(a))) => parse_at(a),
+        _ => Ok(now),
+    }
+}

@@ -1,0 +1,359 @@
+//! Bulk actions on a filtered set: cancel or reschedule pending tasks by
+//! due range or member prefix, requeue or purge dead members by reason.
+//!
+//! The flow is count ([`count`]), confirm that count, act ([`step`]). A
+//! step touches at most [`PER_STEP`] members, in batches of [`BATCH`] (one
+//! bounded Redis call each), never more than the count confirmed, and
+//! returns a cursor to resume from: no call walks a huge set at once, and
+//! a set that grew since the count is not acted on beyond it.
+
+use std::time::{Duration, Instant};
+
+use super::dead::{self, Filter, Matched};
+use super::{hex, score_of, unhex, Range};
+use crate::config::ScoreUnit;
+use crate::store::{Set, Store, StoreError};
+
+/// Members one Redis call reads or acts on.
+pub const BATCH: usize = 1000;
+/// Members one step acts on at most.
+pub const PER_STEP: usize = 10_000;
+/// Longest a step keeps starting batches.
+pub const STEP_TIME: Duration = Duration::from_secs(2);
+/// `ZSCAN` calls a prefix count makes at most, over every shard (each
+/// looks at about [`BATCH`] members); beyond it the count is partial.
+pub const COUNT_SCANS: usize = 100;
+
+/// Which members a bulk action picks.
+#[derive(Debug, Clone)]
+pub enum Pick {
+    /// Pending tasks due within the range.
+    Due(Range),
+    /// Pending tasks whose member (the id in id mode) starts with this.
+    Prefix(Vec<u8>),
+    /// Dead members whose reason contains this text.
+    Reason(String),
+}
+
+impl Pick {
+    /// The filter as the audit log names it.
+    pub fn describe(&self) -> String {
+        let at = |ms: Option<i64>| ms.map_or("any time".to_string(), |ms| format!("{ms}"));
+        match self {
+            Pick::Due(r) => format!("due from {} to {} (epoch ms)", at(r.from_ms), at(r.to_ms)),
+            Pick::Prefix(p) => format!("member prefix \"{}\"", crate::text::text(p)),
+            Pick::Reason(r) => format!("reason containing \"{r}\""),
+        }
+    }
+}
+
+/// What a bulk action does to the members it picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// Pending tasks removed (in-flight ones go ahead).
+    Cancel,
+    /// Pending tasks moved to this due time, epoch ms.
+    Reschedule(i64),
+    /// Dead members back to pending, due now.
+    Requeue,
+    /// Dead members deleted.
+    Purge,
+}
+
+impl Act {
+    /// The action as answers and the audit log name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::Cancel => "bulk_cancel",
+            Act::Reschedule(_) => "bulk_reschedule",
+            Act::Requeue => "bulk_requeue",
+            Act::Purge => "bulk_purge",
+        }
+    }
+
+    /// Whether the action applies to what `pick` picks: pending tasks are
+    /// cancelled or moved, dead members requeued or purged.
+    pub fn fits(self, pick: &Pick) -> bool {
+        matches!(
+            (self, pick),
+            (
+                Act::Cancel | Act::Reschedule(_),
+                Pick::Due(_) | Pick::Prefix(_)
+            ) | (Act::Requeue | Act::Purge, Pick::Reason(_))
+        )
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Step {
+    /// Members cancelled, moved, requeued or purged by this step.
+    pub touched: u64,
+    /// Pass to the next step; `None` once the set was walked to its end or
+    /// the confirmed count was reached.
+    pub cursor: Option<String>,
+}
+
+/// Where a walk stands in one shard.
+#[derive(Debug, Clone, PartialEq)]
+enum Pos {
+    Start,
+    /// After this (score, member), in Redis's order.
+    After(String, Vec<u8>),
+    /// At this `ZSCAN` cursor.
+    Scan(u64),
+}
+
+/// A walk: members still allowed, the shard, where in it.
+#[derive(Debug, Clone, PartialEq)]
+struct Cursor {
+    left: u64,
+    shard: usize,
+    pos: Pos,
+}
+
+impl Cursor {
+    fn encode(&self) -> String {
+        let pos = match &self.pos {
+            Pos::Start => String::new(),
+            Pos::After(s, m) => format!("a{s}:{}", hex(m)),
+            Pos::Scan(z) => format!("z{z}"),
+        };
+        format!("{}:{}:{pos}", self.left, self.shard)
+    }
+
+    fn decode(c: &str, shards: usize) -> Option<Self> {
+        let mut parts = c.splitn(3, ':');
+        let left = parts.next()?.parse().ok()?;
+        let shard = parts.next()?.parse().ok().filter(|s| *s < shards)?;
+        let p = parts.next()?;
+        let pos = if p.is_empty() {
+            Pos::Start
+        } else if let Some(z) = p.strip_prefix('z') {
+            Pos::Scan(z.parse().ok()?)
+        } else {
+            let (s, m) = p.strip_prefix('a')?.split_once(':')?;
+            s.parse::<f64>().ok()?;
+            Pos::After(s.to_string(), unhex(m)?)
+        };
+        Some(Self { left, shard, pos })
+    }
+}
+
+/// Whether `c` is a cursor a step over `shards` shards could have returned.
+pub fn valid_cursor(c: &str, shards: usize) -> bool {
+    Cursor::decode(c, shards).is_some()
+}
+
+/// How many members `pick` picks now: exact for a due range (`ZCOUNT`),
+/// bounded for a prefix ([`COUNT_SCANS`]) or a reason (as `dead` counts),
+/// `partial` when the bound was reached first.
+pub async fn count(stores: &[Store], unit: ScoreUnit, pick: &Pick) -> Result<Matched, StoreError> {
+    let mut out = Matched::default();
+    match pick {
+        Pick::Due(r) => {
+            let (lo, hi) = bounds(*r, unit);
+            for s in stores {
+                out.count += s.count_due(&lo, &hi).await?;
+            }
+        }
+        Pick::Reason(r) => return dead::count(stores, &Filter::Reason(r.clone())).await,
+        Pick::Prefix(p) => {
+            let pattern = super::search::pattern(p);
+            let mut calls = 0;
+            'shards: for s in stores {
+                let mut at = 0;
+                loop {
+                    if calls == COUNT_SCANS {
+                        out.partial = true;
+                        break 'shards;
+                    }
+                    calls += 1;
+                    let (next, found) = s.scan_pending(at, &pattern, BATCH).await?;
+                    out.count += found.len() as u64;
+                    at = next;
+                    if at == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A due range as Redis score bounds.
+fn bounds(r: Range, unit: ScoreUnit) -> (String, String) {
+    let at = |ms: Option<i64>, open: &str| {
+        ms.map_or(open.to_string(), |ms| format!("{}", score_of(ms, unit)))
+    };
+    (at(r.from_ms, "-inf"), at(r.to_ms, "+inf"))
+}
+
+/// Acts on the next members `pick` picks, from `cursor` (`None`: a new
+/// action, allowed to touch `confirmed` members in all), for at most
+/// [`PER_STEP`] members or [`STEP_TIME`]. A Redis failure mid-step leaves
+/// whole batches done; the count so far is lost to the answer, not to Redis.
+pub async fn step(
+    stores: &[Store],
+    unit: ScoreUnit,
+    pick: &Pick,
+    act: Act,
+    cursor: Option<&str>,
+    confirmed: u64,
+) -> Result<Step, StoreError> {
+    let mut at = match cursor {
+        Some(c) => Cursor::decode(c, stores.len()).ok_or_else(|| {
+            StoreError::Reply(format!("bulk cursor \"{c}\" is not one delayd returned"))
+        })?,
+        None => Cursor {
+            left: confirmed,
+            shard: 0,
+            pos: Pos::Start,
+        },
+    };
+    let started = Instant::now();
+    let mut touched = 0u64;
+    while at.left > 0
+        && at.shard < stores.len()
+        && (touched as usize) < PER_STEP
+        && started.elapsed() < STEP_TIME
+    {
+        let room = at.left.min((PER_STEP - touched as usize) as u64) as usize;
+        let (n, done) = batch(&stores[at.shard], unit, pick, act, &mut at.pos, room).await?;
+        touched += n;
+        at.left -= n.min(at.left);
+        if done {
+            at.shard += 1;
+            at.pos = Pos::Start;
+        }
+    }
+    let cursor = (at.left > 0 && at.shard < stores.len()).then(|| at.encode());
+    Ok(Step { touched, cursor })
+}
+
+/// One batch on one shard: at most [`BATCH`] members read and at most
+/// `room` acted on. Returns how many were touched and whether the shard
+/// was walked to its end.
+async fn batch(
+    store: &Store,
+    unit: ScoreUnit,
+    pick: &Pick,
+    act: Act,
+    pos: &mut Pos,
+    room: usize,
+) -> Result<(u64, bool), StoreError> {
+    let after = |pos: &Pos| match pos {
+        Pos::After(s, m) => (s.clone(), m.clone()),
+        _ => (String::new(), Vec::new()),
+    };
+    match pick {
+        Pick::Due(r) => {
+            let (lo, hi) = bounds(*r, unit);
+            let (s, m) = after(pos);
+            let (mut page, more) = store
+                .page_after(Set::Pending, (&lo, &hi), BATCH.min(room), (&s, &m))
+                .await?;
+            let cut = page.len() == room && more;
+            page.truncate(room);
+            let names: Vec<&[u8]> = page.iter().map(|(m, _)| m.as_slice()).collect();
+            let n = on_pending(store, act, &names).await?;
+            if let Some((m, s)) = page.last() {
+                *pos = Pos::After(s.clone(), m.clone());
+            }
+            Ok((n, !more && !cut))
+        }
+        Pick::Prefix(p) => {
+            let z = match pos {
+                Pos::Scan(z) => *z,
+                _ => 0,
+            };
+            let (next, mut found) = store
+                .scan_pending(z, &super::search::pattern(p), BATCH.min(room.max(10)))
+                .await?;
+            found.sort();
+            found.dedup();
+            found.truncate(room);
+            let names: Vec<&[u8]> = found.iter().map(|m| m.as_slice()).collect();
+            let n = on_pending(store, act, &names).await?;
+            *pos = Pos::Scan(next);
+            Ok((n, next == 0))
+        }
+        Pick::Reason(text) => {
+            let (s, m) = after(pos);
+            let (page, more) = store
+                .page_after(Set::Dead, ("-inf", "+inf"), BATCH, (&s, &m))
+                .await?;
+            let names: Vec<&[u8]> = page.iter().map(|(m, _)| m.as_slice()).collect();
+            let reasons = store.reasons_of(&names).await?;
+            let mut picked = Vec::new();
+            let mut last = None;
+            for ((m, s), reason) in page.iter().zip(&reasons) {
+                if picked.len() == room {
+                    break;
+                }
+                if reason.as_deref().is_some_and(|r| r.contains(text.as_str())) {
+                    picked.push(m.as_slice());
+                }
+                last = Some((s, m));
+            }
+            let read_all = last.map(|(_, m)| m) == page.last().map(|(m, _)| m);
+            let n = match act {
+                Act::Purge => store.dead_purge_members(&picked).await?,
+                _ => store.dead_requeue_members(&picked).await?,
+            };
+            if let Some((s, m)) = last {
+                *pos = Pos::After(s.clone(), m.clone());
+            }
+            Ok((n, !more && read_all))
+        }
+    }
+}
+
+/// Cancels or moves the named pending members.
+async fn on_pending(store: &Store, act: Act, names: &[&[u8]]) -> Result<u64, StoreError> {
+    match act {
+        Act::Reschedule(due_ms) => store.move_members(names, due_ms).await,
+        _ => store.cancel_members(names).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_name_a_shard_that_exists() {
+        for c in [
+            Cursor {
+                left: 5,
+                shard: 1,
+                pos: Pos::Start,
+            },
+            Cursor {
+                left: 7,
+                shard: 0,
+                pos: Pos::Scan(42),
+            },
+            Cursor {
+                left: 9,
+                shard: 1,
+                pos: Pos::After("1767323045000".into(), b"a:\xff".to_vec()),
+            },
+        ] {
+            assert_eq!(Cursor::decode(&c.encode(), 2), Some(c));
+        }
+        assert!(!valid_cursor("5:2:", 2));
+        assert!(!valid_cursor("x:0:", 2));
+        assert!(!valid_cursor("5:0:anope:zz", 2));
+        assert!(!valid_cursor("5:0:q", 2));
+    }
+
+    #[test]
+    fn pending_actions_take_pending_picks_and_dead_actions_dead_ones() {
+        let due = Pick::Due(Range::default());
+        let reason = Pick::Reason("x".into());
+        assert!(Act::Cancel.fits(&due) && Act::Reschedule(0).fits(&Pick::Prefix(b"a".to_vec())));
+        assert!(Act::Purge.fits(&reason) && !Act::Purge.fits(&due) && !Act::Cancel.fits(&reason));
+    }
+}

@@ -1,0 +1,525 @@
+//! Bulk actions, search by payload and per-business tokens through the
+//! JSON API, against a running delayd and real Redis and RabbitMQ: the
+//! count comes first, an action touches no more than the count confirmed,
+//! a step is bounded and resumes from its cursor, and each call writes one
+//! audit entry.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+const TOKEN: &str = "bulk-admin-token-0123456789";
+
+fn id_business(name: &str) -> BusinessSpec {
+    BusinessSpec::with_extra(name, "member = \"id\"")
+}
+
+/// Schedules `ids` due at `due_ms` with a body each, as a producer would.
+async fn seed_pending(
+    r: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    ids: &[String],
+    due_ms: i64,
+) {
+    let fam = family(key);
+    for chunk in ids.chunks(1000) {
+        let mut p = redis::pipe();
+        for id in chunk {
+            p.hset(&fam.body, id, format!("body of {id}")).ignore();
+            p.zadd(key, id, due_ms).ignore();
+        }
+        let _: () = p.query_async(r).await.unwrap();
+    }
+}
+
+/// The newest audit entries of `business`, as (by, action, what, count).
+async fn audit_of(port: u16, business: &str) -> Vec<(String, String, String, u64)> {
+    let a = call(port, "GET", "/api/v1/audit?limit=200", Some(TOKEN), None).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    a.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["business"] == business)
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap().to_string();
+            (
+                s("by"),
+                s("action"),
+                s("what"),
+                e["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i:05}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_cancel_by_due_range_counts_first_then_cancels_more_than_one_batch_and_no_more_than_confirmed(
+) {
+    let b = id_business("bulkcancel");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = redis().await;
+    let now = redis_now_ms(&mut r).await;
+    let (lo, hi) = (now + 86_400_000, now + 2 * 86_400_000);
+    seed_pending(&mut r, &b.key, &ids("in-", 2500), lo + 1000).await;
+    seed_pending(&mut r, &b.key, &ids("out-", 10), hi + 1000).await;
+    let path = format!("/api/v1/businesses/{}/bulk/cancel", b.name);
+    let range = json!({ "from": lo.to_string(), "to": hi.to_string() });
+
+    let mut count = range.clone();
+    count["dry_run"] = true.into();
+    let a = c.post_untokened(&path, count).await;
+    assert_eq!(
+        (a.status, a.json["count"].as_u64()),
+        (200, Some(2500)),
+        "{}",
+        a.text
+    );
+    assert_eq!(zcard(&mut r, &b.key).await, 2510, "a count changes nothing");
+
+    let a = c.post(&path, range.clone()).await;
+    assert_eq!(
+        a.status, 400,
+        "acting without the count confirmed: {}",
+        a.text
+    );
+    assert!(a.error_line().contains("\"confirm\""), "{}", a.text);
+
+    // Members added after the count are not acted on beyond it.
+    seed_pending(&mut r, &b.key, &ids("late-", 100), lo + 2000).await;
+    let mut act = range.clone();
+    act["confirm"] = 2500.into();
+    let a = c.post(&path, act).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.json["touched"], 2500, "{}", a.text);
+    assert_eq!(a.json["done"], true, "{}", a.text);
+    assert_eq!(
+        zcard(&mut r, &b.key).await,
+        110,
+        "10 outside the range and the 100 late ones stay"
+    );
+    let fam = family(&b.key);
+    let bodies: u64 = redis::cmd("HLEN")
+        .arg(&fam.body)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(bodies, 110, "a cancelled id's body goes with it");
+    // The log is shared by every run: this run's entries name its range.
+    let mut entries = audit_of(c.port, &b.name).await;
+    entries.retain(|e| e.2.contains(&format!("due from {lo} ")));
+    assert_eq!(
+        entries.len(),
+        1,
+        "one audit entry for the call: {entries:?}"
+    );
+    let (by, action, what, n) = &entries[0];
+    assert_eq!(
+        (by.as_str(), action.as_str(), *n),
+        ("admin_token", "bulk_cancel", 2500)
+    );
+    assert!(what.contains(&format!("due from {lo} to {hi}")), "{what}");
+    del_family(&mut r, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_purge_by_reason_over_more_than_one_step_resumes_from_its_cursor_with_an_audit_entry_per_call(
+) {
+    let b = BusinessSpec::random("bulkrequeue");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = redis().await;
+    let fam = family(&b.key);
+    let now = redis_now_ms(&mut r).await;
+    let n = 12_000;
+    let tag = unique("NO_ROUTE");
+    for chunk in (0..n + 50).collect::<Vec<_>>().chunks(1000) {
+        let mut p = redis::pipe();
+        for i in chunk {
+            let (m, reason) = if *i < n {
+                (
+                    format!("u{i}"),
+                    format!("returned as unroutable (312 {tag}) after 5 attempts"),
+                )
+            } else {
+                (format!("n{i}"), "no body".to_string())
+            };
+            p.zadd(&fam.dead, &m, now - 100_000 + *i as i64).ignore();
+            p.hset(&fam.reasons, &m, &reason).ignore();
+        }
+        let _: () = p.query_async(&mut r).await.unwrap();
+    }
+    let path = format!("/api/v1/businesses/{}/bulk/purge", b.name);
+    let a = c
+        .post(&path, json!({ "reason": tag, "dry_run": true }))
+        .await;
+    assert_eq!(a.json["count"], n, "{}", a.text);
+
+    let a = c.post(&path, json!({ "reason": tag, "confirm": n })).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let first = a.json["touched"].as_u64().unwrap();
+    assert!(
+        first > 1000 && first < n as u64,
+        "one call is bounded, beyond one batch: {}",
+        a.text
+    );
+    let mut cursor = a.json["cursor"]
+        .as_str()
+        .expect("a cursor to go on from")
+        .to_string();
+    let mut total = first;
+    let mut calls = 1;
+    while calls < 20 {
+        let a = c
+            .post(&path, json!({ "reason": tag, "cursor": cursor }))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text);
+        total += a.json["touched"].as_u64().unwrap();
+        calls += 1;
+        match a.json["cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(total, n as u64);
+    assert_eq!(
+        zcard(&mut r, &fam.dead).await,
+        50,
+        "only the other reason is left"
+    );
+    let mut entries = audit_of(c.port, &b.name).await;
+    entries.retain(|e| e.2.contains(&tag));
+    assert_eq!(entries.len(), calls, "{entries:?}");
+    assert_eq!(entries.iter().map(|e| e.3).sum::<u64>(), n as u64);
+    assert!(entries
+        .iter()
+        .all(|e| e.1 == "bulk_purge" && e.2.contains(&format!("reason containing \"{tag}\""))));
+    assert_eq!(
+        entries.iter().filter(|e| e.2.contains("(resumed)")).count(),
+        calls - 1
+    );
+
+    let a = c
+        .post(&path, json!({ "reason": tag, "cursor": "nonsense" }))
+        .await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    assert!(a.error_line().contains("\"cursor\""));
+    del_family(&mut r, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_reschedule_by_id_prefix_moves_only_the_ids_with_that_prefix() {
+    let b = id_business("bulkmove");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = redis().await;
+    let now = redis_now_ms(&mut r).await;
+    let later = now + 86_400_000;
+    seed_pending(&mut r, &b.key, &ids("order-7-", 1500), later).await;
+    seed_pending(&mut r, &b.key, &ids("order-8-", 20), later).await;
+    let path = format!("/api/v1/businesses/{}/bulk/reschedule", b.name);
+    let a = c
+        .post(&path, json!({ "prefix": "order-7-", "dry_run": true }))
+        .await;
+    assert_eq!(a.json["count"], 1500, "{}", a.text);
+    let target = later + 3_600_000;
+    let a = c
+        .post(
+            &path,
+            json!({ "prefix": "order-7-", "confirm": 1500, "at_ms": target }),
+        )
+        .await;
+    assert_eq!(
+        (a.status, a.json["touched"].as_u64()),
+        (200, Some(1500)),
+        "{}",
+        a.text
+    );
+    let moved: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(&b.key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    for (id, score) in &moved {
+        let want = if id.starts_with("order-7-") {
+            target
+        } else {
+            later
+        };
+        assert_eq!(*score as i64, want, "{id}");
+    }
+    assert_eq!(moved.len(), 1520);
+    del_family(&mut r, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_requests_a_caller_can_fix_are_one_line_4xx_and_acting_needs_the_admin_token() {
+    let b = id_business("bulkbad");
+    let c = ConsoleDaemon::start_with_tokens(&[&b], "bulk-read-token-42", TOKEN).await;
+    let base = format!("/api/v1/businesses/{}/bulk", b.name);
+    let cases = [
+        (
+            "/explode",
+            json!({ "prefix": "a", "dry_run": true }),
+            404,
+            "no bulk action",
+        ),
+        (
+            "/cancel",
+            json!({ "reason": "x", "dry_run": true }),
+            400,
+            "due range",
+        ),
+        (
+            "/purge",
+            json!({ "prefix": "x", "dry_run": true }),
+            400,
+            "\"reason\"",
+        ),
+        (
+            "/cancel",
+            json!({ "prefix": "", "dry_run": true }),
+            400,
+            "\"prefix\" is empty",
+        ),
+        (
+            "/cancel",
+            json!({ "from": "yesterday", "dry_run": true }),
+            400,
+            "\"from\"",
+        ),
+        (
+            "/reschedule",
+            json!({ "prefix": "a", "confirm": 1 }),
+            400,
+            "exactly one of \"in\"",
+        ),
+        (
+            "/cancel",
+            json!({ "prefix": "a", "confirm": 0 }),
+            400,
+            "\"confirm\" is 0",
+        ),
+        (
+            "/cancel",
+            json!({ "prefix": "a", "colour": 1 }),
+            422,
+            "colour",
+        ),
+    ];
+    for (p, body, status, says) in cases {
+        let a = call(
+            c.port,
+            "POST",
+            &format!("{base}{p}"),
+            Some(TOKEN),
+            Some(&body.to_string()),
+        )
+        .await;
+        assert_eq!(a.status, status, "{p} {body}: {}", a.text);
+        assert!(a.error_line().contains(says), "{p} {body}: {}", a.text);
+    }
+    let act = json!({ "prefix": "a", "confirm": 1 }).to_string();
+    let a = call(
+        c.port,
+        "POST",
+        &format!("{base}/cancel"),
+        Some("bulk-read-token-42"),
+        Some(&act),
+    )
+    .await;
+    assert_eq!(a.status, 403, "the read token only counts: {}", a.text);
+    let count = json!({ "prefix": "a", "dry_run": true }).to_string();
+    let a = call(
+        c.port,
+        "POST",
+        &format!("{base}/cancel"),
+        Some("bulk-read-token-42"),
+        Some(&count),
+    )
+    .await;
+    assert_eq!(a.status, 200, "the read token counts: {}", a.text);
+    let a = call(c.port, "POST", &format!("{base}/cancel"), None, Some(&act)).await;
+    assert_eq!(a.status, 401, "{}", a.text);
+    let a = call_with(
+        c.port,
+        "POST",
+        &format!("{base}/cancel"),
+        &[
+            ("Authorization", &format!("Bearer {TOKEN}")),
+            ("Origin", "http://evil.example"),
+        ],
+        Some(&act),
+    )
+    .await;
+    assert_eq!(
+        a.status, 403,
+        "a write from another page's Origin: {}",
+        a.text
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_by_body_finds_exactly_the_ids_whose_body_contains_the_text_page_by_page() {
+    let b = id_business("bodysearch");
+    let body_mode = BusinessSpec::random("bodymode");
+    let c = ConsoleDaemon::start(&[&b, &body_mode], None).await;
+    let mut r = redis().await;
+    let now = redis_now_ms(&mut r).await;
+    let fam = family(&b.key);
+    let mut p = redis::pipe();
+    for i in 0..3000 {
+        let body = if i % 100 == 7 {
+            format!("{{\"order\":{i},\"customer\":\"ACME-needle\"}}")
+        } else {
+            format!("{{\"order\":{i},\"customer\":\"other\"}}")
+        };
+        p.hset(&fam.body, format!("t{i}"), body).ignore();
+        p.zadd(&b.key, format!("t{i}"), now + 86_400_000).ignore();
+    }
+    let _: () = p.query_async(&mut r).await.unwrap();
+    let mut found = std::collections::BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut q = format!(
+            "/api/v1/businesses/{}/search?body=ACME-needle&limit=10",
+            b.name
+        );
+        if let Some(c) = &cursor {
+            q.push_str(&format!("&cursor={c}"));
+        }
+        let a = api_get(c.port, &q).await;
+        assert_eq!(a.status, 200, "{}", a.text);
+        for t in a.json["tasks"].as_array().unwrap() {
+            assert!(t["body"]["text"].as_str().unwrap().contains("ACME-needle"));
+            assert_eq!(t["due_ms"], now + 86_400_000);
+            found.insert(t["id"]["text"].as_str().unwrap().to_string());
+        }
+        cursor = a.json["cursor"].as_str().map(str::to_string);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert!(cursor.is_none(), "the search never reached the end");
+    let want: std::collections::BTreeSet<String> = (0..3000)
+        .filter(|i| i % 100 == 7)
+        .map(|i| format!("t{i}"))
+        .collect();
+    assert_eq!(found, want);
+    let a = api_get(
+        c.port,
+        &format!("/api/v1/businesses/{}/search?body=x", body_mode.name),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    assert!(a.error_line().contains("member = \"body\""));
+    let a = api_get(
+        c.port,
+        &format!("/api/v1/businesses/{}/search?body=x&prefix=y", b.name),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    del_family(&mut r, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_business_token_opens_its_own_business_only_and_never_shows_in_logs() {
+    let own = "tok-own-business-7f3a9c";
+    let a_biz =
+        BusinessSpec::with_extra("alpha", format!("member = \"id\"\nadmin_token = \"{own}\""));
+    let b_biz = id_business("beta");
+    let c = ConsoleDaemon::start(&[&a_biz, &b_biz], Some(TOKEN)).await;
+    let get = |path: String, tok: Option<&'static str>| {
+        let port = c.port;
+        async move { call(port, "GET", &path, tok, None).await }
+    };
+    let own_tok: &'static str = Box::leak(own.to_string().into_boxed_str());
+    let a = get("/api/v1/businesses/alpha/tasks".into(), Some(own_tok)).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let a = get("/api/v1/businesses/alpha/tasks".into(), None).await;
+    assert_eq!(
+        a.status, 401,
+        "a business with a token of its own is closed to reads without one: {}",
+        a.text
+    );
+    let a = get("/api/v1/businesses/beta/tasks".into(), Some(own_tok)).await;
+    assert_eq!(a.status, 403, "{}", a.text);
+    assert!(
+        a.error_line().contains("another business's token"),
+        "{}",
+        a.text
+    );
+    let a = call(
+        c.port,
+        "POST",
+        "/api/v1/businesses/beta/pause",
+        Some(own),
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(a.status, 403, "a write to another business: {}", a.text);
+    let a = call(
+        c.port,
+        "POST",
+        "/api/v1/businesses/alpha/pause",
+        Some(own),
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let a = call(
+        c.port,
+        "POST",
+        "/api/v1/businesses/alpha/resume",
+        Some(TOKEN),
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(
+        a.status, 200,
+        "the global admin token still writes: {}",
+        a.text
+    );
+    let a = get("/api/v1/businesses".into(), Some(own_tok)).await;
+    let names: Vec<&str> = a.json["businesses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["alpha"],
+        "the overview shows a business token its business only"
+    );
+    assert_eq!(a.json["can_write"], true);
+    let entries = audit_of(c.port, "alpha").await;
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.0 == "businesses.alpha.admin_token" && e.1 == "pause"),
+        "the audit log names the token by its place, not its value: {entries:?}"
+    );
+    let a = get("/api/v1/audit".into(), Some(own_tok)).await;
+    assert!(
+        a.json["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["business"] == "alpha"),
+        "{}",
+        a.text
+    );
+    let metrics = http_get(c.port, "/metrics")
+        .map(|m| m.1)
+        .unwrap_or_default();
+    for shown in [c.daemon.logs(), metrics, a.text] {
+        assert!(!shown.contains(own), "the token leaked");
+    }
+}
