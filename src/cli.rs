@@ -16,6 +16,7 @@ mod check;
 mod dead;
 mod pause;
 mod recurring;
+mod recurring_control;
 
 /// Command-line interface of `delayd`.
 #[derive(Debug, Parser)]
@@ -68,7 +69,8 @@ enum Command {
         /// The business whose keys to print.
         business: String,
     },
-    /// Print each recurring schedule's next occurrences.
+    /// Print each recurring schedule's next occurrences (with `--state`,
+    /// paused, missed, last delivered); pause, resume or run one now.
     Recurring(recurring::RecurringArgs),
     /// Look at and act on dead members.
     Dead {
@@ -179,7 +181,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Dead { action } => dead::run(action).await,
         Command::Pause(a) => pause::run(a, true).await,
         Command::Resume(a) => pause::run(a, false).await,
-        Command::Recurring(a) => recurring::recurring(a),
+        Command::Recurring(a) => recurring::recurring(a).await,
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),
             message: e.to_string(),

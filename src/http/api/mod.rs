@@ -23,6 +23,7 @@ mod audit;
 mod dead;
 mod overview;
 mod pause;
+mod schedules;
 mod tasks;
 
 /// Longest a request waits on Redis before it answers 503.
@@ -61,6 +62,19 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/businesses/{business}/dead/purge", post(dead::purge))
         .route("/businesses/{business}/pause", post(pause::pause))
         .route("/businesses/{business}/resume", post(pause::resume))
+        .route("/businesses/{business}/schedules", get(schedules::list))
+        .route(
+            "/businesses/{business}/schedules/{schedule}/pause",
+            post(schedules::pause),
+        )
+        .route(
+            "/businesses/{business}/schedules/{schedule}/resume",
+            post(schedules::resume),
+        )
+        .route(
+            "/businesses/{business}/schedules/{schedule}/run",
+            post(schedules::run),
+        )
         .fallback(|| async {
             ApiError::not_found("no such API path; the paths are listed in docs/console.md")
         })
