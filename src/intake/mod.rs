@@ -10,11 +10,13 @@
 //! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
+//! - `depth`: whether the queue is consumed, and how deep it is;
 //! - `write`: the Redis side (`src/lua/intake.lua`).
 
 mod consumer;
 pub mod delay;
 mod delivered;
+mod depth;
 pub mod topology;
 mod write;
 

@@ -21,6 +21,7 @@ use crate::store::{Store, StoreError};
 
 mod audit;
 mod dead;
+mod intake;
 mod overview;
 mod pause;
 mod schedules;
