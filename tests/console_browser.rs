@@ -497,7 +497,7 @@ async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
 async fn the_schedules_tab_shows_each_schedule_and_pauses_resumes_and_runs_one_now() {
     let mut reports = BusinessSpec::random("reports");
     reports.extra = format!(
-        "[businesses.{n}.recurring.nightly]\ncron = \"0 30 2 * * *\"\ntz = \"Europe/Berlin\"\nbody = \"nightly report\"\n[businesses.{n}.recurring.tick]\ncron = \"* * * * * *\"\nbody = \"tick\"\nwrite_ahead = \"2s\"\n",
+        "properties = \"standard\"\n[businesses.{n}.recurring.nightly]\ncron = \"0 30 2 * * *\"\ntz = \"Europe/Berlin\"\nbody = \"nightly report\"\n[businesses.{n}.recurring.tick]\ncron = \"* * * * * *\"\nbody = \"tick\"\nwrite_ahead = \"2s\"\n",
         n = reports.name
     );
     let c = ConsoleDaemon::start(&[&reports], Some(TOKEN)).await;
