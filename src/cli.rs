@@ -17,6 +17,7 @@ mod check;
 mod dead;
 mod pause;
 mod recurring;
+mod recurring_control;
 mod search;
 
 /// Command-line interface of `delayd`.
@@ -72,7 +73,8 @@ enum Command {
         /// The business whose keys to print.
         business: String,
     },
-    /// Print each recurring schedule's next occurrences.
+    /// Print each recurring schedule's next occurrences (with `--state`,
+    /// paused, missed, last delivered); pause, resume or run one now.
     Recurring(recurring::RecurringArgs),
     /// Look at and act on dead members.
     Dead {
@@ -192,7 +194,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Bulk { action } => bulk::run(action).await,
         Command::Pause(a) => pause::run(a, true).await,
         Command::Resume(a) => pause::run(a, false).await,
-        Command::Recurring(a) => recurring::recurring(a),
+        Command::Recurring(a) => recurring::recurring(a).await,
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),
             message: e.to_string(),

@@ -174,7 +174,7 @@ pub struct Paused {
 
 impl Paused {
     /// The key's value, `"<since ms> <by>"`; `None` for anything else.
-    fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         let (ms, by) = text.split_once(' ')?;
         Some(Self {
             since_ms: ms.parse().ok()?,

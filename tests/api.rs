@@ -1036,3 +1036,63 @@ async fn every_write_is_in_the_audit_log_with_who_what_how_many_and_when() {
     assert_eq!(bad.status, 400);
     bad.error_line();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_the_intake_consumer_queue_taken_in_and_rejected_beside_delivery() {
+    let mut fed = id_business("fed");
+    let intake_ex = unique("intake-ex");
+    let queue = unique("intake-q");
+    fed.extra = format!(
+        "member = \"id\"\nproperties = \"standard\"\n[businesses.fed.intake]\nexchange = \"{intake_ex}\"\nqueue = \"{queue}\"\nmax_message_size = 64\n"
+    );
+    let plain = id_business("plain");
+    let c = ConsoleDaemon::start(&[&fed, &plain], Some(TOKEN)).await;
+    let up = eventually(Duration::from_secs(15), || async {
+        c.overview_of("fed").await["intake"]["consuming"] == true
+    })
+    .await;
+    assert!(up, "the intake consumer is not shown up");
+    let mut h = lapin::types::FieldTable::default();
+    h.insert(
+        "x-delay".into(),
+        lapin::types::AMQPValue::LongInt(3_600_000),
+    );
+    let bodies = [
+        b"small one".to_vec(),
+        b"small two".to_vec(),
+        vec![b'x'; 200],
+    ];
+    for body in &bodies {
+        c.setup
+            .ch
+            .basic_publish(
+                intake_ex.as_str().into(),
+                "".into(),
+                Default::default(),
+                body,
+                lapin::BasicProperties::default().with_headers(h.clone()),
+            )
+            .await
+            .unwrap();
+    }
+    let counted = eventually(Duration::from_secs(15), || async {
+        let i = &c.overview_of("fed").await["intake"];
+        // The one over max_message_size is kept in the dead set: taken in
+        // and counted rejected.
+        i["taken_in_total"] == 3 && i["rejected_total"] == 1
+    })
+    .await;
+    let row = c.overview_of("fed").await;
+    assert!(counted, "{row}");
+    let i = &row["intake"];
+    assert_eq!(i["queue"], queue.as_str());
+    assert_eq!(i["exchange"], intake_ex.as_str());
+    assert_eq!(i["waiting_for_redis"], 0);
+    assert!(i["queue_messages"].is_i64(), "{row}");
+    assert!(row["rates"].get("taken_in_per_s").is_some(), "{row}");
+    assert_eq!(
+        row["pending"], 2,
+        "the intake's tasks beside delivery's counts"
+    );
+    assert!(c.overview_of("plain").await["intake"].is_null());
+}

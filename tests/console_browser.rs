@@ -562,3 +562,129 @@ async fn bodies_are_searched_and_a_bulk_cancel_counts_first_then_cancels_the_cou
     );
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedules_tab_shows_each_schedule_and_pauses_resumes_and_runs_one_now() {
+    let mut reports = BusinessSpec::random("reports");
+    reports.extra = format!(
+        "properties = \"standard\"\n[businesses.{n}.recurring.nightly]\ncron = \"0 30 2 * * *\"\ntz = \"Europe/Berlin\"\nbody = \"nightly report\"\n[businesses.{n}.recurring.tick]\ncron = \"* * * * * *\"\nbody = \"tick\"\nwrite_ahead = \"2s\"\n",
+        n = reports.name
+    );
+    let c = ConsoleDaemon::start(&[&reports], Some(TOKEN)).await;
+    let inbox = c.setup.inbox().clone();
+    inbox.wait_for(2, Duration::from_secs(15)).await;
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!(
+            "http://127.0.0.1:{}/#b=reports&tab=schedules",
+            c.port
+        ))
+        .await
+        .unwrap();
+    b.type_into("#token", TOKEN).await;
+    b.click("#token-save").await;
+    b.wait_text(
+        "tr[data-schedule=\"nightly\"] td[data-field=\"next\"]",
+        |t| t.contains("02:30:00 CE"),
+    )
+    .await;
+    b.wait_text("tr[data-schedule=\"tick\"] td[data-field=\"last\"]", |t| {
+        t.contains("ago")
+    })
+    .await;
+
+    b.click("tr[data-schedule=\"tick\"] button[data-act=\"pause\"]")
+        .await;
+    b.wait_text("tr[data-schedule=\"tick\"] td[data-field=\"state\"]", |t| {
+        t.starts_with("paused by admin_token")
+    })
+    .await;
+    let api = api_get(c.port, "/api/v1/businesses/reports/schedules").await;
+    let tick = &api.json["schedules"][1];
+    assert_eq!(tick["name"], "tick");
+    assert_eq!(tick["paused"]["by"], "admin_token", "{}", api.text);
+
+    b.click("tr[data-schedule=\"nightly\"] button[data-act=\"run\"]")
+        .await;
+    b.wait_text("#result", |t| t.starts_with("due_now")).await;
+    let ran = eventually(Duration::from_secs(10), || async {
+        inbox.all().iter().any(|m| m.body == b"nightly report")
+    })
+    .await;
+    assert!(ran, "run now delivered nothing");
+    b.screenshot("schedules").await;
+
+    b.click("tr[data-schedule=\"tick\"] button[data-act=\"resume\"]")
+        .await;
+    b.wait_text("tr[data-schedule=\"tick\"] td[data-field=\"state\"]", |t| {
+        t == "running"
+    })
+    .await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intake() {
+    let mut billing = id_business("billing");
+    let intake_ex = unique("intake-ex");
+    billing.extra = format!(
+        "member = \"id\"\nproperties = \"standard\"\n[businesses.billing.intake]\nexchange = \"{intake_ex}\"\nqueue = \"{}\"\n",
+        unique("intake-q")
+    );
+    let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/", c.port))
+        .await
+        .unwrap();
+    b.wait_text(
+        "#intake tr[data-business=\"billing\"] td[data-field=\"consumer\"]",
+        |t| t == "up",
+    )
+    .await;
+    // Two seconds between refreshes, shown and kept.
+    let select = b.interactable("#poll").await;
+    select.select_by_value("2000").await.unwrap();
+    b.wait_text("#poll-state", |t| t.contains("every 2 s"))
+        .await;
+
+    // Tasks arrive through the intake; the page shows them without a reload.
+    b.js("window.firstLoad = 42; return 1").await;
+    let mut h = lapin::types::FieldTable::default();
+    h.insert(
+        "x-delay".into(),
+        lapin::types::AMQPValue::LongInt(3_600_000),
+    );
+    for i in 0..3 {
+        c.setup
+            .ch
+            .basic_publish(
+                intake_ex.as_str().into(),
+                "".into(),
+                Default::default(),
+                format!("order {i}").as_bytes(),
+                lapin::BasicProperties::default().with_headers(h.clone()),
+            )
+            .await
+            .unwrap();
+    }
+    b.wait_text(
+        "tr[data-business=\"billing\"] td[data-field=\"pending\"]",
+        |t| t == "3",
+    )
+    .await;
+    b.wait_text(
+        "#intake tr[data-business=\"billing\"] td[data-field=\"taken_in\"]",
+        |t| t == "3",
+    )
+    .await;
+    let same = b.js("return window.firstLoad === 42").await;
+    assert_eq!(same, json!(true), "the page was reloaded");
+    b.screenshot("live").await;
+    let kept = b.js("return localStorage.getItem('delayd-poll-ms')").await;
+    assert_eq!(kept, json!("2000"));
+    let row = c.overview_of("billing").await;
+    assert_eq!(row["intake"]["consuming"], true, "{row}");
+    assert_eq!(row["intake"]["taken_in_total"], 3, "{row}");
+    b.close().await;
+}

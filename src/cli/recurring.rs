@@ -1,12 +1,15 @@
 //! `delayd recurring BUSINESS`: each schedule's next occurrences, computed
-//! from the configuration (no server is needed).
+//! from the configuration (no server is needed); with `--state`, also
+//! whether it is paused, what it missed and the latest delivered (from
+//! Redis). The actions on one schedule are in `recurring_control`.
 
-use chrono::TimeZone;
 use clap::Args;
 
 use super::{ConfigArg, Failure};
-use crate::config;
+use crate::config::{self, Business};
 use crate::recurring::occurrences::between;
+use crate::recurring::view::{self, occurrence, ScheduleState};
+use crate::text::human_ms;
 
 /// Arguments of `delayd recurring`.
 #[derive(Debug, Args)]
@@ -21,9 +24,15 @@ pub(super) struct RecurringArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Also read each schedule's state from Redis: paused, missed, the
+    /// latest delivered.
+    #[arg(long)]
+    state: bool,
+    #[command(flatten)]
+    action: super::recurring_control::ActionArgs,
 }
 
-pub(super) fn recurring(a: RecurringArgs) -> Result<(), Failure> {
+pub(super) async fn recurring(a: RecurringArgs) -> Result<(), Failure> {
     let cfg = config::load(&a.config.config)?;
     let b = cfg.business(&a.business).map_err(Failure::usage)?;
     if b.recurring.is_empty() {
@@ -32,25 +41,34 @@ pub(super) fn recurring(a: RecurringArgs) -> Result<(), Failure> {
             b.name, b.name
         )));
     }
+    if a.action.any() {
+        return super::recurring_control::run(&cfg, b, &a.action).await;
+    }
+    let count = a.count.min(1000);
+    if a.state {
+        let conn = super::redis_conn(&cfg).await?;
+        let (now, states) = view::states(&conn, b, count)
+            .await
+            .map_err(|e| Failure::runtime(format!("business \"{}\": redis: {e}", b.name)))?;
+        return print_states(&states, now, a.json);
+    }
+    print_offline(b, count, a.json);
+    Ok(())
+}
+
+/// The next occurrences from the configuration alone.
+fn print_offline(b: &Business, count: usize, json: bool) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
     let mut all = Vec::new();
     for s in &b.recurring {
-        let next: Vec<serde_json::Value> = between(s, now, i64::MAX, a.count.min(1000))
+        let next: Vec<view::Occurrence> = between(s, now, i64::MAX, count)
             .into_iter()
-            .map(|ms| {
-                let local = s
-                    .tz
-                    .timestamp_millis_opt(ms)
-                    .single()
-                    .map(|t| t.format("%Y-%m-%d %H:%M:%S %Z").to_string())
-                    .unwrap_or_default();
-                serde_json::json!({ "id": format!("{}@{ms}", s.name), "due_ms": ms, "local": local })
-            })
+            .map(|ms| occurrence(s, ms))
             .collect();
-        if !a.json {
+        if !json {
             println!(
                 "{} ({} in {}, catch_up {}):",
                 s.name,
@@ -59,11 +77,7 @@ pub(super) fn recurring(a: RecurringArgs) -> Result<(), Failure> {
                 format!("{:?}", s.catch_up).to_lowercase()
             );
             for n in &next {
-                println!(
-                    "  {}  {}",
-                    n["local"].as_str().unwrap_or(""),
-                    n["id"].as_str().unwrap_or("")
-                );
+                println!("  {}  {}", n.local, n.id);
             }
         }
         all.push(serde_json::json!({
@@ -73,8 +87,41 @@ pub(super) fn recurring(a: RecurringArgs) -> Result<(), Failure> {
             "next": next,
         }));
     }
-    if a.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
+    }
+}
+
+/// The schedules with their state in Redis.
+fn print_states(states: &[ScheduleState], now: i64, json: bool) -> Result<(), Failure> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(states).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    for s in states {
+        let paused = match &s.paused {
+            Some(p) => format!(
+                "PAUSED by {} {} ago",
+                p.by,
+                human_ms(Some((now - p.since_ms).max(0)))
+            ),
+            None => "running".into(),
+        };
+        println!(
+            "{} ({} in {}, catch_up {}): {paused}, missed {}",
+            s.name, s.cron, s.tz, s.catch_up, s.missed
+        );
+        let last = s
+            .last_delivered
+            .as_ref()
+            .map_or("none".into(), |o| format!("{}  {}", o.local, o.id));
+        println!("  last delivered: {last}");
+        for n in &s.next {
+            println!("  next: {}  {}", n.local, n.id);
+        }
     }
     Ok(())
 }

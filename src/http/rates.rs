@@ -1,4 +1,5 @@
-//! Rates (claimed, confirmed, retried, dead-lettered per second) and
+//! Rates (claimed, confirmed, retried, dead-lettered, taken in and
+//! rejected by the intake per second) and
 //! lateness quantiles over about the last minute, from this process's own
 //! counters: sampled every few seconds, never read from Redis.
 
@@ -21,6 +22,10 @@ struct Counts {
     confirmed: u64,
     retried: u64,
     dead_lettered: u64,
+    /// Intake messages stored and acknowledged.
+    taken_in: u64,
+    /// Intake messages rejected (dead-letter exchange or dead set).
+    rejected: u64,
     /// Lateness histogram: cumulative count per upper bound (seconds).
     lateness: Vec<(f64, u64)>,
 }
@@ -51,6 +56,10 @@ pub struct Rates {
     pub retried_per_s: Option<f64>,
     /// Members moved to the dead set per second.
     pub dead_lettered_per_s: Option<f64>,
+    /// Intake messages taken in (stored and acknowledged) per second.
+    pub taken_in_per_s: Option<f64>,
+    /// Intake messages rejected per second.
+    pub rejected_per_s: Option<f64>,
     /// Median time from due to confirm, ms, over the window.
     pub lateness_p50_ms: Option<f64>,
     /// 99th percentile time from due to confirm, ms, over the window.
@@ -97,6 +106,8 @@ impl Sampler {
             confirmed_per_s: per_s(cur.confirmed, before.confirmed),
             retried_per_s: per_s(cur.retried, before.retried),
             dead_lettered_per_s: per_s(cur.dead_lettered, before.dead_lettered),
+            taken_in_per_s: per_s(cur.taken_in, before.taken_in),
+            rejected_per_s: per_s(cur.rejected, before.rejected),
             lateness_p50_ms: quantile(&delta, 0.5).map(|s| s * 1000.0),
             lateness_p99_ms: quantile(&delta, 0.99).map(|s| s * 1000.0),
         }
@@ -125,6 +136,8 @@ fn take() -> Sample {
     add(&METRICS.confirmed, |c| &mut c.confirmed);
     add(&METRICS.retried, |c| &mut c.retried);
     add(&METRICS.dead_lettered, |c| &mut c.dead_lettered);
+    add(&METRICS.intake.stored, |c| &mut c.taken_in);
+    add(&METRICS.intake.rejected, |c| &mut c.rejected);
     for family in METRICS.lateness.collect() {
         for m in family.get_metric() {
             let Some(business) = label(m, "business") else {

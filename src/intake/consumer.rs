@@ -28,7 +28,7 @@ use crate::telemetry::{Backoff, Health, METRICS};
 
 use super::delay::{self, Due};
 use super::write::{self, Item, Writer};
-use super::{delivered, topology};
+use super::{delivered, depth, topology};
 use crate::config::intake_settings::Settings;
 use crate::message::envelope;
 
@@ -203,7 +203,10 @@ impl Intake {
                     );
                     failing = false;
                     backoff.reset();
+                    let consuming =
+                        depth::Consuming::start(&self.business.name, &ch, &self.settings.queue);
                     let ended = self.consume(&ch, consumer, &stop).await;
+                    drop(consuming);
                     // Whatever was delivered and not acknowledged goes back
                     // to the queue with the channel.
                     let _ = ch.close(200, "delayd intake stopping".into()).await;

@@ -11,11 +11,13 @@
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
 //! - `write`: the Redis side (`src/lua/intake.lua`);
+//! - `depth`: whether the queue is consumed, and how deep it is;
 //! - [`waitaof`]: whether the server can wait as `replica_ack = "fsynced"` asks.
 
 mod consumer;
 pub mod delay;
 mod delivered;
+mod depth;
 pub mod topology;
 pub mod waitaof;
 mod write;

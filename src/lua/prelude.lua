@@ -58,3 +58,22 @@ end
 local function record_id(now_ms, tag)
   return string.format('%.0f', now_ms) .. ':' .. tag
 end
+
+-- Removes a recurring schedule's pending occurrences due after `now` from
+-- K (`pending`), its bodies and the occurrences set, and returns how many
+-- left K. One already in flight is being delivered and stays.
+local function forget_occurrences(pending, body, occurrences, name, now)
+  local prefix = name .. '@'
+  local gone = 0
+  local ids = redis.call('ZRANGEBYSCORE', occurrences, '(' .. now, '+inf')
+  for _, id in ipairs(ids) do
+    if string.sub(id, 1, #prefix) == prefix then
+      if redis.call('ZREM', pending, id) == 1 then
+        redis.call('HDEL', body, id)
+        gone = gone + 1
+      end
+      redis.call('ZREM', occurrences, id)
+    end
+  end
+  return gone
+end

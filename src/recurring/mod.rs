@@ -7,7 +7,11 @@
 //! so a consumer can de-duplicate the one duplicate a crash can cause.
 //!
 //! - [`occurrences`]: when they fall, with the daylight-saving rules;
-//! - [`writer`]: the task that writes them (`src/lua/recurring.lua`).
+//! - [`writer`]: the task that writes them (`src/lua/recurring.lua`);
+//! - [`control`]: pause, resume and run one now (`src/lua/schedule_pause.lua`);
+//! - [`view`]: each schedule's state as the console and CLI show it.
 
+pub mod control;
 pub mod occurrences;
+pub mod view;
 pub mod writer;

@@ -67,6 +67,8 @@ pub static RATE: LazyLock<Script> = lua!("rate");
 pub static INTAKE: LazyLock<Script> = lua!("intake");
 /// Writes recurring occurrences ahead (`recurring.lua`).
 pub static RECURRING: LazyLock<Script> = lua!("recurring");
+/// Pauses or resumes one recurring schedule (`schedule_pause.lua`).
+pub static SCHEDULE_PAUSE: LazyLock<Script> = lua!("schedule_pause");
 
 /// The `EVAL` equivalent of an `EVALSHA` command whose script is known.
 pub(crate) fn eval_for(cmd: &Cmd) -> Option<Cmd> {

@@ -34,6 +34,11 @@ pub struct Metrics {
     /// Messages whose `user_id` named another user than delayd's: dropped,
     /// since the broker would refuse delayd's publish of it.
     pub user_id_dropped: IntCounterVec,
+    /// 1 while this instance consumes the intake queue, 0 while it cannot.
+    pub consuming: IntGaugeVec,
+    /// Messages ready in the intake queue (not yet delivered to a
+    /// consumer), as the broker last said; sampled while consuming.
+    pub queue_messages: IntGaugeVec,
 }
 
 impl Metrics {
@@ -52,6 +57,14 @@ impl Metrics {
             g
         };
         Self {
+            consuming: gauge(
+                "delayd_intake_consuming",
+                "1 while this instance consumes the business's intake queue, 0 while it cannot (broker away, queue missing)",
+            ),
+            queue_messages: gauge(
+                "delayd_intake_queue_messages",
+                "Messages ready in the intake queue, as the broker said at the last sample (every 5 s while consuming)",
+            ),
             waiting: gauge(
                 "delayd_intake_waiting_for_redis",
                 "Intake batches waiting while Redis refuses or does not answer their writes (above 0: taking in paused)",

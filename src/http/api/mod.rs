@@ -23,8 +23,10 @@ mod audit;
 mod body_search;
 mod bulk;
 mod dead;
+mod intake;
 mod overview;
 mod pause;
+mod schedules;
 mod tasks;
 
 /// Longest a request waits on Redis before it answers 503.
@@ -64,6 +66,19 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/businesses/{business}/bulk/{action}", post(bulk::act))
         .route("/businesses/{business}/pause", post(pause::pause))
         .route("/businesses/{business}/resume", post(pause::resume))
+        .route("/businesses/{business}/schedules", get(schedules::list))
+        .route(
+            "/businesses/{business}/schedules/{schedule}/pause",
+            post(schedules::pause),
+        )
+        .route(
+            "/businesses/{business}/schedules/{schedule}/resume",
+            post(schedules::resume),
+        )
+        .route(
+            "/businesses/{business}/schedules/{schedule}/run",
+            post(schedules::run),
+        )
         .fallback(|| async {
             ApiError::not_found("no such API path; the paths are listed in docs/console.md")
         })

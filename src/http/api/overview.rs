@@ -39,12 +39,15 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
             .await;
             let mut now_ms = None;
             for (b, stats) in s.businesses.iter().zip(all) {
+                let rates = s.rates.rates(&b.name);
                 let mut row = json!({
                     "name": b.name,
                     "member": member_kind(b),
                     "shards": b.shards,
-                    "rates": s.rates.rates(&b.name),
+                    "rates": rates,
                     "paused": paused.get(&b.name),
+                    "intake": super::intake::state(b, &rates),
+                    "schedules": b.recurring.len(),
                 });
                 match stats {
                     Ok(stats) => {

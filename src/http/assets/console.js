@@ -8,6 +8,7 @@
 
 const API = "api/v1";
 const POLL_MS = 5000;
+const POLL_KEY = "delayd-poll-ms";
 const TOKEN_KEY = "delayd-admin-token";
 
 let overview = null;
@@ -416,6 +417,85 @@ function wireBulk() {
   });
 }
 
+// --- the intake, beside delivery ---------------------------------------------
+
+function renderIntakes(o) {
+  const rows = o.businesses.filter((b) => b.intake);
+  $("intakes").hidden = !rows.length;
+  const body = $("intake").tBodies[0];
+  clear(body);
+  for (const b of rows) {
+    const i = b.intake;
+    const cell = (field, v) => el("td", { "data-field": field }, v);
+    body.append(el("tr", { "data-business": b.name },
+      el("td", {}, b.name), el("td", { class: "text" }, i.queue),
+      i.consuming ? cell("consumer", "up") : el("td", { class: "paused", "data-field": "consumer" }, "down"),
+      cell("queue_messages", i.queue_messages),
+      cell("taken_in_rate", rate(i.taken_in_per_s)), cell("taken_in", i.taken_in_total),
+      cell("rejected_rate", rate(i.rejected_per_s)), cell("rejected", i.rejected_total),
+      cell("waiting", i.waiting_for_redis)));
+  }
+}
+
+// --- recurring schedules -----------------------------------------------------
+
+async function loadSchedules(b) {
+  const r = await api("GET", path(b) + "/schedules");
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  const body = $("schedules").tBodies[0];
+  clear(body);
+  $("schedules-note").textContent = r.json.schedules.length
+    ? "Each schedule's next occurrences, the latest delivered and the occurrences missed while no instance ran (every instance's count). A paused schedule writes nothing on any instance until resumed; run now delivers one extra occurrence."
+    : "This business has no recurring schedules ([businesses." + b.name + ".recurring.NAME] in the configuration).";
+  for (const s of r.json.schedules) {
+    const one = path(b) + "/schedules/" + encodeURIComponent(s.name);
+    const next = s.next.slice(0, 3).map((o) => o.local).join("\n");
+    const last = s.last_delivered ? s.last_delivered.local + " (" + span(r.json.now_ms - s.last_delivered.due_ms) + " ago)" : "–";
+    const state = s.paused
+      ? el("td", { class: "paused", "data-field": "state" }, "paused by " + s.paused.by + " " + span(r.json.now_ms - s.paused.since_ms) + " ago")
+      : el("td", { "data-field": "state" }, "running");
+    body.append(el("tr", { "data-schedule": s.name },
+      el("td", {}, s.name), el("td", { class: "text" }, s.cron), el("td", {}, s.tz),
+      el("td", { class: "text", "data-field": "next" }, next),
+      el("td", { "data-field": "last" }, last),
+      el("td", { "data-field": "missed" }, s.missed),
+      state,
+      el("td", {},
+        el("button", { class: "write", "data-act": "run", onclick: () => act("POST", one + "/run", {}) }, "run now"),
+        " ",
+        el("button", { class: "write", "data-act": s.paused ? "resume" : "pause",
+          onclick: () => act("POST", one + (s.paused ? "/resume" : "/pause"), {}) }, s.paused ? "resume" : "pause"))));
+  }
+  for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
+}
+
+// --- live: how often the page refreshes ----------------------------------------
+
+let pollTimer = null;
+
+function pollMs() {
+  const v = Number(localStorage.getItem(POLL_KEY));
+  return Number.isFinite(v) && localStorage.getItem(POLL_KEY) !== null ? v : POLL_MS;
+}
+
+// Polls every pollMs() while the tab is visible; says how often and when last.
+function schedulePoll() {
+  if (pollTimer) clearInterval(pollTimer);
+  pollTimer = null;
+  const every = pollMs();
+  $("poll").value = String(every);
+  if (every > 0) pollTimer = setInterval(() => { if (!document.hidden) render(); }, every);
+  showPollState();
+}
+
+function showPollState() {
+  const every = pollMs();
+  const last = new Date().toTimeString().slice(0, 8);
+  $("poll-state").textContent = (every > 0
+    ? "counts and rates refresh every " + every / 1000 + " s while this tab is visible"
+    : "refreshing is off: reload or pick an interval") + "; last " + last;
+}
+
 // --- the audit log -----------------------------------------------------------
 
 let auditCursor = null;
@@ -470,6 +550,7 @@ async function renderBusiness(b) {
   }
   if (tab === "dead") await loadDead(b);
   if (tab === "find") $("body-form").hidden = b.member !== "id";
+  if (tab === "schedules") await loadSchedules(b);
 }
 
 async function refresh() {
@@ -479,8 +560,10 @@ async function refresh() {
     $("overview").hidden = audit;
     if (audit) { $("business").hidden = true; return; }
     await loadOverview();
+    if (overview) { renderIntakes(overview); showPollState(); }
     const b = business();
     $("business").hidden = !b;
+    if (b) $("schedules-tab").hidden = !b.schedules;
     if (b) await renderBusiness(b);
   } catch (e) {
     showError("cannot reach delayd: " + e.message);
@@ -544,7 +627,12 @@ function wire() {
     render();
   });
   if (state().get("view") === "audit") loadAudit(null);
-  setInterval(() => { if (!document.hidden) render(); }, POLL_MS);
+  $("poll").addEventListener("change", (e) => {
+    localStorage.setItem(POLL_KEY, e.target.value);
+    schedulePoll();
+  });
+  $("live").addEventListener("submit", (e) => e.preventDefault());
+  schedulePoll();
   render();
 }
 
