@@ -473,9 +473,14 @@ async function loadSchedules(b) {
 
 let pollTimer = null;
 
+// Every 2 s at the most: faster, an idle business's page would cost Redis
+// more than one command a second.
+const POLL_MIN_MS = 2000;
+
 function pollMs() {
   const v = Number(localStorage.getItem(POLL_KEY));
-  return Number.isFinite(v) && localStorage.getItem(POLL_KEY) !== null ? v : POLL_MS;
+  if (!Number.isFinite(v) || localStorage.getItem(POLL_KEY) === null) return POLL_MS;
+  return v === 0 ? 0 : Math.max(v, POLL_MIN_MS);
 }
 
 // Polls every pollMs() while the tab is visible; says how often and when last.
