@@ -67,6 +67,17 @@ pub fn valid_cursor(business: &Business, c: &str) -> bool {
     decode_cursor(c, business.keys().len()).is_some()
 }
 
+/// Where a search page starts: the shard and scan cursor `cursor` names,
+/// or the beginning.
+fn start_at(cursor: Option<&str>, shards: usize) -> Result<(usize, u64), StoreError> {
+    match cursor {
+        Some(c) => decode_cursor(c, shards).ok_or_else(|| {
+            StoreError::Reply(format!("search cursor \"{c}\" is not one delayd returned"))
+        }),
+        None => Ok((0, 0)),
+    }
+}
+
 /// Up to about `limit` pending tasks whose member starts with `prefix`,
 /// from where `cursor` left off, looking at no more than
 /// [`CALLS_PER_PAGE`] × [`SCAN_COUNT`] members. An empty page with a cursor
@@ -84,12 +95,7 @@ pub async fn by_prefix<C: ConnectionLike>(
     cursor: Option<&str>,
 ) -> Result<SearchPage, StoreError> {
     let keys = business.keys();
-    let (mut shard, mut at) = match cursor {
-        Some(c) => decode_cursor(c, keys.len()).ok_or_else(|| {
-            StoreError::Reply(format!("search cursor \"{c}\" is not one delayd returned"))
-        })?,
-        None => (0, 0),
-    };
+    let (mut shard, mut at) = start_at(cursor, keys.len())?;
     let pattern = pattern(prefix);
     let mut tasks = Vec::new();
     for _ in 0..CALLS_PER_PAGE {
@@ -163,12 +169,7 @@ pub async fn by_body<C: ConnectionLike>(
     cursor: Option<&str>,
 ) -> Result<BodyPage, StoreError> {
     let keys = business.keys();
-    let (mut shard, mut at) = match cursor {
-        Some(c) => decode_cursor(c, keys.len()).ok_or_else(|| {
-            StoreError::Reply(format!("search cursor \"{c}\" is not one delayd returned"))
-        })?,
-        None => (0, 0),
-    };
+    let (mut shard, mut at) = start_at(cursor, keys.len())?;
     let started = Instant::now();
     let mut found = Vec::new();
     for _ in 0..CALLS_PER_PAGE {
