@@ -493,7 +493,7 @@ async fn metrics_answer_within_their_bound_while_redis_is_frozen() {
 }
 
 /// RabbitMQ 4 deprecates transient non-exclusive queues and global QoS for
-/// 0-9-1 clients; the RabbitMQ 4 server sets deny both
+/// 0-9-1 clients; the shared node of each RabbitMQ 4 server set denies both
 /// (`deploy/local/rabbitmq-lib.sh`), so every test that passes there shows
 /// that neither delayd nor its tests rely on them. This checks the denial
 /// is in force (global QoS, when denied, is accepted and ignored, so only

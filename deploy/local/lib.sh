@@ -145,11 +145,23 @@ apt_install() {
 # ensure_venv: prints the python of <repo>/.local/venv, a virtualenv with pika
 # (the demo consumer's only dependency), so the system Python stays clean.
 ensure_venv() {
-	local venv="$DELAYD_LOCAL_DIR/venv" py
-	if "$venv/bin/python" -c 'import pika' >/dev/null 2>&1; then
-		printf '%s\n' "$venv/bin/python"
-		return 0
+	local venv="$DELAYD_LOCAL_DIR/venv"
+	if ! "$venv/bin/python" -c 'import pika' >/dev/null 2>&1; then
+		mkdir -p "$DELAYD_LOCAL_DIR"
+		# One builder at a time: test binaries on several server sets ask
+		# at once, and a venv half made by another has no pip yet.
+		(
+			flock 9
+			make_venv "$venv"
+		) 9>"$DELAYD_LOCAL_DIR/venv.lock" || die "could not make $venv with pika"
 	fi
+	printf '%s\n' "$venv/bin/python"
+}
+
+# make_venv DIR: a venv in DIR with pika, unless one is there already.
+make_venv() {
+	local venv="$1" py
+	! "$venv/bin/python" -c 'import pika' >/dev/null 2>&1 || return 0
 	# A venv whose interpreter went away (e.g. another Python) is rebuilt.
 	if ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
 		rm -rf "$venv"
@@ -163,7 +175,6 @@ ensure_venv() {
 	log "installing pika into $venv"
 	"$venv/bin/python" -m pip install -q --disable-pip-version-check 'pika>=1.3,<2' >&2 ||
 		die "pip could not install pika into $venv"
-	printf '%s\n' "$venv/bin/python"
 }
 
 # wait_until SECONDS DESCRIPTION COMMAND...: retries COMMAND (quietly) until

@@ -168,7 +168,7 @@ rabbitmq_start() {
 		log "RabbitMQ already answers on 127.0.0.1:$AMQP_PORT (not started by this script): reusing it"
 		return 0
 	fi
-	rmq_start "$RMQ_DIR" "$RMQ_NODE" "$AMQP_PORT" "$DIST_PORT"
+	DELAYD_RABBITMQ_DENY_DEPRECATED=1 rmq_start "$RMQ_DIR" "$RMQ_NODE" "$AMQP_PORT" "$DIST_PORT"
 	if [[ -n "$SET_KHEPRI" ]]; then
 		# Experimental in 4.0 (hence the flag); enabling it again is a no-op.
 		rmq_ctl "$RMQ_DIR" "$RMQ_NODE" "$AMQP_PORT" "$DIST_PORT" -q \
