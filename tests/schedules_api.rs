@@ -16,7 +16,8 @@ const TOKEN: &str = "schedules-test-token-0123456789";
 /// A business with one schedule `tick` (`cron`, in `tz`), delivered with
 /// full properties so each message carries its due time.
 fn scheduled(cron: &str, tz: &str, more: &str) -> BusinessSpec {
-    let mut b = BusinessSpec::random("sched");
+    // Its own name: the audit log is shared by every test on the server.
+    let mut b = BusinessSpec::random(&unique("sched").replace('-', "_"));
     b.extra = format!(
         "properties = \"full\"\n[businesses.{}.recurring.tick]\ncron = \"{cron}\"\ntz = \"{tz}\"\nbody = \"tick\"\n{more}\n",
         b.name
