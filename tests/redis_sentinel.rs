@@ -161,6 +161,37 @@ impl Sentinels {
         }
     }
 
+    /// The sentinels' failover events from their logs (down, votes,
+    /// election, promotion, aborts), to tell a slow failover from a slow
+    /// follower when a bound is missed.
+    fn events(&self) -> String {
+        let marks = [
+            "sdown",
+            "odown",
+            "failover",
+            "elected",
+            "vote",
+            "promoted",
+            "switch-master",
+            "epoch",
+        ];
+        let mut out = String::new();
+        for p in self.sentinel_ports() {
+            let log = std::fs::read_to_string(self.dir.join(p.to_string()).join("sentinel.log"))
+                .unwrap_or_default();
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| marks.iter().any(|m| l.contains(m)))
+                .collect();
+            out.push_str(&format!("sentinel :{p}:\n"));
+            for l in &lines[lines.len().saturating_sub(25)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     fn kill_node(&self, port: u16) {
         run_script(
             "redis-sentinel.sh",
@@ -474,8 +505,10 @@ async fn killing_the_master_mid_flow_loses_no_acknowledged_member_and_resumes_wi
     );
     assert!(
         resumed <= 10_000,
-        "delivery resumed {resumed} ms after the master died; log:\n{}",
-        daemon.logs()
+        "delivery resumed {resumed} ms after the master died (the sentinels named \
+         :{new_master} after {switched_ms} ms); log:\n{}\nsentinels' events:\n{}",
+        daemon.logs(),
+        s.events()
     );
     f.assert_family_gone(s).await;
     let log = daemon.logs();
