@@ -10,28 +10,6 @@ use crate::keys::KeyFamily;
 use crate::redis_conn::{scripts, RedisConn};
 use crate::store::StoreError;
 
-/// The field of `{K}:schedules` set while `schedule` is paused:
-/// `"<since ms> <by>"`.
-pub fn paused_field(schedule: &str) -> String {
-    format!("@paused:{schedule}")
-}
-
-/// The field counting the occurrences `schedule` missed, on any instance.
-pub fn missed_field(schedule: &str) -> String {
-    format!("@missed:{schedule}")
-}
-
-/// The field holding the due ms of the latest occurrence written.
-pub fn last_field(schedule: &str) -> String {
-    format!("@last:{schedule}")
-}
-
-/// Whether a field of `{K}:schedules` is one of these notes rather than a
-/// schedule's state.
-pub fn is_note(field: &str) -> bool {
-    field.starts_with('@')
-}
-
 /// The key family a business's schedules write to: its first key's.
 pub fn family(business: &Business) -> KeyFamily {
     KeyFamily::new(&business.keys().into_iter().next().unwrap_or_default())

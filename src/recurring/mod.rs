@@ -12,6 +12,7 @@
 //! - [`view`]: each schedule's state as the console and CLI show it.
 
 pub mod control;
+pub mod notes;
 pub mod occurrences;
 pub mod view;
 pub mod writer;

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use chrono::TimeZone;
 
-use super::control::{family, last_field, missed_field, paused_field};
+use super::control::family;
+use super::notes::{last_field, missed_field, paused_field};
 use super::occurrences::{between, latest_at_or_before};
 use crate::config::recurring_section::Schedule;
 use crate::config::Business;

@@ -111,7 +111,7 @@ impl Writer {
         if first {
             for (name, value) in &state {
                 let configured = self.business.recurring.iter().any(|s| &s.name == name);
-                if !configured && !super::control::is_note(name) {
+                if !configured && !super::notes::is_note(name) {
                     groups.push(Group {
                         op: "remove",
                         name: name.clone(),
@@ -124,7 +124,7 @@ impl Writer {
             }
         }
         for s in &self.business.recurring {
-            let paused = state.contains_key(&super::control::paused_field(&s.name));
+            let paused = state.contains_key(&super::notes::paused_field(&s.name));
             groups.push(self.plan(s, state.get(&s.name), now, paused));
         }
         let mut inv = scripts::RECURRING.prepare_invoke();

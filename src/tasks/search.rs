@@ -62,6 +62,10 @@ fn decode_cursor(c: &str, shards: usize) -> Option<(usize, u64)> {
     Some((shard, z.parse().ok()?))
 }
 
+/// Longest member prefix or body text a search takes, in bytes: a bound
+/// on what every `ZSCAN` step compares, whoever asks.
+pub const MAX_TEXT: usize = 1024;
+
 /// Whether `c` is a cursor a search of `business` could have returned.
 pub fn valid_cursor(business: &Business, c: &str) -> bool {
     decode_cursor(c, business.keys().len()).is_some()

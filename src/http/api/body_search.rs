@@ -4,7 +4,6 @@
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::tasks::MAX_PREFIX;
 use super::{bounded, handle, ApiError, Shown};
 use crate::config::Business;
 use crate::http::HttpState;
@@ -25,9 +24,10 @@ pub async fn page(
             b.name
         )));
     }
-    if text.is_empty() || text.len() > MAX_PREFIX {
+    if text.is_empty() || text.len() > search::MAX_TEXT {
         return Err(ApiError::bad(format!(
-            "\"body\" must be 1 to {MAX_PREFIX} bytes of text to find (got {})",
+            "\"body\" must be 1 to {} bytes of text to find (got {})",
+            search::MAX_TEXT,
             text.len()
         )));
     }
