@@ -143,6 +143,9 @@ impl From<crate::store::StoreError> for Failure {
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn main(cli: Cli) -> ExitCode {
+    if !matches!(cli.command, Command::Run(_) | Command::Bench(_)) {
+        end_quietly_on_a_closed_pipe();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -161,6 +164,17 @@ pub fn main(cli: Cli) -> ExitCode {
             }
             ExitCode::from(f.code)
         }
+    }
+}
+
+/// A command piped into `head` ends when the reader goes, as Unix tools
+/// do. Rust's runtime ignores SIGPIPE, so the next print would panic with
+/// "Broken pipe". `run` and `bench` keep ignoring it: they must clean up.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: no other thread exists yet, and SIG_DFL is a disposition
+    // every Unix accepts for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -290,7 +304,23 @@ async fn inspect(cfg: &Config, json: bool) -> Result<(), Failure> {
 
 /// Parses `--at`: epoch milliseconds or an RFC 3339 time.
 fn parse_at(s: &str) -> Result<i64, Failure> {
-    crate::tasks::when::parse_at(s).map_err(|e| Failure::usage(format!("--at \"{s}\": {e}")))
+    parse_time("--at", s)
+}
+
+/// A time given to `flag`: RFC 3339 or epoch ms.
+fn parse_time(flag: &str, s: &str) -> Result<i64, Failure> {
+    crate::tasks::when::parse_at(s).map_err(|e| Failure::usage(format!("{flag} \"{s}\": {e}")))
+}
+
+/// The due range `--from` and `--to` give; one that starts after it ends
+/// is refused, as it could only ever pick nothing.
+fn parse_range(from: Option<&str>, to: Option<&str>) -> Result<crate::tasks::Range, Failure> {
+    crate::tasks::Range {
+        from_ms: from.map(|s| parse_time("--from", s)).transpose()?,
+        to_ms: to.map(|s| parse_time("--to", s)).transpose()?,
+    }
+    .ordered("--from", "--to")
+    .map_err(Failure::usage)
 }
 
 #[cfg(test)]
@@ -303,5 +333,25 @@ mod tests {
             .unwrap_err()
             .message
             .starts_with("--at \"tomorrow\": "));
+    }
+
+    #[test]
+    fn range_names_its_flags_and_refuses_from_after_to() {
+        let e = parse_range(Some("tomorrow"), None).unwrap_err();
+        assert!(
+            e.message.starts_with("--from \"tomorrow\": "),
+            "{}",
+            e.message
+        );
+        let e = parse_range(None, Some("x")).unwrap_err();
+        assert!(e.message.starts_with("--to \"x\": "), "{}", e.message);
+        let e = parse_range(Some("2000"), Some("1000")).unwrap_err();
+        assert!(
+            e.message.starts_with("--from (2000) is after --to (1000)"),
+            "{}",
+            e.message
+        );
+        let r = parse_range(Some("1000"), Some("1000")).unwrap();
+        assert_eq!((r.from_ms, r.to_ms), (Some(1000), Some(1000)));
     }
 }

@@ -326,6 +326,20 @@ pub struct Range {
     pub to_ms: Option<i64>,
 }
 
+impl Range {
+    /// The range, or why not when it starts after it ends (named by the
+    /// words the caller knows its bounds by): such a range picks nothing,
+    /// which is a mistake better named than answered with an empty page.
+    pub fn ordered(self, from: &str, to: &str) -> Result<Self, String> {
+        match (self.from_ms, self.to_ms) {
+            (Some(f), Some(t)) if f > t => Err(format!(
+                "{from} ({f}) is after {to} ({t}): no due time lies between; swap them"
+            )),
+            _ => Ok(self),
+        }
+    }
+}
+
 /// One page of pending tasks in due order, merged over the shards.
 ///
 /// The cursor is the (score, member) of the last task shown, which orders

@@ -33,27 +33,6 @@ async fn seed_pending(
     }
 }
 
-/// The newest audit entries of `business`, as (by, action, what, count).
-async fn audit_of(port: u16, business: &str) -> Vec<(String, String, String, u64)> {
-    let a = call(port, "GET", "/api/v1/audit?limit=200", Some(TOKEN), None).await;
-    assert_eq!(a.status, 200, "{}", a.text);
-    a.json["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["business"] == business)
-        .map(|e| {
-            let s = |k: &str| e[k].as_str().unwrap().to_string();
-            (
-                s("by"),
-                s("action"),
-                s("what"),
-                e["count"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
 fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i:05}")).collect()
 }
@@ -111,7 +90,7 @@ async fn bulk_cancel_by_due_range_counts_first_then_cancels_more_than_one_batch_
         .unwrap();
     assert_eq!(bodies, 110, "a cancelled id's body goes with it");
     // The log is shared by every run: this run's entries name its range.
-    let mut entries = audit_of(c.port, &b.name).await;
+    let mut entries = audit_of(c.port, Some(TOKEN), &b.name, 0).await;
     entries.retain(|e| e.2.contains(&format!("due from {lo} ")));
     assert_eq!(
         entries.len(),
@@ -191,7 +170,7 @@ async fn bulk_purge_by_reason_over_more_than_one_step_resumes_from_its_cursor_wi
         50,
         "only the other reason is left"
     );
-    let mut entries = audit_of(c.port, &b.name).await;
+    let mut entries = audit_of(c.port, Some(TOKEN), &b.name, 0).await;
     entries.retain(|e| e.2.contains(&tag));
     assert_eq!(entries.len(), calls, "{entries:?}");
     assert_eq!(entries.iter().map(|e| e.3).sum::<u64>(), n as u64);
@@ -305,6 +284,25 @@ async fn bulk_requests_a_caller_can_fix_are_one_line_4xx_and_acting_needs_the_ad
             json!({ "prefix": "a", "confirm": 0 }),
             400,
             "\"confirm\" is 0",
+        ),
+        // Counting checks the new time too: acting would refuse it.
+        (
+            "/reschedule",
+            json!({ "prefix": "a", "in": "forever", "dry_run": true }),
+            400,
+            "\"in\" \"forever\"",
+        ),
+        (
+            "/reschedule",
+            json!({ "prefix": "a", "in": "5s", "at": "1000", "dry_run": true }),
+            400,
+            "exactly one of \"in\"",
+        ),
+        (
+            "/cancel",
+            json!({ "from": "2000", "to": "1000", "dry_run": true }),
+            400,
+            "\"from\" (2000) is after \"to\" (1000)",
         ),
         (
             "/cancel",
@@ -499,7 +497,7 @@ async fn a_business_token_opens_its_own_business_only_and_never_shows_in_logs() 
         "the overview shows a business token its business only"
     );
     assert_eq!(a.json["can_write"], true);
-    let entries = audit_of(c.port, "alpha").await;
+    let entries = audit_of(c.port, Some(TOKEN), "alpha", 0).await;
     assert!(
         entries
             .iter()

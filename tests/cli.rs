@@ -468,6 +468,112 @@ fn a_list_cursor_with_text_that_is_not_hex_is_one_error_line_never_a_panic() {
     }
 }
 
+#[test]
+fn time_flags_name_themselves_and_a_backward_range_an_empty_body_or_a_bad_new_time_is_refused_in_one_line(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = format!("{NOWHERE}{BILLING}member = \"id\"\n");
+    let path = write(dir.path(), conf.as_bytes());
+    let cfg = path.to_str().unwrap();
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["list", "-c", cfg, "billing", "--from", "tomorrow"],
+            "--from \"tomorrow\": ",
+        ),
+        (
+            &["list", "-c", cfg, "billing", "--to", "soon"],
+            "--to \"soon\": ",
+        ),
+        (
+            &[
+                "bulk",
+                "cancel",
+                "-c",
+                cfg,
+                "billing",
+                "--from",
+                "soon",
+                "--dry-run",
+            ],
+            "--from \"soon\": ",
+        ),
+        (
+            &[
+                "list", "-c", cfg, "billing", "--from", "2000", "--to", "1000",
+            ],
+            "--from (2000) is after --to (1000)",
+        ),
+        (
+            &[
+                "bulk",
+                "cancel",
+                "-c",
+                cfg,
+                "billing",
+                "--from",
+                "2000",
+                "--to",
+                "1000",
+                "--dry-run",
+            ],
+            "--from (2000) is after --to (1000)",
+        ),
+        (
+            &["search", "-c", cfg, "billing", "--body", ""],
+            "--body must be 1 to 1024 bytes",
+        ),
+        (
+            &[
+                "bulk",
+                "reschedule",
+                "-c",
+                cfg,
+                "billing",
+                "--prefix",
+                "a",
+                "--in",
+                "forever",
+                "--dry-run",
+            ],
+            "--in \"forever\": ",
+        ),
+    ];
+    for (args, want) in cases {
+        // Redis is unreachable: each is refused before any connection.
+        let (code, out, err) = delayd(args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+    }
+}
+
+#[test]
+fn a_listing_piped_into_a_reader_that_goes_away_ends_quietly_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = format!("{NOWHERE}{BILLING}shards = 64\n");
+    let path = write(dir.path(), conf.as_bytes());
+    // `delayd shards` needs no server: 64 lines into a pipe already closed,
+    // as `delayd list | head -1` leaves it.
+    let mut child = Command::new(daemon_bin())
+        .args(["shards", "--config", path.to_str().unwrap(), "billing"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "nothing on stderr: {err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "ended by the closed pipe, as Unix tools are: {:?}",
+        out.status
+    );
+}
+
 /// Audit entries of `business` whose `what` names `id`, newest first, as
 /// (by, action, count).
 async fn audit_of(
@@ -501,10 +607,10 @@ async fn audit_of(
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_by_cli() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = unique("test:cli-audit");
+/// A config with one id-mode business, "billing", on a fresh key under
+/// `prefix`: the key and the config's path. Nothing consumes its exchange.
+fn id_billing(dir: &Path, prefix: &str) -> (String, PathBuf) {
+    let key = unique(prefix);
     let b = BusinessSpec {
         name: "billing".into(),
         key: key.clone(),
@@ -512,7 +618,13 @@ async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_
         routing_key: unique("rk"),
         extra: "member = \"id\"\n".into(),
     };
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    (key, write_config(dir, &redis_url(), &amqp_url(), &[&b]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_by_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, config) = id_billing(dir.path(), "test:cli-audit");
     let cfg = config.to_str().unwrap();
     let id = unique("task");
     let ok = |args: &[&str]| {
@@ -548,15 +660,7 @@ async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_
 async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirmed_and_audits_the_total(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let key = unique("test:cli-bulk");
-    let b = BusinessSpec {
-        name: "billing".into(),
-        key: key.clone(),
-        exchange: "unused".into(),
-        routing_key: unique("rk"),
-        extra: "member = \"id\"\n".into(),
-    };
-    let config = write_config(dir.path(), &redis_url(), &amqp_url(), &[&b]);
+    let (key, config) = id_billing(dir.path(), "test:cli-bulk");
     let cfg = config.to_str().unwrap();
     let mut r = redis().await;
     let fam = family(&key);

@@ -36,25 +36,10 @@ async fn tick_on(port: u16, business: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no tick in {}", a.text))
 }
 
-/// This test's audit entries since `since`, oldest first, as (by, action,
-/// what, count).
-async fn audited(port: u16, business: &str, since: i64) -> Vec<(String, String, String, u64)> {
-    let log = api_get(port, "/api/v1/audit?limit=1000").await;
-    assert_eq!(log.status, 200, "{}", log.text);
-    let mut out: Vec<_> = log.json["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["business"] == business && e["at_ms"].as_i64().unwrap() >= since)
-        .map(|e| {
-            (
-                e["by"].as_str().unwrap().to_string(),
-                e["action"].as_str().unwrap().to_string(),
-                e["what"].as_str().unwrap().to_string(),
-                e["count"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+/// The audit entries of `business` since `since`, oldest first: (by,
+/// action, what, count).
+async fn audited(port: u16, business: &str, since: i64) -> Vec<AuditEntry> {
+    let mut out = audit_of(port, None, business, since).await;
     out.reverse();
     out
 }

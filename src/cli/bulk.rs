@@ -5,11 +5,11 @@
 
 use clap::{Args, Subcommand};
 
-use super::{parse_at, redis_conn, stores, ConfigArg, Failure};
+use super::{parse_at, parse_range, redis_conn, stores, ConfigArg, Failure};
 use crate::config;
 use crate::tasks::audit::Write;
 use crate::tasks::bulk::{self, Act, Pick};
-use crate::tasks::{redis_now_ms, when, Range};
+use crate::tasks::{redis_now_ms, when};
 
 /// A bulk action.
 #[derive(Debug, Subcommand)]
@@ -88,10 +88,7 @@ impl PendingArgs {
             (None, None, None) => Err(Failure::usage(
                 "give a due range (--from and/or --to) or --prefix",
             )),
-            (None, from, to) => Ok(Pick::Due(Range {
-                from_ms: from.as_deref().map(parse_at).transpose()?,
-                to_ms: to.as_deref().map(parse_at).transpose()?,
-            })),
+            (None, from, to) => Ok(Pick::Due(parse_range(from.as_deref(), to.as_deref())?)),
         }
     }
 }
@@ -106,6 +103,8 @@ pub(super) async fn run(action: BulkAction) -> Result<(), Failure> {
                     "give the new due time with --in DUR or --at TIME",
                 ));
             }
+            // Checked before counting: a dry run must not pass what the act refuses.
+            due_ms(Some((&a.in_, &a.at)), 0)?;
             (&a.pending.common, a.pending.pick()?, Some((&a.in_, &a.at)))
         }
         BulkAction::Requeue(a) | BulkAction::Purge(a) if a.reason.is_empty() => {

@@ -12,7 +12,7 @@ use clap::Args;
 use super::{parse_at, redis_conn, ConfigArg, Failure};
 use crate::config::{self, Business, Config, MemberMode};
 use crate::redis_conn::RedisConn;
-use crate::tasks::{self, Cancelled, Range, TaskState};
+use crate::tasks::{self, Cancelled, TaskState};
 use crate::text::{escape_bytes, human_ms, text};
 
 /// Exit code: the task is in flight.
@@ -447,10 +447,7 @@ pub(super) async fn list(a: ListArgs) -> Result<(), Failure> {
             )));
         }
     }
-    let range = Range {
-        from_ms: a.from.as_deref().map(parse_at).transpose()?,
-        to_ms: a.to.as_deref().map(parse_at).transpose()?,
-    };
+    let range = super::parse_range(a.from.as_deref(), a.to.as_deref())?;
     let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let page = tasks::list(&mut conn, &b, range, a.limit, a.cursor.as_deref())
         .await

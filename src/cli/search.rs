@@ -46,6 +46,17 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
             "--cursor \"{c}\" is not a cursor delayd search printed"
         )));
     }
+    if let Some(t) = a
+        .body
+        .as_deref()
+        .filter(|t| t.is_empty() || t.len() > search::MAX_TEXT)
+    {
+        return Err(Failure::usage(format!(
+            "--body must be 1 to {} bytes of text to find (got {})",
+            search::MAX_TEXT,
+            t.len()
+        )));
+    }
     let mut conn = redis_conn(&cfg).await?;
     let redis = |e| Failure::runtime(format!("business \"{}\": redis: {e}", b.name));
     let cursor = match (&a.prefix, &a.body) {

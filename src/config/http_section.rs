@@ -163,6 +163,49 @@ pub(super) fn token(
     }
 }
 
+/// A problem for every token that is also another place's token: the
+/// console would take it for whichever it checks first, so a business's
+/// admin token equal to the global read token could not write, and one
+/// shared by two businesses would open only the first. The pair within one
+/// section is refused where it is read.
+pub fn reused_tokens(http: &HttpSettings, businesses: &[super::Business]) -> Vec<String> {
+    let mut places: Vec<(&Secret, String, &str)> = Vec::new();
+    for (t, field) in [
+        (&http.admin_token, "admin_token"),
+        (&http.read_token, "read_token"),
+    ] {
+        if let Some(t) = t {
+            places.push((t, format!("[http] field \"{field}\""), ""));
+        }
+    }
+    for b in businesses {
+        for (t, field) in [
+            (&b.tokens.admin, "admin_token"),
+            (&b.tokens.read, "read_token"),
+        ] {
+            if let Some(t) = t {
+                places.push((
+                    t,
+                    format!("business \"{}\", field \"{field}\"", b.name),
+                    &b.name,
+                ));
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (i, (t, place, section)) in places.iter().enumerate() {
+        let first = places[..i]
+            .iter()
+            .find(|(u, _, s)| s != section && u.expose() == t.expose());
+        if let Some((_, other, _)) = first {
+            problems.push(format!(
+                "{place} is the same token as {other}: a token must open one thing; give each its own value"
+            ));
+        }
+    }
+    problems
+}
+
 /// The token, if usable. The messages never quote it.
 fn checked_token(t: &str, place: &str, field: &str, problems: &mut Vec<String>) -> Option<Secret> {
     let problem = if t.is_empty() {
@@ -312,6 +355,57 @@ mod tests {
             ) && !e.contains("same-x"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_token_used_in_two_places_is_refused_naming_both_never_the_token() {
+        let with = |http: &str, a: &str, b: &str| {
+            let mut f = tempfile::NamedTempFile::new().unwrap();
+            write!(
+                f,
+                "[redis]\nurl = \"redis://127.0.0.1:6379/0\"\n[amqp]\nurl = \"amqp://g:g@127.0.0.1:5672/%2f\"\n[http]\n{http}\n\
+                 [businesses.a]\nkey = \"ka\"\nexchange = \"e\"\nrouting_key = \"r\"\n{a}\n\
+                 [businesses.b]\nkey = \"kb\"\nexchange = \"e\"\nrouting_key = \"r\"\n{b}\n"
+            )
+            .unwrap();
+            load_with_env(f.path(), Default::default()).map_err(|e| e.to_string())
+        };
+        let cases = [
+            (
+                "read_token = \"tok-one\"",
+                "admin_token = \"tok-one\"",
+                "",
+                "business \"a\", field \"admin_token\" is the same token as [http] field \"read_token\"",
+            ),
+            (
+                "admin_token = \"tok-one\"",
+                "read_token = \"tok-one\"",
+                "",
+                "business \"a\", field \"read_token\" is the same token as [http] field \"admin_token\"",
+            ),
+            (
+                "",
+                "admin_token = \"tok-one\"",
+                "admin_token = \"tok-one\"",
+                "business \"b\", field \"admin_token\" is the same token as business \"a\", field \"admin_token\"",
+            ),
+            (
+                "",
+                "read_token = \"tok-one\"",
+                "admin_token = \"tok-one\"",
+                "business \"b\", field \"admin_token\" is the same token as business \"a\", field \"read_token\"",
+            ),
+        ];
+        for (http, a, b, want) in cases {
+            let e = with(http, a, b).unwrap_err();
+            assert!(e.contains(want) && !e.contains("tok-one"), "{e}");
+        }
+        let ok = with(
+            "admin_token = \"g-admin\"\nread_token = \"g-read\"",
+            "admin_token = \"a-admin\"\nread_token = \"a-read\"",
+            "admin_token = \"b-admin\"",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]

@@ -173,6 +173,7 @@ pub(super) fn validate(path: &Path, raw: RawConfig) -> Result<Config, ConfigErro
     }
     problems.extend(overlapping_families(&businesses));
     problems.extend(intake_settings::shared_queues(&businesses));
+    problems.extend(http_section::reused_tokens(&http, &businesses));
 
     if !problems.is_empty() {
         return Err(ConfigError::Invalid {

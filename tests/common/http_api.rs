@@ -111,6 +111,42 @@ pub async fn api_post(
     call(port, "POST", path, token, Some(&body.to_string())).await
 }
 
+/// One audit entry as (by, action, what, count).
+pub type AuditEntry = (String, String, String, u64);
+
+/// The entries of an audit page for `business` at or after `since_ms`,
+/// newest first. The log is shared by every test on the server.
+pub fn audit_entries(log: &Answer, business: &str, since_ms: i64) -> Vec<AuditEntry> {
+    log.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["business"] == business && e["at_ms"].as_i64().unwrap() >= since_ms)
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap().to_string();
+            (
+                s("by"),
+                s("action"),
+                s("what"),
+                e["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The newest 1,000 audit entries of `business` at or after `since_ms`,
+/// newest first, read with `token`.
+pub async fn audit_of(
+    port: u16,
+    token: Option<&str>,
+    business: &str,
+    since_ms: i64,
+) -> Vec<AuditEntry> {
+    let log = call(port, "GET", "/api/v1/audit?limit=1000", token, None).await;
+    assert_eq!(log.status, 200, "{}", log.text);
+    audit_entries(&log, business, since_ms)
+}
+
 /// A daemon serving the console and API on a free port, its businesses'
 /// queues consumed. Keep it alive for the test.
 pub struct ConsoleDaemon {

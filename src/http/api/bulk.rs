@@ -61,10 +61,14 @@ impl BulkBody {
                 }
                 long("reason", r).map_or(Ok(Pick::Reason(r.clone())), Err)
             }
-            (true, None, None) if !dead => Ok(Pick::Due(Range {
-                from_ms: time_field("from", self.from.as_deref())?,
-                to_ms: time_field("to", self.to.as_deref())?,
-            })),
+            (true, None, None) if !dead => Ok(Pick::Due(
+                Range {
+                    from_ms: time_field("from", self.from.as_deref())?,
+                    to_ms: time_field("to", self.to.as_deref())?,
+                }
+                .ordered("\"from\"", "\"to\"")
+                .map_err(ApiError::bad)?,
+            )),
             (false, Some(p), None) if !dead => {
                 if p.is_empty() {
                     return Err(ApiError::bad("\"prefix\" is empty; give the start of the members, or a due range"));
@@ -99,6 +103,10 @@ pub async fn act(
         )));
     }
     let pick = req.pick(&action)?;
+    if action == "reschedule" && (req.when.given() || !req.dry_run) {
+        // Checked when counting too: a dry run must not pass what the act refuses.
+        req.when.due_ms(0)?;
+    }
     let role = if req.dry_run {
         require_read(&state, &headers, Some(&b.name))?
     } else {

@@ -8,14 +8,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::body_search;
 use super::{bounded, handle, member_kind, page_limit, ApiError, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::{require_admin, Role};
 use crate::tasks::audit::Write;
 use crate::tasks::{self, when, Cancelled, Range, TaskState};
-
-/// Longest search prefix or body text, in bytes.
-pub(super) const MAX_PREFIX: usize = 1024;
 
 /// Query of `GET /tasks`.
 #[derive(Debug, serde::Deserialize)]
@@ -55,7 +53,9 @@ pub async fn list(
     let range = Range {
         from_ms: time_field("from", q.from.as_deref())?,
         to_ms: time_field("to", q.to.as_deref())?,
-    };
+    }
+    .ordered("\"from\"", "\"to\"")
+    .map_err(ApiError::bad)?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
     let page = bounded(
@@ -105,7 +105,7 @@ pub async fn search(
     let limit = page_limit(q.limit, 50)?;
     let prefix = match (q.prefix, q.body) {
         (None, Some(text)) => {
-            return super::body_search::page(&state, b, &text, limit, q.cursor.as_deref()).await
+            return body_search::page(&state, b, &text, limit, q.cursor.as_deref()).await
         }
         (Some(p), None) => p,
         _ => {
@@ -114,10 +114,11 @@ pub async fn search(
             ))
         }
     };
-    if prefix.len() > MAX_PREFIX {
+    if prefix.len() > tasks::search::MAX_TEXT {
         return Err(ApiError::bad(format!(
-            "\"prefix\" is {} bytes; at most {MAX_PREFIX}",
-            prefix.len()
+            "\"prefix\" is {} bytes; at most {}",
+            prefix.len(),
+            tasks::search::MAX_TEXT
         )));
     }
     if let Some(c) = &q.cursor {
@@ -204,6 +205,11 @@ pub struct When {
 }
 
 impl When {
+    /// Whether any of the three was given.
+    pub(super) fn given(&self) -> bool {
+        self.in_.is_some() || self.at.is_some() || self.at_ms.is_some()
+    }
+
     /// The due time these fields give, on Redis's clock `now_ms`.
     pub(super) fn due_ms(&self, now_ms: i64) -> Result<i64, ApiError> {
         match (&self.in_, &self.at, self.at_ms) {

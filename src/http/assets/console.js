@@ -245,15 +245,23 @@ async function loadTask(b, id) {
   }
 }
 
-async function search(b, prefix, cursor) {
-  const q = new URLSearchParams({ prefix, limit: "50" });
+// One page of /search shown in the search table (emptied for a first page):
+// the answer and the table body, or null with the error shown.
+async function searchPage(b, q, cursor) {
   if (cursor) q.set("cursor", cursor);
   const r = await api("GET", path(b) + "/search?" + q);
-  if (!r.ok) { showResult(r.json.error, true); return; }
+  if (!r.ok) { showResult(r.json.error, true); return null; }
   const table = $("search");
   table.hidden = false;
   const body = table.tBodies[0];
   if (!cursor) clear(body);
+  return { r, body };
+}
+
+async function search(b, prefix, cursor) {
+  const page = await searchPage(b, new URLSearchParams({ prefix, limit: "50" }), cursor);
+  if (!page) return;
+  const { r, body } = page;
   for (const t of r.json.tasks) body.append(el("tr", {}, el("td", {}, when(t.due_ms)), el("td", { class: "text" }, shown(t.member))));
   searchCursor = r.json.cursor;
   $("search-more").hidden = !searchCursor;
@@ -318,14 +326,9 @@ async function act(method, p, body) {
 let bodyCursor = null;
 
 async function searchBody(b, text, cursor) {
-  const q = new URLSearchParams({ body: text, limit: "50" });
-  if (cursor) q.set("cursor", cursor);
-  const r = await api("GET", path(b) + "/search?" + q);
-  if (!r.ok) { showResult(r.json.error, true); return; }
-  const table = $("search");
-  table.hidden = false;
-  const body = table.tBodies[0];
-  if (!cursor) clear(body);
+  const page = await searchPage(b, new URLSearchParams({ body: text, limit: "50" }), cursor);
+  if (!page) return;
+  const { r, body } = page;
   for (const t of r.json.tasks) {
     const link = el("a", { href: "#" + new URLSearchParams({ b: b.name, tab: "find", id: t.id.text }) }, shown(t.id));
     body.append(el("tr", { "data-id": t.id.text }, el("td", {}, t.due_ms === null ? "not pending" : when(t.due_ms)),
