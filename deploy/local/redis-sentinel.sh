@@ -83,7 +83,7 @@ sentinel_node() { # PORT MASTERPORT
 		printf 'port %s\nbind 127.0.0.1\ndir %s\nlogfile %s\n' "$port" "$DIR/$port" "$DIR/$port/sentinel.log"
 		printf 'sentinel monitor main 127.0.0.1 %s 2\n' "$master"
 		printf 'sentinel down-after-milliseconds main 1000\n'
-		printf 'sentinel failover-timeout main 10000\n'
+		printf 'sentinel failover-timeout main %s\n' "$FAILOVER_TIMEOUT_MS"
 		printf 'sentinel parallel-syncs main 1\n'
 		if [[ -n "$pass" ]]; then printf 'sentinel auth-pass main %s\n' "$(conf_quote "$pass")"; fi
 		# Sentinels ask each other for votes with the password they require.
@@ -96,6 +96,27 @@ sentinel_node() { # PORT MASTERPORT
 }
 
 answers() { [[ "$(dcli "$1" ping 2>/dev/null)" == "PONG" ]]; }
+
+# A sentinel that tried a failover, or voted for another's, starts none of
+# its own for twice failover-timeout; a successful one (+switch-master)
+# clears that. Right after a switch, a loaded machine can make the new
+# master miss a ping, and the attempt that follows (aborted: no replica
+# yet) would hold the next real failover back for 20 s.
+FAILOVER_TIMEOUT_MS=10000
+
+# failover_free: no sentinel is inside that window since its last switch.
+failover_free() {
+	local base p last t now
+	base="$(cat "$DIR/base")"
+	now="$(now_ms)"
+	for p in $((base + 2)) $((base + 3)) $((base + 4)); do
+		[[ -f "$DIR/$p/sentinel.log" ]] || continue
+		last="$(awk '/\+switch-master/ { n = 0; next } /\+try-failover|\+vote-for-leader/ { n = 1; l = $2 " " $3 " " $4 " " $5 } END { if (n) print l }' "$DIR/$p/sentinel.log")"
+		[[ -n "$last" ]] || continue
+		t="$(date -d "$last" +%s%3N)" || return 1
+		((now - t > 2 * FAILOVER_TIMEOUT_MS + 1000)) || return 1
+	done
+}
 
 # field NAME: the value after the line NAME in a field/value reply on stdin.
 field() { grep -A1 -x "$1" | sed -n 2p; }
@@ -115,11 +136,12 @@ named_master() {
 }
 
 # Ready: the sentinels agree on a master that says it is one, the other data
-# node replicates it with its link up, and every sentinel sees that replica
-# healthy and the two other sentinels.
+# node replicates it with its link up, every sentinel sees that replica
+# healthy and the two other sentinels, and each could fail over now.
 ready() {
 	local base master replica p info
 	base="$(cat "$DIR/base")"
+	failover_free || return 1
 	master="$(named_master)" || return 1
 	if ((master == base)); then replica=$((base + 1)); else replica=$base; fi
 	[[ "$(dcli "$master" role | head -1)" == "master" ]] || return 1
