@@ -2,9 +2,10 @@
 //! sentinels (quorum 2, down-after 1000 ms) started once for this test binary
 //! by `deploy/local/redis-sentinel.sh`, plus a set of their own for the
 //! password test. A drain, the master killed mid-flow, keyspace wake-ups that
-//! follow a failover, a wrong `master_name`, and passwords that stay out of
-//! the logs. The tests take turns: two of them fail the master over, and each
-//! starts by bringing a killed node back as a replica.
+//! follow a failover, a failover held back by a vote, a wrong `master_name`,
+//! and passwords that stay out of the logs. The tests take turns: several of
+//! them fail the master over, and each starts by bringing a killed node back
+//! as a replica.
 
 mod common;
 
@@ -513,6 +514,50 @@ async fn killing_the_master_mid_flow_loses_no_acknowledged_member_and_resumes_wi
     f.assert_family_gone(s).await;
     let log = daemon.logs();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// A sentinel that voted for another's failover try starts none of its own
+/// for twice `failover-timeout` (20 s here), even when the try came to
+/// nothing: a loaded sentinel that misses a new master's pings right after
+/// a switch makes such a try. The set is ready only once that has passed,
+/// so a master killed after `heal` is failed over as promptly as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_vote_for_a_failover_try_that_came_to_nothing_the_set_is_ready_only_once_the_sentinels_can_fail_over(
+) {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let master = s.named_master().await.expect("no master named");
+    // What a sentinel is asked when another tries a failover: its vote, for
+    // a leader that will never act, in an epoch above any used so far.
+    for p in s.sentinel_ports() {
+        let mut c = connect(&s.url(p, &s.sentinel_password)).await.unwrap();
+        let _: redis::Value = redis::cmd("SENTINEL")
+            .arg("is-master-down-by-addr")
+            .arg("127.0.0.1")
+            .arg(master)
+            .arg(1_000_000)
+            .arg("0123456789012345678901234567890123456789")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let healing = Instant::now();
+    s.heal();
+    let healed_in = healing.elapsed();
+    s.kill_node(master);
+    let killed = Instant::now();
+    let new_master = s.wait_switch(master, Duration::from_secs(40)).await;
+    let switched_in = killed.elapsed();
+    eprintln!(
+        "ready {healed_in:?} after the votes; :{master} killed, the sentinels named :{new_master} {switched_in:?} later"
+    );
+    assert!(
+        switched_in < Duration::from_secs(10),
+        "the sentinels failed over {switched_in:?} after the kill (the set was ready {healed_in:?} after the votes); events:\n{}",
+        s.events()
+    );
+    s.heal();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
