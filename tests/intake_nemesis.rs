@@ -82,18 +82,22 @@ fn seq_of(body: &[u8]) -> Option<u64> {
 }
 
 /// A connection and a channel in confirm mode, or `None` if the broker
-/// does not answer within 2 s.
+/// does not answer within 2 s at each step. The channel's steps are bounded
+/// too: a broker that went away between connecting and opening the channel
+/// never answers them.
 async fn confirming_channel(url: &str) -> Option<(Connection, Channel)> {
-    let conn = tokio::time::timeout(
-        Duration::from_secs(2),
-        Connection::connect(url, Default::default()),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    let ch = conn.create_channel().await.ok()?;
-    ch.confirm_select(ConfirmSelectOptions::default())
+    let step = Duration::from_secs(2);
+    let conn = tokio::time::timeout(step, Connection::connect(url, Default::default()))
         .await
+        .ok()?
+        .ok()?;
+    let ch = tokio::time::timeout(step, conn.create_channel())
+        .await
+        .ok()?
+        .ok()?;
+    tokio::time::timeout(step, ch.confirm_select(ConfirmSelectOptions::default()))
+        .await
+        .ok()?
         .ok()?;
     Some((conn, ch))
 }
