@@ -11,12 +11,12 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::tasks::{time_field, When};
+use super::tasks::{due_range, When};
 use super::{bounded, bounded_by, ApiError, Shared};
 use crate::http::auth::{require_admin, require_read};
 use crate::tasks::audit::Write;
 use crate::tasks::bulk::{self, Act, Pick};
-use crate::tasks::{redis_now_ms, Range};
+use crate::tasks::redis_now_ms;
 
 /// Longest prefix or reason text, in bytes.
 const MAX_TEXT: usize = 1024;
@@ -61,14 +61,10 @@ impl BulkBody {
                 }
                 long("reason", r).map_or(Ok(Pick::Reason(r.clone())), Err)
             }
-            (true, None, None) if !dead => Ok(Pick::Due(
-                Range {
-                    from_ms: time_field("from", self.from.as_deref())?,
-                    to_ms: time_field("to", self.to.as_deref())?,
-                }
-                .ordered("\"from\"", "\"to\"")
-                .map_err(ApiError::bad)?,
-            )),
+            (true, None, None) if !dead => Ok(Pick::Due(due_range(
+                self.from.as_deref(),
+                self.to.as_deref(),
+            )?)),
             (false, Some(p), None) if !dead => {
                 if p.is_empty() {
                     return Err(ApiError::bad("\"prefix\" is empty; give the start of the members, or a due range"));

@@ -29,9 +29,20 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
-pub(super) fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
+fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
     v.map(|s| when::parse_at(s).map_err(|e| ApiError::bad(format!("\"{field}\" \"{s}\": {e}"))))
         .transpose()
+}
+
+/// The due range `from` and `to` give; one that starts after it ends is
+/// refused, as it could only ever pick nothing.
+pub(super) fn due_range(from: Option<&str>, to: Option<&str>) -> Result<Range, ApiError> {
+    Range {
+        from_ms: time_field("from", from)?,
+        to_ms: time_field("to", to)?,
+    }
+    .ordered("\"from\"", "\"to\"")
+    .map_err(ApiError::bad)
 }
 
 /// One page of pending tasks in due order, with `list`'s cursor.
@@ -50,12 +61,7 @@ pub async fn list(
             )));
         }
     }
-    let range = Range {
-        from_ms: time_field("from", q.from.as_deref())?,
-        to_ms: time_field("to", q.to.as_deref())?,
-    }
-    .ordered("\"from\"", "\"to\"")
-    .map_err(ApiError::bad)?;
+    let range = due_range(q.from.as_deref(), q.to.as_deref())?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
     let page = bounded(
