@@ -86,19 +86,14 @@ fn seq_of(body: &[u8]) -> Option<u64> {
 /// too: a broker that went away between connecting and opening the channel
 /// never answers them.
 async fn confirming_channel(url: &str) -> Option<(Connection, Channel)> {
-    let step = Duration::from_secs(2);
-    let conn = tokio::time::timeout(step, Connection::connect(url, Default::default()))
-        .await
-        .ok()?
-        .ok()?;
-    let ch = tokio::time::timeout(step, conn.create_channel())
-        .await
-        .ok()?
-        .ok()?;
-    tokio::time::timeout(step, ch.confirm_select(ConfirmSelectOptions::default()))
-        .await
-        .ok()?
-        .ok()?;
+    let conn = answered(
+        "a producer's connect",
+        Connection::connect(url, Default::default()),
+    )
+    .await?;
+    let ch = answered("a producer's channel open", conn.create_channel()).await?;
+    let confirms = ch.confirm_select(ConfirmSelectOptions::default());
+    answered("a producer's confirm_select", confirms).await?;
     Some((conn, ch))
 }
 
@@ -169,33 +164,50 @@ async fn produce(url: String, exchange: String, ledger: Arc<Ledger>, stop: Arc<A
     }
 }
 
+/// The value of an AMQP step, or `None` when it failed or got no answer
+/// within 2 s; the latter is printed, since an unbounded one once hung a
+/// whole run.
+async fn answered<T, E>(
+    step: &str,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    match tokio::time::timeout(Duration::from_secs(2), work).await {
+        Ok(r) => r.ok(),
+        Err(_) => {
+            eprintln!("nemesis: {step} got no answer within 2 s");
+            None
+        }
+    }
+}
+
 /// Consumes `queue` until `stop`, acknowledging each message once counted,
 /// and consumes again on a new connection whenever the broker goes away.
 async fn collect(url: String, queue: String, got: Arc<Arrivals>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        let Some(conn) = tokio::time::timeout(
-            Duration::from_secs(2),
+        let Some(conn) = answered(
+            "the collector's connect",
             Connection::connect(&url, Default::default()),
         )
         .await
-        .ok()
-        .and_then(Result::ok) else {
+        else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let Ok(ch) = conn.create_channel().await else {
+        let Some(ch) = answered("the collector's channel open", conn.create_channel()).await else {
             continue;
         };
-        let _ = ch.basic_qos(500, BasicQosOptions::default()).await;
-        let Ok(mut consumer) = ch
-            .basic_consume(
-                queue.as_str().into(),
-                unique("ctag").as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-        else {
+        answered(
+            "the collector's qos",
+            ch.basic_qos(500, BasicQosOptions::default()),
+        )
+        .await;
+        let consume = ch.basic_consume(
+            queue.as_str().into(),
+            unique("ctag").as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let Some(mut consumer) = answered("the collector's consume", consume).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
@@ -215,7 +227,10 @@ async fn collect(url: String, queue: String, got: Arc<Arrivals>, stop: Arc<Atomi
                     *n += 1;
                 }
             }
-            if d.ack(BasicAckOptions::default()).await.is_err() {
+            if answered("the collector's ack", d.ack(BasicAckOptions::default()))
+                .await
+                .is_none()
+            {
                 break;
             }
         }
@@ -556,14 +571,14 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     for p in producers {
-        p.await.unwrap();
+        within(seed, "the producers' stop", 30, p).await.unwrap();
     }
     let producing = nemesis.elapsed();
 
     // Every confirmed publish delivered or dead; bounded.
     let confirmed = ledger.confirmed.lock().unwrap().clone();
     let refused = ledger.refused.lock().unwrap().clone();
-    let mut conn = world.redis.conn().await;
+    let mut conn = within(seed, "connecting to Redis", 10, world.redis.conn()).await;
     let settling = Instant::now();
     let settled = eventually(Duration::from_secs(120), || {
         let (got, mut conn, key, confirmed) = (got.clone(), conn.clone(), key.clone(), &confirmed);
@@ -575,7 +590,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
                 .copied()
                 .collect();
             missing.is_empty() || {
-                let dead = dead(&mut conn, &key).await;
+                let dead = within(seed, "reading the dead set", 10, dead(&mut conn, &key)).await;
                 missing.iter().all(|s| dead.contains_key(s))
             }
         }
@@ -585,10 +600,12 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
     // Late copies (a redelivery after the last one needed) are counted too.
     tokio::time::sleep(Duration::from_secs(2)).await;
     done.store(true, Ordering::Relaxed);
-    collector.await.unwrap();
+    within(seed, "the collector's stop", 30, collector)
+        .await
+        .unwrap();
 
     let delivered = got.copies.lock().unwrap().clone();
-    let dead = dead(&mut conn, &key).await;
+    let dead = within(seed, "reading the dead set", 10, dead(&mut conn, &key)).await;
     let lost: Vec<u64> = {
         let mut l: Vec<u64> = confirmed
             .iter()
@@ -665,6 +682,21 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
         );
     }
     world.assert_running();
+}
+
+/// Awaits `work`, or fails the run naming its seed and `phase` after
+/// `secs`: a hang prints nothing (a whole run once hung after the faults,
+/// every thread parked), a failure prints the seed that replays it.
+async fn within<T>(
+    seed: u64,
+    phase: &str,
+    secs: u64,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), work).await {
+        Ok(v) => v,
+        Err(_) => panic!("seed {seed}: {phase} did not end within {secs} s"),
+    }
 }
 
 /// Where the `lost` sequence numbers are, for the failure message: pending
