@@ -349,7 +349,7 @@ async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(queue_depth(&amqp, &queue).await, 1, "the queue stayed full");
-    let pending = zcard(&mut redis, &b.key).await + zcard(&mut redis, &f.inflight).await;
+    let pending = zcard_all(&mut redis, &[&b.key, &f.inflight]).await;
     assert_eq!(pending, 4, "the refused members wait in Redis");
     assert!(
         d.logs().contains("nacked"),

@@ -248,7 +248,7 @@ async fn the_intake_keeps_taking_in_while_the_broker_blocks_publishers() {
     let inflight = family(&key).inflight;
     let stored = |mut redis: redis::aio::MultiplexedConnection| {
         let (key, inflight) = (key.clone(), inflight.clone());
-        async move { zcard(&mut redis, &key).await + zcard(&mut redis, &inflight).await }
+        async move { zcard_all(&mut redis, &[&key, &inflight]).await }
     };
     let taken = eventually(Duration::from_secs(30), || {
         let n = stored(redis.clone());

@@ -742,7 +742,7 @@ async fn missing_exchange_pauses_publishing_without_spinning() {
     let f = family(&b.key);
     assert_eq!(zcard(&mut redis, &f.dead).await, 0, "nothing dead");
     assert_eq!(
-        zcard(&mut redis, &b.key).await + zcard(&mut redis, &f.inflight).await,
+        zcard_all(&mut redis, &[&b.key, &f.inflight]).await,
         50,
         "every member still pending"
     );

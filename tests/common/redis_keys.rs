@@ -77,6 +77,20 @@ pub async fn zcard(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> u64
         .unwrap()
 }
 
+/// The members of the sorted sets `keys` together, read in one `MULTI`:
+/// a member moving between them meanwhile (claimed from the key into the
+/// in-flight set, or handed back) is counted once, as `ZCARD`s in a row
+/// would not. One server's connection: a cluster's does not take `MULTI`.
+pub async fn zcard_all(conn: &mut redis::aio::MultiplexedConnection, keys: &[&str]) -> u64 {
+    let mut p = redis::pipe();
+    p.atomic();
+    for k in keys {
+        p.zcard(*k);
+    }
+    let sizes: Vec<u64> = p.query_async(conn).await.unwrap();
+    sizes.iter().sum()
+}
+
 /// Every helper key of `key`, as delayd names them.
 pub fn family(key: &str) -> delayd::store::KeyFamily {
     delayd::store::KeyFamily::new(key)
@@ -238,7 +252,7 @@ pub async fn eventually_settled(
 ) -> bool {
     let f = &family(key);
     eventually_redis(conn, limit, |mut r| async move {
-        zcard(&mut r, &f.pending).await == 0 && zcard(&mut r, &f.inflight).await == 0
+        zcard_all(&mut r, &[&f.pending, &f.inflight]).await == 0
     })
     .await
 }
