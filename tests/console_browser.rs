@@ -432,6 +432,44 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
     b.close().await;
 }
 
+/// The page refreshes every few seconds and used to rebuild its tables:
+/// a click on its way to a button landed on one already replaced, and was
+/// lost (seen as a stale element in a whole run). A refresh that changes
+/// nothing in a row keeps its buttons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_button_found_before_a_refresh_still_takes_the_click_after_it() {
+    let (billing, c, mut r) = billing_console().await;
+    let fam = family(&billing.key);
+    let _: () = query(&mut r, "HSET", (&fam.body, "inv-8", "the invoice")).await;
+    seed_dead(&mut r, &billing.key, &[("inv-8", "rejected")]).await;
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=dead", c.port))
+        .await
+        .unwrap();
+    b.type_into("#token", TOKEN).await;
+    b.click("#token-save").await;
+    let button = b
+        .interactable("tr[data-member=\"inv-8\"] button[data-act=\"requeue\"]")
+        .await;
+    // Refreshes every 2 s; two of them shown means one whole refresh,
+    // its tables too, came after the button was found.
+    let select = b.interactable("#poll").await;
+    select.select_by_value("2000").await.unwrap();
+    let first = b
+        .wait_text("#poll-state", |t| t.contains("every 2 s"))
+        .await;
+    let second = b.wait_text("#poll-state", |t| t != first).await;
+    b.wait_text("#poll-state", |t| t != second).await;
+    button
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("the requeue button found before the refreshes: {e}"));
+    b.wait_text("#dead-confirm", |t| t.contains("requeue 1 dead member"))
+        .await;
+    b.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
     const READ: &str = "browser-read-token-0123456789";

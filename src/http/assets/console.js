@@ -38,6 +38,24 @@ function el(tag, attrs, ...children) {
 
 function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
 
+// Shows `rows` in the table body `body`, keeping every cell that reads the
+// same: the page refreshes every few seconds, and a button replaced by an
+// equal one loses the click on its way to it. A row's attributes say what
+// it stands for, so cells are kept only in a row that stands for the same.
+function fill(body, rows) {
+  const old = Array.from(body.rows);
+  const attrs = (e) => Array.from(e.attributes, (a) => a.name + "=" + a.value).join(" ");
+  const same = old.length === rows.length && rows.every((r, i) =>
+    attrs(r) === attrs(old[i]) && r.cells.length === old[i].cells.length);
+  if (!same) { body.replaceChildren(...rows); return; }
+  rows.forEach((r, i) => {
+    Array.from(r.cells).forEach((c, j) => {
+      const o = old[i].cells[j];
+      if (o.outerHTML !== c.outerHTML) o.replaceWith(c);
+    });
+  });
+}
+
 function state() { return new URLSearchParams(location.hash.slice(1)); }
 
 function setState(changes) {
@@ -133,19 +151,18 @@ async function loadOverview() {
   mode.className = r.json.can_write ? "badge" : "badge ro";
   for (const w of document.querySelectorAll(".write")) w.hidden = !r.json.can_write;
   $("token-form").hidden = r.json.read_only && !r.json.reads_need_token;
-  const body = $("businesses").tBodies[0];
-  clear(body);
+  const rows = [];
   for (const b of r.json.businesses) {
     const cell = (field, v) => el("td", { "data-field": field }, v);
     const link = el("a", { href: "#" + new URLSearchParams({ b: b.name, tab: "histogram" }) }, b.name);
     if (b.error) {
-      body.append(el("tr", { "data-business": b.name }, el("td", {}, link),
+      rows.push(el("tr", { "data-business": b.name }, el("td", {}, link),
         el("td", { class: "paused", colspan: 15 }, b.error)));
       continue;
     }
     const rt = b.rates || {};
     const within = b.due_within || {};
-    body.append(el("tr", { "data-business": b.name },
+    rows.push(el("tr", { "data-business": b.name },
       el("td", {}, link),
       cell("pending", b.pending), cell("due_now", b.due_now),
       cell("oldest_overdue", span(b.oldest_overdue_ms)),
@@ -158,6 +175,7 @@ async function loadOverview() {
         : b.paused ? el("td", { class: "paused", "data-field": "paused" }, "paused: " + b.paused)
         : el("td", { "data-field": "paused" }, "ok")));
   }
+  fill($("businesses").tBodies[0], rows);
 }
 
 // --- one business --------------------------------------------------------------
@@ -202,18 +220,18 @@ async function loadPending(b) {
   if (!r.ok) { showResult(r.json.error, true); return; }
   pendingCursor = r.json.cursor;
   $("pending-next").disabled = !pendingCursor;
-  const body = $("pending").tBodies[0];
-  clear(body);
+  const rows = [];
   for (const t of r.json.tasks) {
     const label = shown(t.member);
     const member = b.member === "id"
       ? el("a", { href: "#" + new URLSearchParams({ b: b.name, tab: "find", id: t.member.text }) }, label)
       : label;
-    body.append(el("tr", {}, el("td", {}, when(t.due_ms)),
+    rows.push(el("tr", {}, el("td", {}, when(t.due_ms)),
       el("td", {}, t.due_ms >= r.json.now_ms ? "in " + span(t.due_ms - r.json.now_ms) : span(r.json.now_ms - t.due_ms) + " ago"),
       el("td", { class: "text" }, member)));
   }
-  if (!r.json.tasks.length) body.append(el("tr", {}, el("td", { colspan: 3 }, "nothing pending in this window")));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 3 }, "nothing pending in this window")));
+  fill($("pending").tBodies[0], rows);
 }
 
 async function loadTask(b, id) {
@@ -273,13 +291,13 @@ async function loadDead(b) {
   const r = await api("GET", path(b) + "/dead?limit=100");
   if (!r.ok) { showResult(r.json.error, true); return; }
   $("dead-summary").textContent = r.json.total + " dead" + (r.json.total > r.json.members.length ? "; the oldest " + r.json.members.length + " shown" : "");
-  const body = $("dead").tBodies[0];
-  clear(body);
+  const rows = [];
   for (const m of r.json.members) {
-    // The handle names the member's exact bytes; its text may be cut or escaped.
+    // The handle names the member's exact bytes; its text may be cut or
+    // escaped. On the row too: its buttons act on the handle.
     const one = { handle: m.handle };
     const label = shown(m.member);
-    body.append(el("tr", { "data-member": m.member.text },
+    rows.push(el("tr", { "data-member": m.member.text, "data-handle": m.handle },
       el("td", { class: "text" }, label),
       el("td", {}, span(r.json.now_ms - m.died_ms) + " ago"),
       el("td", { class: "text" }, m.reason),
@@ -288,6 +306,8 @@ async function loadDead(b) {
         " ",
         el("button", { class: "write danger", "data-act": "purge", onclick: () => askDead(b, "purge", one, label) }, "purge"))));
   }
+  const body = $("dead").tBodies[0];
+  fill(body, rows);
   for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
 }
 
@@ -425,12 +445,11 @@ function wireBulk() {
 function renderIntakes(o) {
   const rows = o.businesses.filter((b) => b.intake);
   $("intakes").hidden = !rows.length;
-  const body = $("intake").tBodies[0];
-  clear(body);
+  const shownRows = [];
   for (const b of rows) {
     const i = b.intake;
     const cell = (field, v) => el("td", { "data-field": field }, v);
-    body.append(el("tr", { "data-business": b.name },
+    shownRows.push(el("tr", { "data-business": b.name },
       el("td", {}, b.name), el("td", { class: "text" }, i.queue),
       i.consuming ? cell("consumer", "up") : el("td", { class: "paused", "data-field": "consumer" }, "down"),
       cell("queue_messages", i.queue_messages),
@@ -438,6 +457,7 @@ function renderIntakes(o) {
       cell("rejected_rate", rate(i.rejected_per_s)), cell("rejected", i.rejected_total),
       cell("waiting", i.waiting_for_redis)));
   }
+  fill($("intake").tBodies[0], shownRows);
 }
 
 // --- recurring schedules -----------------------------------------------------
@@ -445,8 +465,7 @@ function renderIntakes(o) {
 async function loadSchedules(b) {
   const r = await api("GET", path(b) + "/schedules");
   if (!r.ok) { showResult(r.json.error, true); return; }
-  const body = $("schedules").tBodies[0];
-  clear(body);
+  const rows = [];
   $("schedules-note").textContent = r.json.schedules.length
     ? "Each schedule's next occurrences, the latest delivered and the occurrences missed while no instance ran (every instance's count). A paused schedule writes nothing on any instance until resumed; run now delivers one extra occurrence."
     : "This business has no recurring schedules ([businesses." + b.name + ".recurring.NAME] in the configuration).";
@@ -457,7 +476,7 @@ async function loadSchedules(b) {
     const state = s.paused
       ? el("td", { class: "paused", "data-field": "state" }, "paused by " + s.paused.by + " " + span(r.json.now_ms - s.paused.since_ms) + " ago")
       : el("td", { "data-field": "state" }, "running");
-    body.append(el("tr", { "data-schedule": s.name },
+    rows.push(el("tr", { "data-schedule": s.name },
       el("td", {}, s.name), el("td", { class: "text" }, s.cron), el("td", {}, s.tz),
       el("td", { class: "text", "data-field": "next" }, next),
       el("td", { "data-field": "last" }, last),
@@ -469,6 +488,8 @@ async function loadSchedules(b) {
         el("button", { class: "write", "data-act": s.paused ? "resume" : "pause",
           onclick: () => act("POST", one + (s.paused ? "/resume" : "/pause"), {}) }, s.paused ? "resume" : "pause"))));
   }
+  const body = $("schedules").tBodies[0];
+  fill(body, rows);
   for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
 }
 
