@@ -492,6 +492,37 @@ async fn manual_failover_mid_flow_loses_nothing() {
     c.wait_ready();
 }
 
+/// `wait` (the cluster ready again) used to trust each node's own state,
+/// which is ok at once after a failover while the other nodes still show
+/// the old pairs: a test reading the pairs next found a master "with no
+/// replica". Ready now means every node sees three masters, each with one
+/// replica, and no node failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_cluster_is_ready_only_once_every_node_sees_three_whole_pairs() {
+    let _turn = SERIAL.lock().await;
+    let c = cluster();
+    c.wait_ready();
+    let master = c.master_of_slot(0).await;
+    let replica = c.replica_of(&master).await;
+    let reply = cli(replica.port, &["CLUSTER", "FAILOVER"]);
+    assert!(reply.contains("OK"), "{reply}");
+    c.wait_ready();
+    for p in c.ports() {
+        let nodes = c.nodes_seen_by(&[p]).await;
+        let masters: Vec<&Node> = nodes.iter().filter(|n| n.master).collect();
+        let whole = masters
+            .iter()
+            .filter(|m| nodes.iter().filter(|n| n.master_id == m.id).count() == 1)
+            .count();
+        assert!(
+            nodes.len() == 6 && masters.len() == 3 && whole == 3,
+            "node {p} sees {} nodes up, {} masters, {whole} with one replica, right after the cluster was ready: {nodes:?}",
+            nodes.len(),
+            masters.len()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zadd_wakes_an_idle_shard_on_every_master_also_after_a_failover() {
     let (_turn, c, f, mut conn) = serial_flow("wake", "shards = 3\nshard_names = \"spread\"\nscanners = 1\npoll_interval = \"30s\"\nwatchdog_interval = \"30s\"").await;

@@ -15,8 +15,9 @@
 # as tests set it: a machine's ephemeral ports can hold any one of them.
 # Nodes run with --cluster-node-timeout 2000 and keyspace notifications
 # (Kz) on. `start`
-# returns once every slot is served, every node agrees the cluster is ok and
-# every replica is in sync, and prints nothing else. With WATCH_PID, a
+# returns once every slot is served, every node agrees the cluster is ok,
+# sees 3 masters with a replica each and none failing, and every replica is
+# in sync, and prints nothing else. With WATCH_PID, a
 # watcher stops the nodes when that process exits: a test binary has no
 # global teardown, so it passes its own pid.
 set -euo pipefail
@@ -49,11 +50,31 @@ start_node() {
 	printf '%s\n' "$!" >"$dir/$port.pid"
 }
 
+# pairs_seen NODES: true when a CLUSTER NODES answer shows no node failing
+# (fail or fail?) and 3 masters each with one replica. A node's own state
+# can be ok while it still flags a restarted replica as failed (a failure
+# on a replica does not touch the cluster's state), and tests read the
+# pairs from one node's view.
+pairs_seen() {
+	awk '
+		$3 ~ /fail/ { bad = 1 }
+		$3 ~ /master/ { masters[$1] = 1 }
+		$3 ~ /slave/ { replicas[$4]++ }
+		END {
+			n = 0
+			for (m in masters) { n++; if (replicas[m] != 1) bad = 1 }
+			for (r in replicas) if (!(r in masters)) bad = 1
+			exit (bad || n != 3)
+		}' <<<"$1"
+}
+
 cluster_ready() { # PORT...
 	local p info
 	for p in "$@"; do
 		info="$(redis_cli "$p" cluster info)" || return 1
 		[[ "$info" == *"cluster_state:ok"* && "$info" == *"cluster_slots_ok:16384"* && "$info" == *"cluster_known_nodes:6"* ]] || return 1
+		info="$(redis_cli "$p" cluster nodes)" || return 1
+		pairs_seen "$info" || return 1
 		info="$(redis_cli "$p" info replication)" || return 1
 		if [[ "$info" == *"role:slave"* ]]; then
 			[[ "$info" == *"master_link_status:up"* ]] || return 1
