@@ -51,10 +51,10 @@ start_node() {
 }
 
 # pairs_seen NODES: true when a CLUSTER NODES answer shows no node failing
-# (fail or fail?) and 3 masters each with one replica. A node's own state
-# can be ok while it still flags a restarted replica as failed (a failure
-# on a replica does not touch the cluster's state), and tests read the
-# pairs from one node's view.
+# (fail or fail?) and 3 masters each with one replica. Each node's own state
+# is ok at once after a failover while other nodes still show the old pairs
+# (the old master as a master without slots), and tests read the pairs from
+# one node's view.
 pairs_seen() {
 	awk '
 		$3 ~ /fail/ { bad = 1 }
