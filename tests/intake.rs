@@ -641,7 +641,9 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
     let rejected = consume(&amqp, &dlq).await;
-    let intake = format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"");
+    let intake = format!(
+        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
+    );
     let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
     t.publish_delayed("", b"small-1", 0).await;
     t.publish_delayed("", &vec![b'x'; 2000], 0).await;
@@ -677,6 +679,167 @@ async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("more than max_message_size = 1000"), "{out}");
     assert_eq!(zcard(&mut r, &t.key).await, 0);
+    t.stop(d).await;
+}
+
+/// A message that cannot be stored is rejected to the dead-letter exchange
+/// only where the intake queue really dead-letters to it: a queue declared
+/// before the setting was added has no `x-dead-letter-exchange`, and the
+/// broker drops what is rejected from it. It is kept in the business's dead
+/// set with its reason instead, and `check` says which.
+#[tokio::test]
+async fn a_message_too_large_is_kept_dead_when_the_existing_intake_queue_does_not_dead_letter() {
+    let amqp = amqp_at(&amqp_url()).await;
+    let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
+    let intake = format!(
+        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
+    );
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", &intake).await;
+    // Declared before delayd ever ran, without arguments.
+    declare_queue(&ch, &t.queue).await;
+    let (code, out, err) = t.cli(&["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("kept in the dead set") && out.contains("exists with other arguments"),
+        "check says where rejected messages go and why:\n{out}"
+    );
+    let d = t.start().await;
+    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
+    t.publish_delayed("", b"small", 0).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let dead = family(&t.key).dead;
+    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
+    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    assert_eq!(queue_depth(&amqp, &dlq).await, 0, "nothing dead-lettered");
+    assert!(
+        d.logs()
+            .contains("kept in the business's dead set, not rejected"),
+        "run says so:\n{}",
+        d.tail()
+    );
+    delete_topology(&ch, &[&dlq], &[&dlx]).await;
+    t.stop(d).await;
+}
+
+/// With no queue bound behind the dead-letter exchange, a rejected message
+/// would be dropped by the broker: it is kept in the dead set.
+#[tokio::test]
+async fn a_message_too_large_is_kept_dead_when_no_queue_is_known_behind_the_dead_letter_exchange() {
+    let dlx = unique("dlx-unbound");
+    let intake = format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"");
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
+    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
+    t.publish_delayed("", b"small", 0).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let dead = family(&t.key).dead;
+    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
+    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    let (code, out, err) = t.cli(&["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("kept in the dead set (intake.dead_letter_queue is not set"),
+        "{out}"
+    );
+    let ch = t.amqp.create_channel().await.unwrap();
+    delete_topology(&ch, &[], &[&dlx]).await;
+    t.stop(d).await;
+}
+
+/// `delayd_intake_waiting_for_redis` counts each batch waiting for Redis
+/// once, and rests at 0 once they are all written.
+#[tokio::test]
+async fn the_waiting_gauge_counts_every_waiting_batch_and_rests_at_zero_after() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "batch_size = 5").await;
+    let port = listen_on_free_port(&t.config, 30000..40000);
+    let gauge = || {
+        let (_, m) = http_get(port, "/metrics").unwrap_or_default();
+        m.lines()
+            .find_map(|l| l.strip_prefix("delayd_intake_waiting_for_redis{business=\"delayed\"} "))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+    };
+    // K holds a string: Redis refuses every write (WRONGTYPE) until it goes.
+    let mut r = t.redis.clone();
+    let _: () = redis::cmd("SET")
+        .arg(&t.key)
+        .arg("in the way")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let d = t.start().await;
+    for i in 0..40 {
+        t.publish_delayed("", format!("w-{i}").as_bytes(), 0).await;
+    }
+    // Four batches are written at once; each waits.
+    let four = eventually(Duration::from_secs(10), || async { gauge() == Some(4) }).await;
+    let seen = gauge();
+    let _: () = redis::cmd("DEL")
+        .arg(&t.key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(four, "four batches wait, the gauge reads {seen:?}");
+    wait_n(&t.inbox, 40, Duration::from_secs(20), &d).await;
+    let zero = eventually(Duration::from_secs(5), || async { gauge() == Some(0) }).await;
+    assert!(
+        zero,
+        "after every batch is written the gauge reads {:?}",
+        gauge()
+    );
+    t.stop(d).await;
+}
+
+/// A batch spread over two shards whose second shard's write is refused
+/// until the stop: the first shard's messages are acknowledged once stored,
+/// so the broker hands back only the rest, and messages without a
+/// `message_id` (delayd assigns each delivery a new id) are not stored twice.
+#[tokio::test]
+async fn a_batch_half_stored_at_the_stop_is_handed_back_only_in_its_unstored_half() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "shards = 2", "").await;
+    let shard1 = format!("{}:1", t.key);
+    let mut r = t.redis.clone();
+    // Shard 1 holds a string: its writes are refused (WRONGTYPE).
+    let _: () = redis::cmd("SET")
+        .arg(&shard1)
+        .arg("in the way")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    // Published before delayd consumes, so one batch takes them all.
+    let d = t.start().await;
+    drop(d);
+    let bodies: Vec<Vec<u8>> = (0..40).map(|i| format!("half-{i}").into_bytes()).collect();
+    for b in &bodies {
+        t.publish_delayed("", b, 0).await;
+    }
+    let d = t.start().await;
+    let some = eventually(Duration::from_secs(10), || async {
+        t.inbox.len() > 0
+            && d.logs()
+                .contains("Redis does not store intake messages now")
+    })
+    .await;
+    assert!(
+        some,
+        "shard 0 delivers while shard 1 is refused:\n{}",
+        d.tail()
+    );
+    let mut d = d;
+    d.signal(15);
+    d.wait(Duration::from_secs(30));
+    let _: () = redis::cmd("DEL")
+        .arg(&shard1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let d = t.start().await;
+    wait_n(&t.inbox, bodies.len(), Duration::from_secs(20), &d).await;
+    t.inbox.settle(Duration::from_secs(1)).await;
+    let want: std::collections::HashSet<Vec<u8>> = bodies.into_iter().collect();
+    t.inbox
+        .assert_each_once(&want, "a stop with half a batch stored");
+    for k in [format!("{}:0", t.key), shard1] {
+        del_family(&mut r, &k).await;
+    }
     t.stop(d).await;
 }
 
@@ -1140,7 +1303,7 @@ async fn the_migration_guide_steps_lose_nothing() {
 async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on() {
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
-    let intake = format!("dead_letter_exchange = \"{dlx}\"");
+    let intake = format!("dead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\"");
     let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
     let mut raw = RawAmqp::connect(&amqp_url()).await;
     let bad_key = Table::default()

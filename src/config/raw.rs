@@ -92,6 +92,7 @@ pub(super) struct RawIntake {
     pub(super) prefetch: Option<i64>,
     pub(super) batch_size: Option<i64>,
     pub(super) dead_letter_exchange: Option<String>,
+    pub(super) dead_letter_queue: Option<String>,
     pub(super) max_message_size: Option<i64>,
     pub(super) x_delay: Option<String>,
     pub(super) user_id: Option<String>,

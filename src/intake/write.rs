@@ -9,7 +9,8 @@
 //! would answer at once), and in Cluster mode sends both to the node of
 //! the keys' slot. `WAIT` also blocks its connection until it answers:
 //! an intake that waits has a connection of its own, never the one the
-//! scanners use.
+//! scanners use. A call that too few replicas acknowledged is attempted
+//! again under the same name, and then only waited for (`intake.lua`).
 
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ use crate::config::intake_settings::{ReplicaAck, ReplicaWait};
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
 const CALL_BYTES: usize = 8 << 20;
+
+/// The least time a call's marker lives after each attempt.
+const MARKER_TTL: Duration = Duration::from_secs(60);
 
 /// One message, ready to store.
 #[derive(Debug, Clone)]
@@ -119,22 +123,34 @@ impl Writer {
         split(&self.keys, batch)
     }
 
-    /// Runs one call made by [`Writer::calls`].
+    /// Runs one call made by [`Writer::calls`]; `call` names it in every
+    /// attempt, so that an attempt after one the master ran but too few
+    /// replicas acknowledged waits again instead of storing again (see
+    /// `intake.lua`).
     pub async fn write(
         &self,
         shard: usize,
         items: &[usize],
         batch: &[Item],
+        call: u64,
     ) -> Result<Stored, WriteError> {
         let keys = KeyFamily::new(&self.keys[shard]);
+        let waits = self.wait.replicas > 0;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(scripts::INTAKE.get_hash())
-            .arg(4)
+            .arg(if waits { 5 } else { 4 })
             .arg(&keys.pending)
             .arg(&keys.body)
             .arg(&keys.dead)
-            .arg(&keys.reasons)
-            .arg(self.unit.millis());
+            .arg(&keys.reasons);
+        if waits {
+            cmd.arg(crate::keys::helper_key(
+                &keys.pending,
+                &format!("intake:{call:016x}"),
+            ));
+        }
+        cmd.arg(self.unit.millis())
+            .arg(self.marker_ttl().as_millis() as u64);
         for &i in items {
             let item = &batch[i];
             cmd.arg(item.id.as_slice())
@@ -152,7 +168,8 @@ impl Writer {
                 },
                 other => other,
             };
-            let (at_ms, absorbed, renamed) = reply.map_err(StoreError::from)?;
+            let (at_ms, absorbed, renamed, _): (i64, u64, u64, u8) =
+                reply.map_err(StoreError::from)?;
             return Ok(Stored {
                 at_ms,
                 absorbed,
@@ -189,7 +206,7 @@ impl Writer {
         let (Some(stored), Some(waited)) = (replies.next(), replies.next()) else {
             return Err(StoreError::Reply("a pipeline of two answered fewer".into()));
         };
-        let (at_ms, absorbed, renamed) =
+        let (at_ms, absorbed, renamed, _): (i64, u64, u64, u8) =
             redis::from_redis_value(stored.extract_error()?).map_err(redis::RedisError::from)?;
         let waited = waited.extract_error()?;
         let got: i64 = match self.wait.ack {
@@ -204,6 +221,13 @@ impl Writer {
             renamed,
         };
         Ok((stored, got.clamp(0, u32::MAX as i64) as u32))
+    }
+
+    /// How long a call's marker outlives its last attempt: far longer than
+    /// the pause between two attempts (the backoff, at most 2 s, and one
+    /// replica wait).
+    fn marker_ttl(&self) -> Duration {
+        MARKER_TTL + self.wait.timeout * 2
     }
 
     async fn pipeline(&self, conn: &mut RedisConn, script: Cmd) -> Result<Vec<Value>, StoreError> {
