@@ -233,7 +233,11 @@ async fn redis_and_conn(cfg: &Config) -> Result<(Redis, RedisConn), Failure> {
 fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
     b.keys()
         .iter()
-        .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit).with_member(b.member))
+        .map(|k| {
+            Store::new(conn.clone(), KeyFamily::new(k), b.score_unit)
+                .with_member(b.member)
+                .with_envelopes(b.intake.is_some())
+        })
         .collect()
 }
 

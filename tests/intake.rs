@@ -633,6 +633,33 @@ async fn a_reused_message_id_never_drops_a_different_message() {
     t.stop(d).await;
 }
 
+/// With `dedup_window`, a different message reusing the `message_id` of
+/// one already delivered is delivered too, as the plugin delivered it,
+/// while an identical re-publish of the delivered one is not.
+#[tokio::test]
+async fn with_a_dedup_window_a_reused_id_is_delivered_and_a_repeat_of_the_delivered_message_is_not()
+{
+    let t = Intake::new(ExchangeKind::Direct, &[""], "dedup_window = \"1h\"", "").await;
+    let d = t.start().await;
+    let id = unique("reused");
+    let with_id = || delayed(AMQPValue::LongInt(0)).with_message_id(ShortString::from(id.as_str()));
+    t.publish("", b"first", with_id()).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    t.publish("", b"second", with_id()).await;
+    wait_n(&t.inbox, 2, Duration::from_secs(10), &d).await;
+    t.publish("", b"first", with_id()).await;
+    t.publish("", b"third", with_id()).await;
+    wait_n(&t.inbox, 3, Duration::from_secs(10), &d).await;
+    t.inbox.settle(Duration::from_secs(1)).await;
+    let got: Vec<Vec<u8>> = t.inbox.all().into_iter().map(|r| r.body).collect();
+    assert_eq!(
+        got,
+        vec![b"first".to_vec(), b"second".to_vec(), b"third".to_vec()],
+        "each different message once, the repeat of the first not again"
+    );
+    t.stop(d).await;
+}
+
 /// A message whose envelope exceeds max_message_size is rejected to the
 /// dead-letter exchange delayd set on the intake queue, logged and counted;
 /// the messages around it are stored.
