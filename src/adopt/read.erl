@@ -35,7 +35,8 @@ begin
     Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
     Idx = list_to_atom(atom_to_list(Tab) ++ "_index"),
     Ours = {resource, Vhost, exchange, Name},
-    Out = fun(Fields) -> io:put_chars([<<"delayd-adopt">>, [[$\s, F] || F <- Fields], $\n]) end,
+    Line = fun(Fields) -> [<<"delayd-adopt">>, [[$\s, F] || F <- Fields], $\n] end,
+    Out = fun(Fields) -> io:put_chars(Line(Fields)) end,
     Int = fun(N) -> integer_to_binary(N) end,
     Out([<<"node">>, base64:encode(atom_to_binary(node(), utf8))]),
     Tables = ets:info(Tab, size) =/= undefined andalso ets:info(Idx, size) =/= undefined,
@@ -71,38 +72,40 @@ begin
                 (MaxEntries > 0 andalso (N >= MaxEntries orelse B >= MaxBytes))
                     orelse (MaxScan > 0 andalso S >= MaxScan)
             end,
-            Walk = fun Walk(K, N, B, S, Last, Stats) ->
+            %% Lines are printed together at the end: each io request to
+            %% rabbitmqctl's group leader is a round trip.
+            Walk = fun Walk(K, N, B, S, Last, Stats, Acc) ->
                 case K of
                     '$end_of_table' ->
-                        {done, Stats};
+                        {done, Stats, Acc};
                     _ ->
                         case Full(N, B, S) of
                             true ->
-                                {{more, Last}, Stats};
+                                {{more, Last}, Stats, Acc};
                             false ->
                                 {delay_key, Ts, Ex} = K,
                                 X = element(2, Ex),
                                 Entries = ets:lookup(Tab, K),
                                 Move = X =:= Ours andalso MaxEntries > 0 andalso Ts >= NotBefore,
-                                case Move andalso Entries =:= [] of
-                                    true -> Out([<<"orphan">>, Int(Ts)]);
-                                    false -> ok
+                                Acc1 = case Move andalso Entries =:= [] of
+                                    true -> [Line([<<"orphan">>, Int(Ts)]) | Acc];
+                                    false -> Acc
                                 end,
-                                {Count, Bytes} = lists:foldl(
-                                    fun(E, {C, By}) ->
+                                {Count, Bytes, Acc2} = lists:foldl(
+                                    fun(E, {C, By, A}) ->
                                         {Rk, Props, Body} = Parts(element(3, E)),
-                                        case Move of
+                                        A2 = case Move of
                                             true ->
                                                 Ref = base64:encode(term_to_binary(element(4, E))),
-                                                Out([<<"entry">>, Int(Ts), Ref, base64:encode(Rk),
-                                                     base64:encode(Props), base64:encode(Body)]);
-                                            false -> ok
+                                                [Line([<<"entry">>, Int(Ts), Ref, base64:encode(Rk),
+                                                       base64:encode(Props), base64:encode(Body)]) | A];
+                                            false -> A
                                         end,
-                                        {C + 1, By + byte_size(Props) + byte_size(Body)}
-                                    end, {0, 0}, Entries),
+                                        {C + 1, By + byte_size(Props) + byte_size(Body), A2}
+                                    end, {0, 0, Acc1}, Entries),
                                 Stats2 = case Count of 0 -> Stats; _ -> Add(X, Count, Bytes, Ts, Stats) end,
                                 {N2, B2} = case Move of true -> {N + Count, B + Bytes}; false -> {N, B} end,
-                                Walk(ets:next(Idx, K), N2, B2, S + 1, K, Stats2)
+                                Walk(ets:next(Idx, K), N2, B2, S + 1, K, Stats2, Acc2)
                         end
                 end
             end,
@@ -110,7 +113,8 @@ begin
                         <<>> -> ets:first(Idx);
                         _ -> ets:next(Idx, binary_to_term(base64:decode(Cursor)))
                     end,
-            {Next, Stats} = Walk(First, 0, 0, 0, none, #{}),
+            {Next, Stats, Lines} = Walk(First, 0, 0, 0, none, #{}, []),
+            io:put_chars(lists:reverse(Lines)),
             maps:foreach(
                 fun({resource, V, exchange, Nm}, {C, B, Lo, Hi}) ->
                     Out([<<"stats">>, base64:encode(V), base64:encode(Nm), Int(C), Int(B), Int(Lo), Int(Hi)])
