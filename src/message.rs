@@ -3,6 +3,8 @@
 //! message, as the producer published it ([`envelope`]). The scanner and
 //! the publisher read it; the intake writes envelopes.
 
+pub mod delay;
+pub mod delivered;
 pub mod envelope;
 
 pub use envelope::Envelope;

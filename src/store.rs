@@ -69,6 +69,7 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
 mod bulk;
 mod dead;
 mod forecast;
+pub mod incoming;
 mod pause;
 mod totals;
 pub use bulk::{Scored, Set};

@@ -26,11 +26,12 @@ use crate::config::Business;
 use crate::redis_conn::RedisConn;
 use crate::telemetry::{Backoff, Health, METRICS};
 
-use super::delay::{self, Due};
-use super::write::{self, Item, Writer};
-use super::{delivered, depth, topology};
+use super::{depth, topology};
 use crate::config::intake_settings::Settings;
+use crate::message::delay::{self, Due};
+use crate::message::delivered;
 use crate::message::envelope;
+use crate::store::incoming::{self as write, Item, Writer};
 
 /// Batches being written at once; with the prefetch, what keeps the broker
 /// delivering while Redis writes.

@@ -33,15 +33,15 @@
 --         this epoch ms, now if past), or '!<reason>' (straight to the dead
 --         set, never published); the envelope
 -- Returns {Redis's clock when it stored them (epoch ms), messages absorbed
--- as re-publishes, messages stored under a derived id, 1 when the marker
--- was found and nothing stored, else 0}. Due times are on that clock, like
--- every claim's "now", and never past 2^53 ms.
+-- as re-publishes, messages stored under a derived id} (0 and 0 when the
+-- marker was found). Due times are on that clock, like every claim's
+-- "now", and never past 2^53 ms.
 local err = wrong_type(KEYS[1]) or wrong_type(KEYS[3])
 if err then return err end
 local now = now_ms()
 local marker, ttl = KEYS[5], ARGV[2]
 if marker and redis.call('PEXPIRE', marker, ttl) == 1 then
-  return {now, 0, 0, 1}
+  return {now, 0, 0}
 end
 local unit = tonumber(ARGV[1])
 local LATEST = 9007199254740992
@@ -97,4 +97,4 @@ end
 if marker then
   redis.call('SET', marker, '1', 'PX', ttl)
 end
-return {now, absorbed, renamed, 0}
+return {now, absorbed, renamed}

@@ -1,6 +1,8 @@
-//! Writing intake messages to Redis: one `intake.lua` call per shard per
-//! batch (more only for very large messages), followed, when the settings
-//! ask for replicas, by `WAIT` (or `WAITAOF`) in the same pipeline.
+//! Writing messages taken in from outside to Redis (id mode): intake
+//! messages, one `intake.lua` call per shard per batch (more only for very
+//! large messages), and what `delayd adopt` moves out of the plugin
+//! (`adopt.lua`), each followed, when the intake's settings ask for
+//! replicas, by `WAIT` (or `WAITAOF`) in the same pipeline.
 //!
 //! `WAIT` counts the replicas that hold the replication offset of the
 //! calling connection's last write, so it must follow the write on the
@@ -22,8 +24,8 @@ use crate::config::{Business, ScoreUnit};
 use crate::redis_conn::RedisConn;
 use crate::store::{KeyFamily, StoreError};
 
-use super::delay::Due;
 use crate::config::intake_settings::{ReplicaAck, ReplicaWait};
+use crate::message::delay::Due;
 
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
@@ -157,6 +159,23 @@ impl Writer {
                 .arg(item.when())
                 .arg(item.envelope.as_slice());
         }
+        let (at_ms, absorbed, renamed) = self.run(cmd).await?;
+        Ok(Stored {
+            at_ms,
+            absorbed,
+            renamed,
+        })
+    }
+
+    /// The keys this writer stores to, one per shard.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Runs one storing script (an `EVALSHA` whose reply is three
+    /// integers), then waits for replicas as the settings ask: the reply.
+    /// Shared by the intake (`intake.lua`) and adoption (`adopt.lua`).
+    pub async fn run(&self, cmd: Cmd) -> Result<(i64, u64, u64), WriteError> {
         let mut conn = self.conn.clone();
         if self.wait.replicas == 0 {
             // A server without the script (restarted, promoted) says
@@ -168,15 +187,9 @@ impl Writer {
                 },
                 other => other,
             };
-            let (at_ms, absorbed, renamed, _): (i64, u64, u64, u8) =
-                reply.map_err(StoreError::from)?;
-            return Ok(Stored {
-                at_ms,
-                absorbed,
-                renamed,
-            });
+            return Ok(reply.map_err(StoreError::from)?);
         }
-        let (stored, got) = self.write_and_wait(&mut conn, cmd).await?;
+        let (reply, got) = self.write_and_wait(&mut conn, cmd).await?;
         if got < self.wait.replicas {
             return Err(WriteError::Unreplicated {
                 got,
@@ -185,7 +198,7 @@ impl Writer {
                 ack: self.wait.ack,
             });
         }
-        Ok(stored)
+        Ok(reply)
     }
 
     /// The script and the wait in one pipeline (as `EVAL` when the server
@@ -195,18 +208,18 @@ impl Writer {
         &self,
         conn: &mut RedisConn,
         script: Cmd,
-    ) -> Result<(Stored, u32), StoreError> {
+    ) -> Result<((i64, u64, u64), u32), StoreError> {
         let mut replies = self.pipeline(conn, script.clone()).await?;
         if matches!(&replies[0], Value::ServerError(e) if e.code() == "NOSCRIPT") {
             let eval = scripts::eval_for(&script)
-                .ok_or_else(|| StoreError::Reply("intake script not registered".into()))?;
+                .ok_or_else(|| StoreError::Reply("storing script not registered".into()))?;
             replies = self.pipeline(conn, eval).await?;
         }
         let mut replies = replies.into_iter();
         let (Some(stored), Some(waited)) = (replies.next(), replies.next()) else {
             return Err(StoreError::Reply("a pipeline of two answered fewer".into()));
         };
-        let (at_ms, absorbed, renamed, _): (i64, u64, u64, u8) =
+        let reply =
             redis::from_redis_value(stored.extract_error()?).map_err(redis::RedisError::from)?;
         let waited = waited.extract_error()?;
         let got: i64 = match self.wait.ack {
@@ -215,12 +228,7 @@ impl Writer {
             ReplicaAck::Fsynced => redis::from_redis_value::<(i64, i64)>(waited).map(|(_, r)| r),
         }
         .map_err(redis::RedisError::from)?;
-        let stored = Stored {
-            at_ms,
-            absorbed,
-            renamed,
-        };
-        Ok((stored, got.clamp(0, u32::MAX as i64) as u32))
+        Ok((reply, got.clamp(0, u32::MAX as i64) as u32))
     }
 
     /// How long a call's marker outlives its last attempt: far longer than
@@ -264,7 +272,7 @@ impl Item {
 fn split(keys: &[String], batch: &[Item]) -> Vec<(usize, Vec<usize>)> {
     let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); keys.len()];
     for (i, item) in batch.iter().enumerate() {
-        let key = crate::tasks::shard_of(keys, &item.id);
+        let key = crate::keys::shard_of(keys, &item.id);
         let shard = keys.iter().position(|k| k == key).unwrap_or(0);
         by_shard[shard].push(i);
     }
@@ -326,7 +334,7 @@ mod tests {
         for (shard, items) in &calls {
             assert!(items.windows(2).all(|w| w[0] < w[1]), "kept in order");
             for &i in items {
-                assert_eq!(crate::tasks::shard_of(&four, &batch[i].id), four[*shard]);
+                assert_eq!(crate::keys::shard_of(&four, &batch[i].id), four[*shard]);
             }
         }
         // 3 MB messages: two per call, and one of 20 MB alone.
