@@ -74,7 +74,7 @@ impl Nodes {
                 r#"#!/usr/bin/env bash
 dir={dir}
 expr=$(cat)
-case "$expr" in *was_held*) kind=commit ;; *Cursor*) kind=read ;; *) kind=other ;; esac
+case "$expr" in *":commit("*) kind=commit ;; *":read("*) kind=read ;; *) kind=other ;; esac
 n=$(( $(cat "$dir/count-$kind" 2>/dev/null || echo 0) + 1 ))
 echo "$n" >"$dir/count-$kind"
 crash=$(cat "$dir/crash" 2>/dev/null || true)

@@ -7,6 +7,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 
 const READ: &str = include_str!("read.erl");
+const LOAD: &str = include_str!("load.erl");
+const MODULE: &str = include_str!("delayd_adopt.erl");
 const COMMIT: &str = include_str!("commit.erl");
 const EXPORT: &str = include_str!("export.erl");
 
@@ -122,20 +124,33 @@ pub fn export(x: &Exchange, path: &str, margin_ms: u64) -> String {
     )
 }
 
-/// The template without its header comment, placeholders filled.
+/// The template without its header comment, placeholders filled; its
+/// `@LOAD@` compiles and loads `delayd_adopt.erl` on the node, under a name
+/// of its own per source text.
 fn fill(template: &str, x: &Exchange, extra: &[(&str, String)]) -> String {
-    let body: String = template
-        .lines()
-        .filter(|l| !l.starts_with("%%"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut s = body
+    let module = format!(
+        "delayd_adopt_{:016x}",
+        xxhash_rust::xxh3::xxh3_64(MODULE.as_bytes())
+    );
+    let source = MODULE.replace("-module(delayd_adopt).", &format!("-module({module})."));
+    let mut s = code(template)
+        .replace("@LOAD@", &code(LOAD))
+        .replace("@SOURCE@", &B64.encode(source))
+        .replace("@MODULE@", &module)
         .replace("@VHOST@", &B64.encode(&x.vhost))
         .replace("@NAME@", &B64.encode(&x.name));
     for (k, v) in extra {
         s = s.replace(k, v);
     }
     s
+}
+
+/// Erlang text without its `%%` comment lines.
+fn code(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("%%"))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// `s` if it is base64 text, else empty (a ref that did not come from
@@ -176,7 +191,7 @@ mod tests {
         assert!(!e.contains("halt()"));
         assert!(e.contains(&B64.encode("orders\">>, halt().")));
         assert!(!e.contains('@'), "every placeholder filled");
-        assert!(e.contains("MaxEntries = 10,"));
+        assert!(e.contains("10, 100, 0, <<\"\">>, 0)"), "{e}");
     }
 
     #[test]
@@ -187,10 +202,9 @@ mod tests {
         ];
         let e = commit(&x(), &items, true);
         assert!(
-            e.contains(r#"Items = [{5,[<<"QUJD">>,<<"">>]},{7,[]}],"#),
+            e.contains(r#", [{5,[<<"QUJD">>,<<"">>]},{7,[]}], true)"#),
             "{e}"
         );
-        assert!(e.contains("Resume = true,"));
         assert!(!e.contains('@'));
     }
 }

@@ -1,6 +1,7 @@
 %% read.erl: one chunk of what the delayed-message plugin holds on this node,
 %% run with `rabbitmqctl eval` (the expression on standard input).
-%% Walks the plugin's index (an ordered_set of #delay_key{timestamp,
+%% delayd_adopt:read/8 (src/adopt/delayd_adopt.erl, compiled on the node)
+%% walks the plugin's index (an ordered_set of #delay_key{timestamp,
 %% exchange}) from just after the cursor, key by key, never copying the
 %% table: each key's entries come from the bag table by ets:lookup.
 %% With HOLD, first suspends the plugin's process (sys:suspend): no timer
@@ -24,106 +25,7 @@
 %%   cursor KEY | done
 %%   end
 begin
-    Vhost = base64:decode(<<"@VHOST@">>),
-    Name = base64:decode(<<"@NAME@">>),
-    Hold = @HOLD@,
-    MaxEntries = @ENTRIES@,
-    MaxBytes = @BYTES@,
-    MaxScan = @SCAN@,
-    Cursor = <<"@CURSOR@">>,
-    NotBefore = @NOT_BEFORE@,
-    Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
-    Idx = list_to_atom(atom_to_list(Tab) ++ "_index"),
-    Ours = {resource, Vhost, exchange, Name},
-    Line = fun(Fields) -> [<<"delayd-adopt">>, [[$\s, F] || F <- Fields], $\n] end,
-    Out = fun(Fields) -> io:put_chars(Line(Fields)) end,
-    Int = fun(N) -> integer_to_binary(N) end,
-    Out([<<"node">>, base64:encode(atom_to_binary(node(), utf8))]),
-    Tables = ets:info(Tab, size) =/= undefined andalso ets:info(Idx, size) =/= undefined,
-    case Tables of
-        false ->
-            Out([<<"notables">>]);
-        true ->
-            P = whereis(rabbit_delayed_message),
-            Held = Hold andalso is_pid(P),
-            case Held of
-                true -> ok = sys:suspend(P, 60000);
-                false -> ok
-            end,
-            Out([<<"held">>, Int(case Held of true -> 1; false -> 0 end)]),
-            %% Up to 3.12 an entry holds a #delivery{} around a
-            %% #basic_message{}; from 3.13 an mc container.
-            Parts = fun(D) ->
-                {Rks, C0} =
-                    case D of
-                        {delivery, _, _, _, {basic_message, _, R, C, _, _}, _, _} -> {R, C};
-                        {basic_message, _, R, C, _, _} -> {R, C};
-                        Mc -> {mc:routing_keys(Mc), mc:protocol_state(mc:convert(mc_amqpl, Mc))}
-                    end,
-                C1 = rabbit_binary_generator:ensure_content_encoded(C0, rabbit_framing_amqp_0_9_1),
-                Rk = case Rks of [R1 | _] -> R1; [] -> <<>> end,
-                {Rk, element(4, C1), iolist_to_binary(lists:reverse(element(6, C1)))}
-            end,
-            Add = fun(X, Count, Bytes, Ts, Stats) ->
-                maps:update_with(X, fun({C, B, Lo, Hi}) -> {C + Count, B + Bytes, min(Lo, Ts), max(Hi, Ts)} end,
-                                 {Count, Bytes, Ts, Ts}, Stats)
-            end,
-            Full = fun(N, B, S) ->
-                (MaxEntries > 0 andalso (N >= MaxEntries orelse B >= MaxBytes))
-                    orelse (MaxScan > 0 andalso S >= MaxScan)
-            end,
-            %% Lines are printed together at the end: each io request to
-            %% rabbitmqctl's group leader is a round trip.
-            Walk = fun Walk(K, N, B, S, Last, Stats, Acc) ->
-                case K of
-                    '$end_of_table' ->
-                        {done, Stats, Acc};
-                    _ ->
-                        case Full(N, B, S) of
-                            true ->
-                                {{more, Last}, Stats, Acc};
-                            false ->
-                                {delay_key, Ts, Ex} = K,
-                                X = element(2, Ex),
-                                Entries = ets:lookup(Tab, K),
-                                Move = X =:= Ours andalso MaxEntries > 0 andalso Ts >= NotBefore,
-                                Acc1 = case Move andalso Entries =:= [] of
-                                    true -> [Line([<<"orphan">>, Int(Ts)]) | Acc];
-                                    false -> Acc
-                                end,
-                                {Count, Bytes, Acc2} = lists:foldl(
-                                    fun(E, {C, By, A}) ->
-                                        {Rk, Props, Body} = Parts(element(3, E)),
-                                        A2 = case Move of
-                                            true ->
-                                                Ref = base64:encode(term_to_binary(element(4, E))),
-                                                [Line([<<"entry">>, Int(Ts), Ref, base64:encode(Rk),
-                                                       base64:encode(Props), base64:encode(Body)]) | A];
-                                            false -> A
-                                        end,
-                                        {C + 1, By + byte_size(Props) + byte_size(Body), A2}
-                                    end, {0, 0, Acc1}, Entries),
-                                Stats2 = case Count of 0 -> Stats; _ -> Add(X, Count, Bytes, Ts, Stats) end,
-                                {N2, B2} = case Move of true -> {N + Count, B + Bytes}; false -> {N, B} end,
-                                Walk(ets:next(Idx, K), N2, B2, S + 1, K, Stats2, Acc2)
-                        end
-                end
-            end,
-            First = case Cursor of
-                        <<>> -> ets:first(Idx);
-                        _ -> ets:next(Idx, binary_to_term(base64:decode(Cursor)))
-                    end,
-            {Next, Stats, Lines} = Walk(First, 0, 0, 0, none, #{}, []),
-            io:put_chars(lists:reverse(Lines)),
-            maps:foreach(
-                fun({resource, V, exchange, Nm}, {C, B, Lo, Hi}) ->
-                    Out([<<"stats">>, base64:encode(V), base64:encode(Nm), Int(C), Int(B), Int(Lo), Int(Hi)])
-                end, Stats),
-            case Next of
-                done -> Out([<<"done">>]);
-                {more, LastKey} -> Out([<<"cursor">>, base64:encode(term_to_binary(LastKey))])
-            end
-    end,
-    Out([<<"end">>]),
-    ok
+@LOAD@
+    @MODULE@:read(base64:decode(<<"@VHOST@">>), base64:decode(<<"@NAME@">>), @HOLD@,
+                  @ENTRIES@, @BYTES@, @SCAN@, <<"@CURSOR@">>, @NOT_BEFORE@)
 end.
