@@ -118,6 +118,20 @@ ensure_browser() {
 	apt_install "${missing[@]}"
 }
 
+# ensure_promtool: installs Debian's prometheus package, for promtool, which
+# checks and unit-tests deploy/prometheus/alerts.yml; without recommends, and
+# its service is not started (apt_install's policy-rc.d).
+ensure_promtool() {
+	command -v promtool >/dev/null 2>&1 || apt_install --no-install-recommends prometheus
+}
+
+# ensure_examples: the Redis clients of the producer examples (examples/,
+# run by tests/examples.rs): redis-py and ioredis under .local, Debian's
+# ruby-redis and php-redis (deploy/local/clients.sh).
+ensure_examples() {
+	"$DELAYD_REPO_ROOT/deploy/local/clients.sh" all
+}
+
 # apt_install PKG...: non-interactive install that does not start services.
 apt_install() {
 	log "installing Debian packages: $*"
