@@ -107,7 +107,11 @@ async fn example_writes_the_documented_bytes_and_is_delivered(lang: &'static str
         run_example(lang, &body_key, &id_key, FAR_MS).await;
         let got = written(&mut redis, &body_key, &id_key).await;
         let bodies = delayd::keys::helper_key(&id_key, "body");
-        del(&mut redis, &[&body_key, &id_key, &bodies]).await;
+        del(
+            &mut redis,
+            &[body_key.as_str(), id_key.as_str(), bodies.as_str()],
+        )
+        .await;
         assert_eq!(got, documented(FAR_MS), "{lang} example, id key {id_key}");
     }
 
@@ -209,5 +213,5 @@ async fn a_producers_trace_id_is_the_one_its_consumer_extracts_after_the_delay()
     assert_eq!(consumed, produced, "the consumer extracted another trace");
     wait_family_empty(&mut redis, &b.key, Duration::from_secs(10)).await;
     drop(d);
-    delete_topology(&ch, &[&queue], &[&b.exchange]).await;
+    delete_topology(&ch, &[queue.as_str()], &[b.exchange.as_str()]).await;
 }

@@ -489,11 +489,11 @@ async fn a_producers_trace_context_headers_arrive_unchanged_after_the_delay() {
     h.insert("x-delay".into(), AMQPValue::LongInt(300));
     h.insert(
         "traceparent".into(),
-        AMQPValue::LongString(LongString::from(traceparent)),
+        AMQPValue::LongString(LongString::from(traceparent.as_bytes().to_vec())),
     );
     h.insert(
         "tracestate".into(),
-        AMQPValue::LongString(LongString::from(tracestate)),
+        AMQPValue::LongString(LongString::from(tracestate.as_bytes().to_vec())),
     );
     let start = wall_ms();
     let props = BasicProperties::default().with_headers(h);

@@ -45,11 +45,11 @@ fn the_documented_envelope_decodes_to_its_message_and_encodes_back_to_its_bytes(
     assert_eq!(*p.delivery_mode(), Some(2));
     let h = p.headers().as_ref().expect("headers").inner();
     assert_eq!(
-        long_string(h.get("traceparent")),
+        long_string(h.get(&ShortString::from("traceparent"))),
         Some(TRACEPARENT.as_bytes().to_vec())
     );
     assert_eq!(
-        long_string(h.get("tracestate")),
+        long_string(h.get(&ShortString::from("tracestate"))),
         Some(b"congo=t61rcWkgMzE".to_vec())
     );
     assert_eq!(h.len(), 2);
