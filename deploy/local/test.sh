@@ -43,7 +43,6 @@ cd "$DELAYD_REPO_ROOT"
 ensure_packages
 ensure_browser
 ensure_promtool
-ensure_examples
 if ! command -v cc >/dev/null 2>&1; then
 	# rustc links through the system C compiler.
 	apt_install gcc libc6-dev
@@ -56,6 +55,12 @@ if [[ " ${DELAYD_MATRIX:-} " == *" rabbitmq4-"* ]]; then
 	mkdir -p "$DELAYD_LOCAL_DIR"
 	deploy/local/trixie.sh build </dev/null >"$DELAYD_LOCAL_DIR/trixie-prebuild.log" 2>&1 &
 fi
+
+# The producer examples' clients (about 1.5 min on a bare machine: pip, npm,
+# apt), installed while cargo compiles; tests/examples.rs waits for them
+# through clients.sh's lock, and installs what is still missing itself.
+mkdir -p "$DELAYD_LOCAL_DIR"
+ensure_examples </dev/null >"$DELAYD_LOCAL_DIR/examples-prebuild.log" 2>&1 &
 
 # --- servers -------------------------------------------------------------------
 # Remember which servers were down before, so only those are stopped again.
