@@ -144,6 +144,9 @@ pub async fn connect_redis(
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops cleanly.
 pub async fn run(config: Config) -> Result<(), RunError> {
+    for b in &config.businesses {
+        crate::telemetry::METRICS.init_business(b);
+    }
     let redis = Redis::new(&config.redis)?;
     let stop = CancellationToken::new();
     let conn_stop = CancellationToken::new();

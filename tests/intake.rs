@@ -477,6 +477,39 @@ async fn a_body_larger_than_a_frame_arrives_whole() {
     t.stop(d).await;
 }
 
+/// A producer's W3C trace context (`traceparent`, `tracestate`) reaches the
+/// consumer through the delay as headers of the same names, byte for byte,
+/// so the consumer can link its span to the producer's trace.
+#[tokio::test]
+async fn a_producers_trace_context_headers_arrive_unchanged_after_the_delay() {
+    let (t, d) = Intake::started(ExchangeKind::Direct, &["order.timeout"], "", "").await;
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), AMQPValue::LongInt(300));
+    h.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(LongString::from(traceparent.as_bytes().to_vec())),
+    );
+    h.insert(
+        "tracestate".into(),
+        AMQPValue::LongString(LongString::from(tracestate.as_bytes().to_vec())),
+    );
+    let start = wall_ms();
+    let props = BasicProperties::default().with_headers(h);
+    t.publish("order.timeout", b"{\"order\":42}", props).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let got = t.inbox.all().remove(0);
+    assert!(got.at_ms >= start + 300, "arrived early");
+    for (name, want) in [("traceparent", traceparent), ("tracestate", tracestate)] {
+        match got.headers.get(name) {
+            Some(AMQPValue::LongString(v)) => assert_eq!(v.as_bytes(), want.as_bytes(), "{name}"),
+            other => panic!("{name} arrived as {other:?}"),
+        }
+    }
+    t.stop(d).await;
+}
+
 /// A non-numeric `x-delay` is published at once, with a warning and a count.
 #[tokio::test]
 async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
