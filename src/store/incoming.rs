@@ -25,7 +25,6 @@ use crate::redis_conn::RedisConn;
 use crate::store::{KeyFamily, StoreError};
 
 use crate::config::intake_settings::{ReplicaAck, ReplicaWait};
-use crate::message::delay::Due;
 
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
@@ -33,6 +32,20 @@ const CALL_BYTES: usize = 8 << 20;
 
 /// The least time a call's marker lives after each attempt.
 const MARKER_TTL: Duration = Duration::from_secs(60);
+
+/// When one message is due.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Due {
+    /// No delay (missing, zero or negative): published at once.
+    Now,
+    /// This many milliseconds after it reaches delayd.
+    After(i64),
+    /// At this wall-clock time, epoch ms (`x-opt-delivery-time`).
+    At(i64),
+    /// The header that decides is there but not a number: published at
+    /// once, and counted. Names the header and the value.
+    Invalid(String),
+}
 
 /// One message, ready to store.
 #[derive(Debug, Clone)]
