@@ -928,6 +928,17 @@ impl IntakeFlow {
         eventually(limit, || async { self.acked().await >= n }).await
     }
 
+    /// Waits until `n` are acknowledged; panics after `limit`, saying when
+    /// (`after`) and with the daemon's log.
+    async fn assert_acked(&self, n: usize, limit: Duration, after: &str) {
+        assert!(
+            self.wait_acked(n as u64, limit).await,
+            "only {} of {n} acknowledged {after}; log:\n{}",
+            self.acked().await,
+            self.daemon.logs()
+        );
+    }
+
     /// The ids of `ids` that are not pending in `K` on the master.
     async fn missing(&self, s: &Sentinels, ids: &[String]) -> Vec<String> {
         let mut c = s.master_conn().await;
@@ -1030,14 +1041,12 @@ async fn an_intake_write_no_replica_holds_is_not_acknowledged_until_the_replica_
         "one line per 10 s:\n{log}"
     );
     // The replica is back: the intake proceeds, and the replica has them all.
-    assert!(
-        f.wait_acked(ids.len() as u64, Duration::from_secs(30))
-            .await,
-        "only {} of {} acknowledged after the replica came back; log:\n{}",
-        f.acked().await,
+    f.assert_acked(
         ids.len(),
-        f.daemon.logs()
-    );
+        Duration::from_secs(30),
+        "after the replica came back",
+    )
+    .await;
     let missing = f.missing(s, &ids).await;
     assert!(
         missing.is_empty(),
@@ -1072,14 +1081,12 @@ async fn an_intake_message_due_at_once_is_delivered_once_while_the_replica_lags(
     // scanners deliver them while the intake waits for the replica.
     tokio::time::sleep(Duration::from_secs(8)).await;
     drop(stalled);
-    assert!(
-        f.wait_acked(ids.len() as u64, Duration::from_secs(30))
-            .await,
-        "only {} of {} acknowledged after the replica came back; log:\n{}",
-        f.acked().await,
+    f.assert_acked(
         ids.len(),
-        f.daemon.logs()
-    );
+        Duration::from_secs(30),
+        "after the replica came back",
+    )
+    .await;
     let inbox = f._consumers.inbox();
     let want: std::collections::HashSet<Vec<u8>> =
         ids.iter().map(|i| i.as_bytes().to_vec()).collect();
@@ -1120,22 +1127,9 @@ async fn intake_messages_acknowledged_before_the_master_dies_are_on_the_promoted
     assert_eq!(promoted, replica, "the sentinels promoted another node");
     // The old master comes back as a replica, so writes can be replicated.
     s.heal();
-    let all = f
-        .wait_acked(ids.len() as u64, Duration::from_secs(60))
+    f.assert_acked(ids.len(), Duration::from_secs(60), "after the failover")
         .await;
     let missing = f.missing(s, &ids).await;
-    eprintln!(
-        "{acked_before} acknowledged before the master died; {} after the failover; {} missing",
-        f.acked().await,
-        missing.len()
-    );
-    assert!(
-        all,
-        "only {} of {} acknowledged after the failover; log:\n{}",
-        f.acked().await,
-        ids.len(),
-        f.daemon.logs()
-    );
     // Every message is acknowledged now, so each must be pending.
     assert!(
         missing.is_empty(),

@@ -187,22 +187,28 @@ rmq_env() {
 	unset RABBITMQ_ENV_LOADED
 }
 
-# rmq_broker_plugins: the installed broker's own plugins directory.
+# rmq_broker_plugins: the broker's own plugins directory, as the broker sees
+# it (for a RabbitMQ 4 set, inside the Debian 13 tree that trixie.sh runs it in).
 rmq_broker_plugins() {
-	ls -d /usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins | head -n 1
+	local root=""
+	[[ "$SET_RABBITMQ" == 3 ]] || root="$DELAYD_LOCAL_DIR/trixie"
+	local dir
+	dir="$(ls -d "$root"/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins | head -n 1)"
+	printf '%s\n' "${dir#"$root"}"
 }
 
 # rmq_delayed_plugin: prints a directory holding the archived
-# rabbitmq-delayed-message-exchange plugin, compiled for the installed broker
+# rabbitmq-delayed-message-exchange plugin, compiled for the set's broker
 # from the unmodified sources in deploy/local/peers (or DELAYD_DELAYED_PLUGIN_SRC),
 # once per broker version under .local/delayed-plugin/ and reused after.
-# Only for Debian 12's RabbitMQ 3.10 so far (build.sh needs erlc, part of
-# erlang-base, and the broker's headers).
+# build.sh needs erlc (erlang-base) and the broker's headers: Debian 12's for
+# RabbitMQ 3.10, and for RabbitMQ 4.0 those of the Debian 13 tree, where it
+# runs (trixie.sh exec; the repository is seen at the same path there).
 rmq_delayed_plugin() {
 	local src="${DELAYD_DELAYED_PLUGIN_SRC:-$DELAYD_REPO_ROOT/deploy/local/peers/rabbitmq-delayed-message-exchange}"
-	[[ "$SET_RABBITMQ" == 3 ]] || die "the delayed-message plugin is built for RabbitMQ 3.10 only (server set $DELAYD_SERVERS)"
 	[[ -x "$src/build.sh" || -f "$src/build.sh" ]] || die "no delayed-message plugin sources at $src (set DELAYD_DELAYED_PLUGIN_SRC)"
-	local ver out
+	local ver out build=(bash "$src/build.sh")
+	[[ "$SET_RABBITMQ" == 3 ]] || build=("$DELAYD_REPO_ROOT/deploy/local/trixie.sh" exec bash "$src/build.sh")
 	ver="$(basename "$(dirname "$(rmq_broker_plugins)")")"
 	out="$DELAYD_LOCAL_DIR/delayed-plugin/$ver"
 	mkdir -p "$DELAYD_LOCAL_DIR/delayed-plugin"
@@ -212,7 +218,7 @@ rmq_delayed_plugin() {
 		flock 8
 		if [[ ! -e "$out/.ready" ]]; then
 			rm -rf "$out"
-			bash "$src/build.sh" "$out" >/dev/null || die "building the delayed-message plugin from $src failed"
+			"${build[@]}" "$out" >/dev/null || die "building the delayed-message plugin from $src failed"
 			: >"$out/.ready"
 		fi
 	)

@@ -7,13 +7,15 @@
 # 1. installs the Debian packages it needs (redis-server, rabbitmq-server, a C
 #    linker, chromium and chromium-driver for the console's browser tests,
 #    promtool for the alert rules, the producer examples' Redis clients)
-#    when missing; cargo itself is assumed;
-# 2. starts the servers (deploy/local/servers.sh start) and exports
-#    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
-# 3. runs cargo fmt --check, cargo clippy -D warnings, promtool's check and
-#    unit tests of deploy/prometheus/alerts.yml, cargo test (the
-#    release daemon, run by test binaries built lighter: CARGO_TEST in lib.sh)
-#    and the container test (deploy/container/test.sh);
+#    when missing, all but the linker while cargo compiles; cargo itself is
+#    assumed;
+# 2. runs cargo fmt --check and cargo clippy -D warnings, and builds the
+#    release daemon and the test binaries (built lighter: CARGO_TEST in
+#    lib.sh);
+# 3. starts the servers (deploy/local/servers.sh start), exports
+#    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests, and runs
+#    promtool's check and unit tests of deploy/prometheus/alerts.yml, cargo
+#    test and the container test (deploy/container/test.sh);
 # 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
 #    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
 #    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
@@ -40,14 +42,21 @@ source "$(dirname "${BASH_SOURCE[0]}")/redis-lib.sh"
 cd "$DELAYD_REPO_ROOT"
 
 # --- prerequisites -------------------------------------------------------------
-ensure_packages
-ensure_browser
-ensure_promtool
 if ! command -v cc >/dev/null 2>&1; then
 	# rustc links through the system C compiler.
 	apt_install gcc libc6-dev
 fi
 command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH (install Rust with rustup first)"
+mkdir -p "$DELAYD_LOCAL_DIR"
+# The servers, the browser and promtool (some minutes of apt on a bare
+# machine) are installed while cargo checks and compiles, which needs none
+# of them; wait_packages waits for them before the first step that does.
+(
+	ensure_packages
+	ensure_browser
+	ensure_promtool
+) </dev/null >"$DELAYD_LOCAL_DIR/packages.log" 2>&1 &
+packages_pid=$!
 
 # Debian 13's servers for the matrix: built (once) while cargo compiles; the
 # sets wait for it through trixie.sh's lock.
@@ -59,7 +68,6 @@ fi
 # The producer examples' clients (about 1.5 min on a bare machine: pip, npm,
 # apt), installed while cargo compiles; tests/examples.rs waits for them
 # through clients.sh's lock, and installs what is still missing itself.
-mkdir -p "$DELAYD_LOCAL_DIR"
 ensure_examples </dev/null >"$DELAYD_LOCAL_DIR/examples-prebuild.log" 2>&1 &
 
 # --- servers -------------------------------------------------------------------
@@ -77,6 +85,12 @@ step_pid=""
 matrix_pids=()
 cleanup() {
 	local rc=$? s pid
+	# An install is left to finish: a killed dpkg leaves the machine's
+	# packages half configured.
+	if [[ -n "${packages_pid:-}" ]] && alive "$packages_pid"; then
+		log "waiting for the package install to finish (log: .local/packages.log)"
+		wait "$packages_pid" 2>/dev/null || true
+	fi
 	# Interrupted during a step: stop it before the servers go away.
 	# The step runs in its own process group, so test binaries die with cargo.
 	for pid in "$step_pid" "${matrix_pids[@]}"; do
@@ -102,13 +116,6 @@ cleanup() {
 }
 # Ctrl-C / SIGTERM become a normal exit, so cleanup stops the servers.
 exit_trap cleanup
-
-start_servers
-# Fault tests run their own broker through this script.
-export DELAYD_TEST_RABBITMQ_NODE_SCRIPT="$DELAYD_REPO_ROOT/deploy/local/rabbitmq-node.sh"
-export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
-log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL"
-log "DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
 
 # --- checks --------------------------------------------------------------------
 results=()
@@ -178,13 +185,37 @@ wait_matrix() {
 	done
 }
 
+# wait_packages: waits for the install started at the top; without the
+# servers no test can run, so a failed install ends the run here.
+wait_packages() {
+	local rc=0 t0
+	t0="$(date +%s)"
+	wait "$packages_pid" || rc=$?
+	packages_pid=""
+	if ((rc != 0)); then
+		cat "$DELAYD_LOCAL_DIR/packages.log" >&2
+		die "installing the servers, chromium or promtool failed (exit $rc); the lines above say why"
+	fi
+	results+=("packages: ok (waited $(($(date +%s) - t0))s after the build)")
+}
+
 step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --all-targets -- -D warnings
-step "alerts" sh -c 'promtool check rules deploy/prometheus/alerts.yml && promtool test rules deploy/prometheus/alerts.test.yml'
 log "==> cargo build --release --bin delayd (the daemon the tests run)"
+daemon_t0="$(date +%s)"
 use_release_daemon
+results+=("daemon: ok ($(($(date +%s) - daemon_t0))s)")
 # The test binaries, built once for every set.
 step "build " "${CARGO_TEST[@]}" --no-run "$@"
+wait_packages
+step "alerts" sh -c 'promtool check rules deploy/prometheus/alerts.yml && promtool test rules deploy/prometheus/alerts.test.yml'
+
+start_servers
+# Fault tests run their own broker through this script.
+export DELAYD_TEST_RABBITMQ_NODE_SCRIPT="$DELAYD_REPO_ROOT/deploy/local/rabbitmq-node.sh"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL"
+log "DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
 # Beside the suite: their tests mostly wait on servers and timers, and after
 # it they would add some 7 minutes. (Their Sentinel failover once ran past its
 # bound here: the sentinels were holding back after an aborted try, which
