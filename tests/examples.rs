@@ -252,3 +252,28 @@ async fn with_trace_link_the_consumer_continues_a_new_trace_and_links_the_produc
         "the consumer span does not continue delayd's publish"
     );
 }
+
+/// The README's Python producer is lines of examples/python/producer.py, in
+/// its order (`# ...` marks what is left out), so what readers copy is what
+/// the tests above run.
+#[test]
+fn the_readmes_producer_example_is_an_excerpt_of_the_python_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("```python\n# examples/python/producer.py, shortened\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README.md shows examples/python/producer.py in a ```python block");
+    let example = std::fs::read_to_string(root.join("examples/python/producer.py")).unwrap();
+    let mut lines = example.lines();
+    for want in block
+        .lines()
+        .filter(|l| !l.trim().is_empty() && *l != "# ...")
+    {
+        assert!(
+            lines.any(|l| l == want),
+            "README.md's line {want:?} is not in examples/python/producer.py (or not in its order)"
+        );
+    }
+}
