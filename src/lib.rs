@@ -10,6 +10,7 @@
 //!    - [`secret`]: URLs and passwords that print redacted;
 //!    - [`tls`]: the CA and client certificate files the configuration names;
 //!    - [`text`]: bytes and durations shown to people, by the CLI and the API;
+//!    - [`progress`]: the progress line of long commands, on a terminal only;
 //! 2. [`config`]: the TOML file, environment overrides and validation; each
 //!    feature's section (`[http]`, intake, recurring) is parsed and checked
 //!    here, and the features read what it gives them;
@@ -51,6 +52,7 @@ pub mod http;
 pub mod intake;
 pub mod keys;
 pub mod message;
+pub mod progress;
 pub mod rate;
 pub mod recurring;
 pub mod redis_conn;

@@ -6,6 +6,7 @@
 pub mod delay;
 pub mod delivered;
 pub mod envelope;
+pub mod trace;
 
 pub use envelope::Envelope;
 
@@ -13,7 +14,7 @@ use lapin::message::BasicReturnMessage;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 
-use crate::config::{Business, Properties};
+use crate::config::{Business, Properties, Trace};
 use crate::store::Claimed;
 
 /// The version of docs/wire-format.md this build reads: the keys, members,
@@ -23,21 +24,23 @@ pub const WIRE_FORMAT: u32 = 1;
 
 /// What to publish for one claimed member: the stored envelope of an intake
 /// message, as its producer published it; otherwise the member's body with
-/// the business's routing key and [`properties`].
+/// the business's routing key and [`properties`]; with `trace = "link"`,
+/// either with delayd's own trace context ([`trace`]).
 pub fn of<'a>(
     business: &'a Business,
     key: &str,
     claimed: &'a Claimed,
     now_ms: i64,
 ) -> Envelope<'a> {
-    if let Some(m) = outgoing(business, claimed) {
-        return m;
-    }
-    Envelope {
+    let mut m = outgoing(business, claimed).unwrap_or_else(|| Envelope {
         routing_key: business.routing_key.as_str(),
         properties: properties(business, key, claimed, now_ms),
         body: claimed.body(),
+    });
+    if business.trace == Trace::Link {
+        m.properties = trace::link(m.properties);
     }
+    m
 }
 
 /// A stable id for one scheduled delivery: the same key, member and due time

@@ -189,6 +189,10 @@ async fn check_names_a_missing_exchange_and_fails() {
         "the missing exchange is not named:\n{out}\n{err}"
     );
     assert!(!out.contains(":guest@") && !err.contains(":guest@"));
+    assert!(
+        !err.contains("delayd drained") && !err.contains('\r'),
+        "no progress line off a terminal:\n{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,6 +634,24 @@ async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_
     del_family(&mut r, &key).await;
 }
 
+/// 1200 ids `{prefix}-N` due in an hour plus one `other`, each with a body;
+/// the prefix that picks the 1200.
+async fn seed_bulk(r: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    let fam = family(key);
+    let now = redis_now_ms(r).await;
+    let prefix = unique("grp");
+    let mut p = redis::pipe();
+    for i in 0..1200 {
+        let id = format!("{prefix}-{i}");
+        p.zadd(key, &id, now + 3_600_000).ignore();
+        p.hset(&fam.body, &id, format!("payload {i} for ACME"))
+            .ignore();
+    }
+    p.zadd(key, "other", now + 3_600_000).ignore();
+    let _: () = p.query_async(r).await.unwrap();
+    format!("{prefix}-")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirmed_and_audits_the_total(
 ) {
@@ -637,19 +659,7 @@ async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirme
     let (key, config) = id_billing(dir.path(), "test:cli-bulk");
     let cfg = config.to_str().unwrap();
     let mut r = redis().await;
-    let fam = family(&key);
-    let now = redis_now_ms(&mut r).await;
-    let prefix = unique("grp");
-    let mut p = redis::pipe();
-    for i in 0..1200 {
-        let id = format!("{prefix}-{i}");
-        p.zadd(&key, &id, now + 3_600_000).ignore();
-        p.hset(&fam.body, &id, format!("payload {i} for ACME"))
-            .ignore();
-    }
-    p.zadd(&key, "other", now + 3_600_000).ignore();
-    let _: () = p.query_async(&mut r).await.unwrap();
-    let pick = format!("{prefix}-");
+    let pick = seed_bulk(&mut r, &key).await;
 
     let (code, out, err) = delayd(&[
         "bulk",
@@ -678,7 +688,7 @@ async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirme
     let (code, out, err) = delayd(&["search", "-c", cfg, "billing", "--body", "payload 7 for"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.contains(&format!("{prefix}-7\t")), "{out}");
+    assert!(out.contains(&format!("{pick}7\t")), "{out}");
 
     let (code, out, err) = delayd(&[
         "bulk",
@@ -693,11 +703,83 @@ async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirme
     ]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("bulk_cancel: 1200 members"), "{out}");
+    // Off a terminal, the acting run prints its one line and no progress.
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert_eq!(err, "", "nothing on stderr off a terminal");
     assert_eq!(zcard(&mut r, &key).await, 1, "only the other id is left");
     let entries = audit_of(&mut r, &pick).await;
     assert_eq!(
         entries,
         [("cli".to_string(), "bulk_cancel".to_string(), 1200)]
     );
+    del_family(&mut r, &key).await;
+}
+
+/// Runs `delayd args` on a pseudo-terminal (util-linux `script`), stdin
+/// empty, at most 60 s; (exit code, everything the terminal showed).
+fn delayd_on_a_terminal(args: &[&str]) -> (i32, String) {
+    let quoted: Vec<String> = std::iter::once(daemon_bin().display().to_string())
+        .chain(args.iter().map(|a| a.to_string()))
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let mut child = Command::new("script")
+        .args([
+            "--quiet",
+            "--return",
+            "--command",
+            &quoted.join(" "),
+            "/dev/null",
+        ])
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run script (util-linux)");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut shown = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut shown).unwrap();
+        String::from_utf8_lossy(&shown).into_owned()
+    });
+    let status = poll_for(
+        Duration::from_secs(60),
+        "delayd on a terminal ran over 60 s",
+        || child.try_wait().unwrap(),
+    );
+    (status.code().unwrap_or(-1), reader.join().unwrap())
+}
+
+/// On a terminal, `delayd bulk` shows a progress line with its count
+/// towards the confirmed total, its rate and the time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_cancel_on_a_terminal_shows_progress_with_the_count_done_of_the_confirmed_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, config) = id_billing(dir.path(), "test:cli-bulk-tty");
+    let cfg = config.to_str().unwrap();
+    let mut r = redis().await;
+    let pick = seed_bulk(&mut r, &key).await;
+    let (code, shown) = delayd_on_a_terminal(&[
+        "bulk",
+        "cancel",
+        "-c",
+        cfg,
+        "billing",
+        "--prefix",
+        &pick,
+        "--confirm",
+        "1200",
+    ]);
+    assert_eq!(code, 0, "{shown}");
+    let line = shown
+        .split(['\r', '\n'])
+        .find(|l| l.contains("bulk_cancel \"billing\": 1,200/1,200"))
+        .unwrap_or_else(|| panic!("no progress line with the count in:\n{shown:?}"));
+    assert!(
+        line.contains("/s") && line.contains("left"),
+        "rate and time left: {line:?}"
+    );
+    assert!(shown.contains("bulk_cancel: 1200 members"), "{shown}");
+    assert_eq!(zcard(&mut r, &key).await, 1, "only the other id is left");
     del_family(&mut r, &key).await;
 }

@@ -178,12 +178,15 @@ async fn traced(mode: &'static str, env: Vec<(&'static str, String)>) -> String 
     .unwrap()
 }
 
-/// The trace id a producer's OpenTelemetry span injected (as `traceparent`
-/// in an envelope on the `ZADD` road) is the one the consumer extracts after
-/// the delay, with OpenTelemetry's own propagator on both ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_producers_trace_id_is_the_one_its_consumer_extracts_after_the_delay() {
-    let mut b = BusinessSpec::with_extra("traced", "member = \"id\"\nenvelopes = true");
+/// Schedules one traced task with examples/python/traced.py on an id-mode
+/// business with envelopes and `extra`, consumes it with the same script;
+/// (the trace id the producer injected, the one the consumer extracted as
+/// the producer's, the consumer span's own, the `traceparent` received).
+async fn traced_through_the_delay(extra: &str) -> (String, String, String, String) {
+    let mut b = BusinessSpec::with_extra(
+        "traced",
+        format!("member = \"id\"\nenvelopes = true\n{extra}"),
+    );
     b.routing_key = "order.timeout".into();
     let amqp = amqp_at(&amqp_url()).await;
     let ch = amqp.create_channel().await.unwrap();
@@ -210,8 +213,67 @@ async fn a_producers_trace_id_is_the_one_its_consumer_extracts_after_the_delay()
     .await;
     assert_eq!(produced.len(), 32, "a trace id: {produced:?}");
     assert_ne!(produced, "0".repeat(32), "the producer had no valid span");
-    assert_eq!(consumed, produced, "the consumer extracted another trace");
     wait_family_empty(&mut redis, &b.key, Duration::from_secs(10)).await;
     drop(d);
     delete_topology(&ch, &[queue.as_str()], &[b.exchange.as_str()]).await;
+    let mut lines = consumed.lines().map(str::to_string);
+    let mut next = || lines.next().unwrap_or_default();
+    (produced, next(), next(), next())
+}
+
+/// The trace id a producer's OpenTelemetry span injected (as `traceparent`
+/// in an envelope on the `ZADD` road) is the one the consumer extracts after
+/// the delay, with OpenTelemetry's own propagator on both ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_trace_id_is_the_one_its_consumer_extracts_after_the_delay() {
+    let (produced, extracted, _, received) = traced_through_the_delay("").await;
+    assert_eq!(extracted, produced, "the consumer extracted another trace");
+    assert!(
+        received.contains(&produced),
+        "traceparent as sent: {received}"
+    );
+}
+
+/// With `trace = "link"`, the consumer's span continues delayd's publish, a
+/// new trace, and still finds the producer's trace id to link to (in
+/// `x-delayd-producer-traceparent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_trace_link_the_consumer_continues_a_new_trace_and_links_the_producers() {
+    let (produced, extracted, own, received) = traced_through_the_delay("trace = \"link\"").await;
+    assert_eq!(extracted, produced, "the producer's trace id is not found");
+    assert_ne!(
+        own, produced,
+        "the consumer span continued the producer's trace"
+    );
+    let fields: Vec<&str> = received.split('-').collect();
+    assert_eq!(fields.len(), 4, "delayd's traceparent: {received:?}");
+    assert_eq!(
+        own, fields[1],
+        "the consumer span does not continue delayd's publish"
+    );
+}
+
+/// The README's Python producer is lines of examples/python/producer.py, in
+/// its order (`# ...` marks what is left out), so what readers copy is what
+/// the tests above run.
+#[test]
+fn the_readmes_producer_example_is_an_excerpt_of_the_python_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("```python\n# examples/python/producer.py, shortened\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("README.md shows examples/python/producer.py in a ```python block");
+    let example = std::fs::read_to_string(root.join("examples/python/producer.py")).unwrap();
+    let mut lines = example.lines();
+    for want in block
+        .lines()
+        .filter(|l| !l.trim().is_empty() && *l != "# ...")
+    {
+        assert!(
+            lines.any(|l| l == want),
+            "README.md's line {want:?} is not in examples/python/producer.py (or not in its order)"
+        );
+    }
 }

@@ -13,6 +13,7 @@ mod common;
 use common::*;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use lapin::options::*;
@@ -477,37 +478,73 @@ async fn a_body_larger_than_a_frame_arrives_whole() {
     t.stop(d).await;
 }
 
-/// A producer's W3C trace context (`traceparent`, `tracestate`) reaches the
-/// consumer through the delay as headers of the same names, byte for byte,
-/// so the consumer can link its span to the producer's trace.
-#[tokio::test]
-async fn a_producers_trace_context_headers_arrive_unchanged_after_the_delay() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &["order.timeout"], "", "").await;
-    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+const TRACESTATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+
+/// Publishes one message with the producer's trace context through an
+/// intake business with `business` lines; the headers it arrived with.
+async fn traced_through_the_intake(business: &str) -> HashMap<String, AMQPValue> {
+    let (t, d) = Intake::started(ExchangeKind::Direct, &["order.timeout"], business, "").await;
     let mut h = FieldTable::default();
     h.insert("x-delay".into(), AMQPValue::LongInt(300));
-    h.insert(
-        "traceparent".into(),
-        AMQPValue::LongString(LongString::from(traceparent.as_bytes().to_vec())),
-    );
-    h.insert(
-        "tracestate".into(),
-        AMQPValue::LongString(LongString::from(tracestate.as_bytes().to_vec())),
-    );
+    for (name, value) in [("traceparent", TRACEPARENT), ("tracestate", TRACESTATE)] {
+        h.insert(
+            name.into(),
+            AMQPValue::LongString(LongString::from(value.as_bytes().to_vec())),
+        );
+    }
     let start = wall_ms();
     let props = BasicProperties::default().with_headers(h);
     t.publish("order.timeout", b"{\"order\":42}", props).await;
     wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
     let got = t.inbox.all().remove(0);
     assert!(got.at_ms >= start + 300, "arrived early");
-    for (name, want) in [("traceparent", traceparent), ("tracestate", tracestate)] {
-        match got.headers.get(name) {
-            Some(AMQPValue::LongString(v)) => assert_eq!(v.as_bytes(), want.as_bytes(), "{name}"),
-            other => panic!("{name} arrived as {other:?}"),
-        }
-    }
     t.stop(d).await;
+    got.headers
+}
+
+/// A header's text, panicking unless it is a long string.
+fn header_text(h: &HashMap<String, AMQPValue>, name: &str) -> String {
+    match h.get(name) {
+        Some(AMQPValue::LongString(v)) => String::from_utf8(v.as_bytes().to_vec()).unwrap(),
+        other => panic!("{name} arrived as {other:?}"),
+    }
+}
+
+/// A producer's W3C trace context (`traceparent`, `tracestate`) reaches the
+/// consumer through the delay as headers of the same names, byte for byte,
+/// so the consumer can link its span to the producer's trace.
+#[tokio::test]
+async fn a_producers_trace_context_headers_arrive_unchanged_after_the_delay() {
+    let h = traced_through_the_intake("").await;
+    assert_eq!(header_text(&h, "traceparent"), TRACEPARENT);
+    assert_eq!(header_text(&h, "tracestate"), TRACESTATE);
+}
+
+/// With `trace = "link"`, an intake message arrives with delayd's own
+/// `traceparent` (a new trace, the producer's sampled flag) and the
+/// producer's context unchanged under `x-delayd-producer-*`.
+#[tokio::test]
+async fn with_trace_link_an_intake_message_carries_a_new_trace_and_the_producers_beside_it() {
+    let h = traced_through_the_intake("trace = \"link\"").await;
+    assert_eq!(
+        header_text(&h, "x-delayd-producer-traceparent"),
+        TRACEPARENT
+    );
+    assert_eq!(header_text(&h, "x-delayd-producer-tracestate"), TRACESTATE);
+    assert!(!h.contains_key("tracestate"), "the new trace has no state");
+    let own = header_text(&h, "traceparent");
+    let f: Vec<&str> = own.split('-').collect();
+    assert_eq!(f.len(), 4, "{own}");
+    assert_eq!(
+        (f[0], f[1].len(), f[2].len(), f[3]),
+        ("00", 32, 16, "01"),
+        "{own}"
+    );
+    assert_ne!(
+        f[1], "0af7651916cd43dd8448eb211c80319c",
+        "not a new trace: {own}"
+    );
 }
 
 /// A non-numeric `x-delay` is published at once, with a warning and a count.

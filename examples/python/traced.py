@@ -4,11 +4,15 @@
                         current span's traceparent/tracestate; prints its
                         trace id
     traced.py consume   takes one delivery from QUEUE (pika), extracts the
-                        context from its headers, starts a consumer span
-                        linked to it; prints the extracted trace id
+                        producer's context from its headers, starts a
+                        consumer span linked to it; prints the producer's
+                        trace id, the consumer span's, and the traceparent
+                        header as received
 
 The business needs member = "id" and envelopes = true (docs/wire-format.md,
-"Envelope" and "Trace context"). Environment: REDIS_URL, ID_KEY, DUE_MS,
+"Envelope" and "Trace context"). With trace = "link" the producer's context
+arrives in x-delayd-producer-traceparent/-tracestate and traceparent is
+delayd's publish, which the consumer span continues. Environment: REDIS_URL, ID_KEY, DUE_MS,
 ROUTING_KEY (produce); AMQP_URL, QUEUE (consume).
 """
 
@@ -87,12 +91,29 @@ def consume():
             sys.exit("no delivery within 20 s")
         time.sleep(0.05)
     carrier = {k: v.decode() if isinstance(v, bytes) else v for k, v in (props.headers or {}).items()}
+    received = carrier.get("traceparent", "")
+    if "x-delayd-producer-traceparent" in carrier:
+        # trace = "link": traceparent is delayd's publish, which this span
+        # continues; the producer's context is beside it.
+        parent = propagate.extract(carrier)
+        carrier = {
+            name: carrier[f"x-delayd-producer-{name}"]
+            for name in ("traceparent", "tracestate")
+            if f"x-delayd-producer-{name}" in carrier
+        }
+    else:
+        parent = None  # a new trace
     producer = trace.get_current_span(propagate.extract(carrier)).get_span_context()
     # A long delay: link to the producer's span rather than continue its trace.
     with tracer.start_as_current_span(
-        "process order-42 expiry", links=[trace.Link(producer)], kind=trace.SpanKind.CONSUMER
-    ):
+        "process order-42 expiry",
+        context=parent,
+        links=[trace.Link(producer)],
+        kind=trace.SpanKind.CONSUMER,
+    ) as span:
         print(format(producer.trace_id, "032x"))
+        print(format(span.get_span_context().trace_id, "032x"))
+        print(received)
     conn.close()
 
 

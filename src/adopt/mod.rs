@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 
 use crate::config::intake_settings::Settings;
 use crate::config::Business;
+use crate::progress::Progress;
 use crate::store::incoming::Writer;
 
 use ctl::Ctl;
@@ -53,6 +54,8 @@ pub struct Adoption<'a> {
     pub limits: Limits,
     /// The writer for the business's keys.
     pub writer: Writer,
+    /// Counts the messages stored, on a terminal.
+    pub progress: Progress,
 }
 
 /// What one node ended with.
@@ -193,6 +196,7 @@ impl Adoption<'_> {
                 Ok(m) => {
                     report.moved += m.stored;
                     report.already += m.already;
+                    self.progress.add(m.stored + m.already);
                 }
                 Err(error) => {
                     // Release the plugin with the chunk still in it.

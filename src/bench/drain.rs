@@ -170,6 +170,7 @@ async fn wait_drained(
     start: Instant,
 ) -> Result<(), BenchError> {
     let limit = Duration::from_secs(600);
+    let progress = crate::progress::Progress::new("bench: delayd drained", Some(n as u64));
     loop {
         let (mut p, mut i) = (0u64, 0u64);
         // One pipeline per shard: a cluster serves each from its own master.
@@ -185,7 +186,9 @@ async fn wait_drained(
             p += fp;
             i += fi;
         }
+        progress.set((n as u64).saturating_sub(p + i));
         if p == 0 && i == 0 {
+            progress.clear();
             return Ok(());
         }
         if start.elapsed() > limit {

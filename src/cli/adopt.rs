@@ -11,6 +11,7 @@ use crate::adopt::erlang::{self, Exchange, Limits};
 use crate::adopt::lines::{self, Held};
 use crate::adopt::{self as adoption, moving, Adoption, NodeReport};
 use crate::config::{self, Business, Config};
+use crate::progress::Progress;
 use crate::store::incoming::Writer;
 use crate::text::utc_ms;
 
@@ -116,15 +117,15 @@ pub(super) async fn run(a: AdoptArgs) -> Result<(), Failure> {
             scan: a.chunk.saturating_mul(10).max(10_000),
         },
         writer,
+        progress: Progress::new(&format!("adopt into \"{}\"", b.name), None),
     };
     let mut failed = false;
     for node in &a.nodes {
-        let report = adoption
-            .node(node)
-            .await
-            .map_err(|e| Failure::runtime(e.to_string()))?;
+        let report = adoption.node(node).await;
+        let report = report.map_err(|e| Failure::runtime(e.to_string()))?;
         failed |= !print_report(&adoption, &report);
     }
+    adoption.progress.finish();
     if failed {
         return Err(Failure::status(1));
     }
@@ -247,13 +248,17 @@ async fn take_in(
         }
     }
     let mut moved = moving::Moved::default();
+    let what = format!("take in \"{}\"", b.name);
+    let progress = Progress::new(&what, Some(batch.len() as u64));
     for part in batch.chunks(2000) {
         let m = moving::store(&writer, b, part).await.map_err(|e| {
             Failure::runtime(format!("redis: {e} (nothing is lost: rerun adopt --from)"))
         })?;
         moved.stored += m.stored;
         moved.already += m.already;
+        progress.add(part.len() as u64);
     }
+    progress.finish();
     let ours = |h: &&Held| h.vhost == exchange.vhost && h.name == exchange.name;
     let left: u64 = chunk
         .held_by

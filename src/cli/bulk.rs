@@ -6,7 +6,9 @@
 use clap::{Args, Subcommand};
 
 use super::{parse_at, parse_range, redis_conn, stores, ConfigArg, Failure};
-use crate::config;
+use crate::config::{self, Business};
+use crate::progress::Progress;
+use crate::store::{Store, StoreError};
 use crate::tasks::audit::Write;
 use crate::tasks::bulk::{self, Act, Pick};
 use crate::tasks::{redis_now_ms, when};
@@ -93,92 +95,28 @@ impl PendingArgs {
     }
 }
 
-/// `delayd bulk ...`.
+/// `delayd bulk ...`: counts, or acts in bounded steps and writes the audit.
 pub(super) async fn run(action: BulkAction) -> Result<(), Failure> {
-    let (common, pick, due) = match &action {
-        BulkAction::Cancel(a) => (&a.common, a.pick()?, None),
-        BulkAction::Reschedule(a) => {
-            if a.in_.is_none() && a.at.is_none() {
-                return Err(Failure::usage(
-                    "give the new due time with --in DUR or --at TIME",
-                ));
-            }
-            // Checked before counting: a dry run must not pass what the act refuses.
-            due_ms(Some((&a.in_, &a.at)), 0)?;
-            (&a.pending.common, a.pending.pick()?, Some((&a.in_, &a.at)))
-        }
-        BulkAction::Requeue(a) | BulkAction::Purge(a) if a.reason.is_empty() => {
-            return Err(Failure::usage(
-                "--reason is empty; give text the dead reasons contain",
-            ))
-        }
-        BulkAction::Requeue(a) | BulkAction::Purge(a) => {
-            (&a.common, Pick::Reason(a.reason.clone()), None)
-        }
-    };
+    let (common, pick, due) = picked(&action)?;
     let cfg = config::load(&common.config.config)?;
     let b = cfg.business(&common.business).map_err(Failure::usage)?;
     let conn = redis_conn(&cfg).await?;
     let stores = stores(&conn, b);
-    let redis = |e: crate::store::StoreError| {
-        Failure::runtime(format!("business \"{}\": redis: {e}", b.name))
+    let confirmed = match common.confirm {
+        Some(n) if !common.dry_run => n,
+        _ => return count(&stores, b, &pick, common.dry_run).await,
     };
-    if common.dry_run || common.confirm.is_none() {
-        let n = bulk::count(&stores, b.score_unit, &pick)
-            .await
-            .map_err(redis)?;
-        let more = if n.partial {
-            " at least (the count stopped early)"
-        } else {
-            ""
-        };
-        println!(
-            "{} members of business \"{}\" picked by {}{more}",
-            n.count,
-            b.name,
-            pick.describe()
-        );
-        if common.dry_run {
-            return Ok(());
-        }
-        return Err(Failure::usage(format!(
-            "nothing done: to act, run again with --confirm {} (the count above)",
-            n.count
-        )));
-    }
     let act = match (&action, due) {
         (BulkAction::Cancel(_), _) => Act::Cancel,
         (BulkAction::Requeue(_), _) => Act::Requeue,
         (BulkAction::Purge(_), _) => Act::Purge,
         (_, due) => {
             let mut c = conn.clone();
-            let now = redis_now_ms(&mut c).await.map_err(redis)?;
+            let now = redis_now_ms(&mut c).await.map_err(redis(b))?;
             Act::Reschedule(due_ms(due, now)?)
         }
     };
-    let confirmed = common.confirm.unwrap_or(0);
-    let (mut total, mut cursor, mut failed) = (0u64, None::<String>, None);
-    loop {
-        match bulk::step(
-            &stores,
-            b.score_unit,
-            &pick,
-            act,
-            cursor.as_deref(),
-            confirmed,
-        )
-        .await
-        {
-            Ok(s) => {
-                total += s.touched;
-                cursor = s.cursor;
-            }
-            Err(e) => failed = Some(redis(e)),
-        }
-        if cursor.is_none() || failed.is_some() {
-            break;
-        }
-    }
+    let (total, failed) = act_in_steps(&stores, b, &pick, act, confirmed).await;
     let mut what = pick.describe();
     if let Act::Reschedule(ms) = act {
         what.push_str(&format!(", to {ms}"));
@@ -197,6 +135,106 @@ pub(super) async fn run(action: BulkAction) -> Result<(), Failure> {
         b.name
     );
     failed.map_or(Ok(()), Err)
+}
+
+/// The `--in`/`--at` pair of a reschedule.
+type Due<'a> = Option<(&'a Option<String>, &'a Option<String>)>;
+
+/// The action's common arguments, what it picks and (for a reschedule) the
+/// new due time, each checked before anything is counted: a dry run must
+/// not pass what the act refuses.
+fn picked(action: &BulkAction) -> Result<(&Common, Pick, Due<'_>), Failure> {
+    Ok(match action {
+        BulkAction::Cancel(a) => (&a.common, a.pick()?, None),
+        BulkAction::Reschedule(a) => {
+            if a.in_.is_none() && a.at.is_none() {
+                return Err(Failure::usage(
+                    "give the new due time with --in DUR or --at TIME",
+                ));
+            }
+            due_ms(Some((&a.in_, &a.at)), 0)?;
+            (&a.pending.common, a.pending.pick()?, Some((&a.in_, &a.at)))
+        }
+        BulkAction::Requeue(a) | BulkAction::Purge(a) if a.reason.is_empty() => {
+            return Err(Failure::usage(
+                "--reason is empty; give text the dead reasons contain",
+            ))
+        }
+        BulkAction::Requeue(a) | BulkAction::Purge(a) => {
+            (&a.common, Pick::Reason(a.reason.clone()), None)
+        }
+    })
+}
+
+/// A Redis failure, naming the business.
+fn redis(b: &Business) -> impl Fn(StoreError) -> Failure + '_ {
+    move |e| Failure::runtime(format!("business \"{}\": redis: {e}", b.name))
+}
+
+/// Prints how many members `pick` picks; without `--dry-run`, a usage
+/// failure that asks for `--confirm` with that count.
+async fn count(stores: &[Store], b: &Business, pick: &Pick, dry_run: bool) -> Result<(), Failure> {
+    let n = bulk::count(stores, b.score_unit, pick)
+        .await
+        .map_err(redis(b))?;
+    let more = if n.partial {
+        " at least (the count stopped early)"
+    } else {
+        ""
+    };
+    println!(
+        "{} members of business \"{}\" picked by {}{more}",
+        n.count,
+        b.name,
+        pick.describe()
+    );
+    if dry_run {
+        return Ok(());
+    }
+    Err(Failure::usage(format!(
+        "nothing done: to act, run again with --confirm {} (the count above)",
+        n.count
+    )))
+}
+
+/// Acts on at most `confirmed` members a bounded step at a time, showing
+/// progress on a terminal; how many it touched, and the failure that
+/// stopped it early.
+async fn act_in_steps(
+    stores: &[Store],
+    b: &Business,
+    pick: &Pick,
+    act: Act,
+    confirmed: u64,
+) -> (u64, Option<Failure>) {
+    let progress = Progress::new(&format!("{} \"{}\"", act.name(), b.name), Some(confirmed));
+    let (mut total, mut cursor) = (0u64, None::<String>);
+    loop {
+        match bulk::step(
+            stores,
+            b.score_unit,
+            pick,
+            act,
+            cursor.as_deref(),
+            confirmed,
+        )
+        .await
+        {
+            Ok(s) => {
+                total += s.touched;
+                progress.add(s.touched);
+                cursor = s.cursor;
+            }
+            Err(e) => {
+                progress.finish();
+                return (total, Some(redis(b)(e)));
+            }
+        }
+        if cursor.is_none() {
+            progress.finish();
+            return (total, None);
+        }
+    }
 }
 
 /// The due time `--in` or `--at` gives, on Redis's clock `now`.

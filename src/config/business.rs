@@ -62,6 +62,9 @@ pub struct Business {
     /// (headers such as `traceparent` included). Off by default, so a body
     /// that happens to look like an envelope is never read as one.
     pub envelopes: bool,
+    /// Whether each publish carries delayd's own trace context, linked to
+    /// the producer's (docs/wire-format.md, "Trace context").
+    pub trace: Trace,
     /// The console tokens that open this business only, besides `[http]`'s.
     pub tokens: BusinessTokens,
     /// Messages published with `x-delay` to an intake exchange, when set.
@@ -230,6 +233,19 @@ pub(super) fn validate_business(
     let member = member_mode(name, &rb, intake.is_some(), &recurring, &timing, problems);
     let envelopes = rb.envelopes.unwrap_or(false);
     problems.extend(envelopes_by_body(name, envelopes, member));
+    let trace = one_of(
+        &format!("business \"{name}\", field \"trace\""),
+        rb.trace.as_deref(),
+        &[
+            ("off", "", Trace::Off),
+            (
+                "link",
+                "a new trace per publish, linked to the producer's",
+                Trace::Link,
+            ),
+        ],
+        problems,
+    );
     let tokens = business_tokens(name, &mut rb, problems);
     if problems.len() > before {
         return None;
@@ -260,6 +276,7 @@ pub(super) fn validate_business(
         watchdog_interval: timing.watchdog_interval,
         member,
         envelopes,
+        trace,
         intake: intake.flatten(),
         recurring,
         tokens,

@@ -83,6 +83,20 @@ pub enum Properties {
     Bare,
 }
 
+/// Whether delayd gives each publish a W3C trace context of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trace {
+    /// The default: headers go out as stored, a producer's `traceparent`
+    /// and `tracestate` untouched.
+    Off,
+    /// Each publish carries a new `traceparent` (a new trace), and the
+    /// producer's `traceparent`/`tracestate` move to
+    /// `x-delayd-producer-traceparent`/`-tracestate`, for the consumer to
+    /// link to: OpenTelemetry's messaging conventions link, rather than
+    /// parent, work that runs long after the producer's trace ended.
+    Link,
+}
+
 /// How producers write the due time into the score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScoreUnit {

@@ -74,6 +74,7 @@ pub(super) struct RawBusiness {
     pub(super) member: Option<String>,
     pub(super) dedup_window: Option<String>,
     pub(super) envelopes: Option<bool>,
+    pub(super) trace: Option<String>,
     pub(super) intake: Option<RawIntake>,
     pub(super) recurring:
         Option<std::collections::BTreeMap<String, recurring_section::RawSchedule>>,

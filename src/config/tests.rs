@@ -412,6 +412,18 @@ fn dedup_window_without_id_mode_is_refused() {
 }
 
 #[test]
+fn trace_is_off_by_default_link_on_request_and_any_other_word_is_named() {
+    let c = load_str(&business("")).unwrap();
+    assert_eq!(c.businesses[0].trace, Trace::Off);
+    let c = load_str(&business("trace = \"link\"")).unwrap();
+    assert_eq!(c.businesses[0].trace, Trace::Link);
+    refused(
+        &business("trace = \"child\""),
+        &["business \"billing\", field \"trace\" must be \"off\" or \"link\" (a new trace per publish, linked to the producer's) (got \"child\")"],
+    );
+}
+
+#[test]
 fn envelopes_are_off_by_default_and_read_only_in_id_mode() {
     let c = load_str(&business("member = \"id\"")).unwrap();
     assert!(!c.businesses[0].stores_envelopes());
