@@ -11,6 +11,7 @@ use crate::redis_conn::{Redis, RedisConn};
 use crate::store::{KeyFamily, Store, Totals};
 use crate::text::human_ms;
 
+mod adopt;
 mod bulk;
 mod by_id;
 mod check;
@@ -93,6 +94,9 @@ enum Command {
     Resume(pause::PauseArgs),
     /// Measure the broker's ceiling, delayd's drain rate, lateness and idle cost.
     Bench(crate::bench::BenchArgs),
+    /// Move the messages the RabbitMQ delayed-message plugin holds into an
+    /// intake business, each delivered once (or count them: --dry-run).
+    Adopt(adopt::AdoptArgs),
 }
 
 /// A command's failure, with the exit code it maps to.
@@ -209,6 +213,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Pause(a) => pause::run(a, true).await,
         Command::Resume(a) => pause::run(a, false).await,
         Command::Recurring(a) => recurring::recurring(a).await,
+        Command::Adopt(a) => adopt::run(a).await,
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),
             message: e.to_string(),
@@ -233,7 +238,11 @@ async fn redis_and_conn(cfg: &Config) -> Result<(Redis, RedisConn), Failure> {
 fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
     b.keys()
         .iter()
-        .map(|k| Store::new(conn.clone(), KeyFamily::new(k), b.score_unit).with_member(b.member))
+        .map(|k| {
+            Store::new(conn.clone(), KeyFamily::new(k), b.score_unit)
+                .with_member(b.member)
+                .with_envelopes(b.intake.is_some())
+        })
         .collect()
 }
 

@@ -142,6 +142,9 @@ pub struct KeyFamily {
     /// Set while an operator has paused the business: `"<since ms> <by>"`.
     /// The claim script reads it, so every instance stops claiming at once.
     pub paused: String,
+    /// Adoption: plugin entry -> the id it was stored under, so a rerun of
+    /// `delayd adopt` knows what it already moved, even once delivered.
+    pub adopted: String,
 }
 
 impl KeyFamily {
@@ -161,6 +164,7 @@ impl KeyFamily {
             schedules: format!("{base}:schedules"),
             occurrences: format!("{base}:occurrences"),
             paused: format!("{base}:paused"),
+            adopted: format!("{base}:adopted"),
         }
     }
 
@@ -188,8 +192,19 @@ impl KeyFamily {
             &self.schedules,
             &self.occurrences,
             &self.paused,
+            &self.adopted,
         ]
     }
+}
+
+/// The shard key a producer-side hash puts `member` on: XXH3-64 of the
+/// member modulo the shard count, as `delayd schedule` uses.
+pub fn shard_of<'a>(keys: &'a [String], member: &[u8]) -> &'a str {
+    if keys.len() == 1 {
+        return &keys[0];
+    }
+    let i = xxhash_rust::xxh3::xxh3_64(member) % keys.len() as u64;
+    &keys[i as usize]
 }
 
 #[cfg(test)]

@@ -20,9 +20,10 @@
 //!    - [`amqp`]: the RabbitMQ side: nodes, TLS, supervised connections and
 //!      channels;
 //! 4. what is stored and what is sent:
-//!    - [`store`]: the Redis side, key families and the Lua scripts (`src/lua/`);
-//!    - [`message`]: what is published for a claimed member, and the stored
-//!      form of an intake message;
+//!    - [`store`]: the Redis side, key families and the Lua scripts
+//!      (`src/lua/`), and the writer of messages taken in from outside;
+//!    - [`message`]: what is published for a claimed member, the stored
+//!      form of an intake message, its due time and delivered properties;
 //!    - [`unread`]: members under key names a business does not read;
 //! 5. the features:
 //!    - [`rate`]: `max_rate`, per process or shared through Redis;
@@ -33,12 +34,15 @@
 //!      producers publish with `x-delay`, store it, deliver it when due;
 //!    - [`recurring`]: cron schedules whose occurrences are written ahead,
 //!      each delivered once;
+//!    - [`adopt`]: moves what the delayed-message plugin holds into an
+//!      intake business, crash-safe, chunk by chunk;
 //! 6. the faces: [`http`] (`/metrics`, `/healthz`, `/readyz`, the console
 //!    and its JSON API) and [`bench`] (`delayd bench`, measured against the
 //!    raw broker ceiling);
 //! 7. [`supervisor`]: starts and restarts scanners, signals and clean stop;
 //! 8. [`cli`]: the `delayd` commands (`run`, `check`, `inspect`, ...).
 
+pub mod adopt;
 pub mod amqp;
 pub mod bench;
 pub mod cli;

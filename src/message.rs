@@ -3,6 +3,8 @@
 //! message, as the producer published it ([`envelope`]). The scanner and
 //! the publisher read it; the intake writes envelopes.
 
+pub mod delay;
+pub mod delivered;
 pub mod envelope;
 
 pub use envelope::Envelope;
@@ -13,6 +15,11 @@ use lapin::BasicProperties;
 
 use crate::config::{Business, Properties};
 use crate::store::Claimed;
+
+/// The version of docs/wire-format.md this build reads: the keys, members,
+/// scores and envelopes producers may write. A later version only adds
+/// forms; every form an earlier version documented is still read.
+pub const WIRE_FORMAT: u32 = 1;
 
 /// What to publish for one claimed member: the stored envelope of an intake
 /// message, as its producer published it; otherwise the member's body with
@@ -142,6 +149,13 @@ pub fn is_return_of(
         && id.is_none_or(|id| id == claimed_message_id(business, key, claimed))
 }
 
+/// The body the broker receives for `claimed`, which its `max_message_size`
+/// judges: the envelope's body for an intake message (the stored envelope
+/// also holds its routing key and properties), else the member's body.
+pub fn published_body<'a>(business: &Business, claimed: &'a Claimed) -> &'a [u8] {
+    outgoing(business, claimed).map_or(claimed.body(), |e| e.body)
+}
+
 /// The message to publish for a claimed member of an intake business: the
 /// stored envelope, or `None` for a plain body (a task scheduled another
 /// way, published as any id-mode task).
@@ -177,6 +191,38 @@ fn returned_is(business: &Business, claimed: &Claimed, ret: &BasicReturnMessage)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An intake message whose body fits the broker's `max_message_size`
+    /// while its stored envelope (routing key and properties too) does not
+    /// is not the one the broker refused: judged by the body it receives.
+    #[test]
+    fn the_published_body_of_an_intake_message_is_the_envelopes_body() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(
+            &mut f,
+            b"[redis]\nurl = \"redis://127.0.0.1:6379/0\"\n[amqp]\nurl = \"amqp://127.0.0.1:5672/%2f\"\n\
+              [businesses.b]\nkey = \"k\"\nexchange = \"e\"\nrouting_key = \"r\"\n\
+              [businesses.b.intake]\nexchange = \"i\"\nqueue = \"q\"\n",
+        )
+        .unwrap();
+        let cfg = crate::config::load(f.path()).unwrap();
+        let business = &cfg.businesses[0];
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(
+            "trace".into(),
+            lapin::types::AMQPValue::LongString(vec![b'h'; 4000].into()),
+        );
+        let props = lapin::BasicProperties::default().with_headers(headers);
+        let env = envelope::encode("rk", &props, b"small body").unwrap();
+        let claimed = Claimed {
+            member: b"id-1".to_vec(),
+            due_ms: 0,
+            attempt: 1,
+            body: Some(env.clone()),
+        };
+        assert!(claimed.body().len() > 4000, "the envelope holds the header");
+        assert_eq!(published_body(business, &claimed), b"small body");
+    }
 
     #[test]
     fn message_id_is_stable_and_distinguishes_inputs() {

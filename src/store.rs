@@ -69,6 +69,7 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
 mod bulk;
 mod dead;
 mod forecast;
+pub mod incoming;
 mod pause;
 mod totals;
 pub use bulk::{Scored, Set};
@@ -308,6 +309,8 @@ pub struct Store {
     keys: KeyFamily,
     unit: ScoreUnit,
     member: MemberMode,
+    /// Id-mode bodies are intake envelopes (see [`Store::with_envelopes`]).
+    envelopes: bool,
     max_attempts: u32,
 }
 
@@ -319,6 +322,7 @@ impl Store {
             keys,
             unit,
             member: MemberMode::Body,
+            envelopes: false,
             max_attempts: crate::config::defaults::MAX_ATTEMPTS,
         }
     }
@@ -337,11 +341,23 @@ impl Store {
         self
     }
 
-    /// `'1'` in id mode, and the dedup window in ms (0 for none), as the
-    /// scripts take them.
+    /// The same store for a business whose id-mode bodies are intake
+    /// envelopes: its dedup record names each id with its content, so a
+    /// different message reusing a delivered id is delivered too.
+    pub fn with_envelopes(mut self, envelopes: bool) -> Self {
+        self.envelopes = envelopes;
+        self
+    }
+
+    /// `'1'` in id mode (`'2'` with envelopes), and the dedup window in ms
+    /// (0 for none), as the scripts take them.
     fn mode_args(&self) -> (&'static str, u64) {
         (
-            if self.member.is_id() { "1" } else { "0" },
+            match (self.member.is_id(), self.envelopes) {
+                (false, _) => "0",
+                (true, false) => "1",
+                (true, true) => "2",
+            },
             self.member
                 .dedup_window()
                 .map_or(0, |w| w.as_millis().min(u64::MAX as u128) as u64),

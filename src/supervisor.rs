@@ -144,6 +144,9 @@ pub async fn connect_redis(
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops cleanly.
 pub async fn run(config: Config) -> Result<(), RunError> {
+    for b in &config.businesses {
+        crate::telemetry::METRICS.init_business(b);
+    }
     let redis = Redis::new(&config.redis)?;
     let stop = CancellationToken::new();
     let conn_stop = CancellationToken::new();
@@ -328,6 +331,7 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
                 business: business.clone(),
                 store: Store::new(conn.clone(), KeyFamily::new(&key), b.score_unit)
                     .with_member(b.member)
+                    .with_envelopes(b.intake.is_some())
                     .with_max_attempts(b.max_attempts),
                 lead_wake: Notify::new(),
                 all_wake: Notify::new(),

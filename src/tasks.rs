@@ -21,6 +21,8 @@ pub mod pause;
 pub mod search;
 pub mod when;
 
+pub use crate::keys::shard_of;
+
 use merge::Merge;
 
 // Registered like every other script, so that a `NOSCRIPT` from a restarted
@@ -102,16 +104,6 @@ pub struct Page {
     pub tasks: Vec<Listed>,
     /// Pass to the next call to continue after this page; `None` at the end.
     pub cursor: Option<String>,
-}
-
-/// The shard key a producer-side hash puts `member` on: XXH3-64 of the
-/// member modulo the shard count, as `delayd schedule` uses.
-pub fn shard_of<'a>(keys: &'a [String], member: &[u8]) -> &'a str {
-    if keys.len() == 1 {
-        return &keys[0];
-    }
-    let i = xxhash_rust::xxh3::xxh3_64(member) % keys.len() as u64;
-    &keys[i as usize]
 }
 
 /// The keys to look in for `member`: its hash shard first, then the others,

@@ -12,7 +12,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::config::LogFormat;
+use crate::config::{Business, LogFormat};
 
 /// Sets up `tracing` once: human-readable or JSON lines on stderr.
 ///
@@ -218,6 +218,33 @@ impl Metrics {
                 &["business", "schedule"],
             ),
             registry: r,
+        }
+    }
+
+    /// Puts every series of `business` that a count or a flag makes on
+    /// `/metrics` at zero, before anything happens: a counter born at 1 hides
+    /// its first event from `increase()`, so an alert would miss the first
+    /// dead letter or unreplicated write, and a dashboard would show "no
+    /// data" where 0 is the truth. Labels beyond `business` (reasons,
+    /// schedules) are open-ended and appear with their first event.
+    pub fn init_business(&self, business: &Business) {
+        let b = &[business.name.as_str()];
+        for c in [
+            &self.claimed,
+            &self.published,
+            &self.confirmed,
+            &self.returned,
+            &self.nacked,
+            &self.recovered,
+            &self.released,
+            &self.deduplicated,
+        ] {
+            c.with_label_values(b);
+        }
+        self.lateness.with_label_values(b);
+        self.paused.with_label_values(b).set(0);
+        if business.intake.is_some() {
+            self.intake.init_business(&business.name);
         }
     }
 

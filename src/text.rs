@@ -30,6 +30,14 @@ pub fn visible(s: &str) -> String {
         .collect()
 }
 
+/// An epoch-ms time as UTC RFC 3339 with milliseconds, for operators
+/// comparing due times; the number itself when out of range.
+pub fn utc_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_else(|| ms.to_string())
+}
+
 /// A duration in words ("1h 5m"), "-" for none, "far future" past a century.
 pub fn human_ms(ms: Option<i64>) -> String {
     match ms {

@@ -477,6 +477,39 @@ async fn a_body_larger_than_a_frame_arrives_whole() {
     t.stop(d).await;
 }
 
+/// A producer's W3C trace context (`traceparent`, `tracestate`) reaches the
+/// consumer through the delay as headers of the same names, byte for byte,
+/// so the consumer can link its span to the producer's trace.
+#[tokio::test]
+async fn a_producers_trace_context_headers_arrive_unchanged_after_the_delay() {
+    let (t, d) = Intake::started(ExchangeKind::Direct, &["order.timeout"], "", "").await;
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), AMQPValue::LongInt(300));
+    h.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(LongString::from(traceparent.as_bytes().to_vec())),
+    );
+    h.insert(
+        "tracestate".into(),
+        AMQPValue::LongString(LongString::from(tracestate.as_bytes().to_vec())),
+    );
+    let start = wall_ms();
+    let props = BasicProperties::default().with_headers(h);
+    t.publish("order.timeout", b"{\"order\":42}", props).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let got = t.inbox.all().remove(0);
+    assert!(got.at_ms >= start + 300, "arrived early");
+    for (name, want) in [("traceparent", traceparent), ("tracestate", tracestate)] {
+        match got.headers.get(name) {
+            Some(AMQPValue::LongString(v)) => assert_eq!(v.as_bytes(), want.as_bytes(), "{name}"),
+            other => panic!("{name} arrived as {other:?}"),
+        }
+    }
+    t.stop(d).await;
+}
+
 /// A non-numeric `x-delay` is published at once, with a warning and a count.
 #[tokio::test]
 async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
@@ -633,6 +666,33 @@ async fn a_reused_message_id_never_drops_a_different_message() {
     t.stop(d).await;
 }
 
+/// With `dedup_window`, a different message reusing the `message_id` of
+/// one already delivered is delivered too, as the plugin delivered it,
+/// while an identical re-publish of the delivered one is not.
+#[tokio::test]
+async fn with_a_dedup_window_a_reused_id_is_delivered_and_a_repeat_of_the_delivered_message_is_not()
+{
+    let t = Intake::new(ExchangeKind::Direct, &[""], "dedup_window = \"1h\"", "").await;
+    let d = t.start().await;
+    let id = unique("reused");
+    let with_id = || delayed(AMQPValue::LongInt(0)).with_message_id(ShortString::from(id.as_str()));
+    t.publish("", b"first", with_id()).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    t.publish("", b"second", with_id()).await;
+    wait_n(&t.inbox, 2, Duration::from_secs(10), &d).await;
+    t.publish("", b"first", with_id()).await;
+    t.publish("", b"third", with_id()).await;
+    wait_n(&t.inbox, 3, Duration::from_secs(10), &d).await;
+    t.inbox.settle(Duration::from_secs(1)).await;
+    let got: Vec<Vec<u8>> = t.inbox.all().into_iter().map(|r| r.body).collect();
+    assert_eq!(
+        got,
+        vec![b"first".to_vec(), b"second".to_vec(), b"third".to_vec()],
+        "each different message once, the repeat of the first not again"
+    );
+    t.stop(d).await;
+}
+
 /// A message whose envelope exceeds max_message_size is rejected to the
 /// dead-letter exchange delayd set on the intake queue, logged and counted;
 /// the messages around it are stored.
@@ -641,7 +701,9 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
     let rejected = consume(&amqp, &dlq).await;
-    let intake = format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"");
+    let intake = format!(
+        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
+    );
     let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
     t.publish_delayed("", b"small-1", 0).await;
     t.publish_delayed("", &vec![b'x'; 2000], 0).await;
@@ -677,6 +739,167 @@ async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("more than max_message_size = 1000"), "{out}");
     assert_eq!(zcard(&mut r, &t.key).await, 0);
+    t.stop(d).await;
+}
+
+/// A message that cannot be stored is rejected to the dead-letter exchange
+/// only where the intake queue really dead-letters to it: a queue declared
+/// before the setting was added has no `x-dead-letter-exchange`, and the
+/// broker drops what is rejected from it. It is kept in the business's dead
+/// set with its reason instead, and `check` says which.
+#[tokio::test]
+async fn a_message_too_large_is_kept_dead_when_the_existing_intake_queue_does_not_dead_letter() {
+    let amqp = amqp_at(&amqp_url()).await;
+    let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
+    let intake = format!(
+        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
+    );
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", &intake).await;
+    // Declared before delayd ever ran, without arguments.
+    declare_queue(&ch, &t.queue).await;
+    let (code, out, err) = t.cli(&["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("kept in the dead set") && out.contains("exists with other arguments"),
+        "check says where rejected messages go and why:\n{out}"
+    );
+    let d = t.start().await;
+    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
+    t.publish_delayed("", b"small", 0).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let dead = family(&t.key).dead;
+    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
+    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    assert_eq!(queue_depth(&amqp, &dlq).await, 0, "nothing dead-lettered");
+    assert!(
+        d.logs()
+            .contains("kept in the business's dead set, not rejected"),
+        "run says so:\n{}",
+        d.tail()
+    );
+    delete_topology(&ch, &[&dlq], &[&dlx]).await;
+    t.stop(d).await;
+}
+
+/// With no queue bound behind the dead-letter exchange, a rejected message
+/// would be dropped by the broker: it is kept in the dead set.
+#[tokio::test]
+async fn a_message_too_large_is_kept_dead_when_no_queue_is_known_behind_the_dead_letter_exchange() {
+    let dlx = unique("dlx-unbound");
+    let intake = format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"");
+    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
+    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
+    t.publish_delayed("", b"small", 0).await;
+    wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
+    let dead = family(&t.key).dead;
+    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
+    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    let (code, out, err) = t.cli(&["check"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("kept in the dead set (intake.dead_letter_queue is not set"),
+        "{out}"
+    );
+    let ch = t.amqp.create_channel().await.unwrap();
+    delete_topology(&ch, &[], &[&dlx]).await;
+    t.stop(d).await;
+}
+
+/// `delayd_intake_waiting_for_redis` counts each batch waiting for Redis
+/// once, and rests at 0 once they are all written.
+#[tokio::test]
+async fn the_waiting_gauge_counts_every_waiting_batch_and_rests_at_zero_after() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "", "batch_size = 5").await;
+    let port = listen_on_free_port(&t.config, 30000..40000);
+    let gauge = || {
+        let (_, m) = http_get(port, "/metrics").unwrap_or_default();
+        m.lines()
+            .find_map(|l| l.strip_prefix("delayd_intake_waiting_for_redis{business=\"delayed\"} "))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+    };
+    // K holds a string: Redis refuses every write (WRONGTYPE) until it goes.
+    let mut r = t.redis.clone();
+    let _: () = redis::cmd("SET")
+        .arg(&t.key)
+        .arg("in the way")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let d = t.start().await;
+    for i in 0..40 {
+        t.publish_delayed("", format!("w-{i}").as_bytes(), 0).await;
+    }
+    // Four batches are written at once; each waits.
+    let four = eventually(Duration::from_secs(10), || async { gauge() == Some(4) }).await;
+    let seen = gauge();
+    let _: () = redis::cmd("DEL")
+        .arg(&t.key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(four, "four batches wait, the gauge reads {seen:?}");
+    wait_n(&t.inbox, 40, Duration::from_secs(20), &d).await;
+    let zero = eventually(Duration::from_secs(5), || async { gauge() == Some(0) }).await;
+    assert!(
+        zero,
+        "after every batch is written the gauge reads {:?}",
+        gauge()
+    );
+    t.stop(d).await;
+}
+
+/// A batch spread over two shards whose second shard's write is refused
+/// until the stop: the first shard's messages are acknowledged once stored,
+/// so the broker hands back only the rest, and messages without a
+/// `message_id` (delayd assigns each delivery a new id) are not stored twice.
+#[tokio::test]
+async fn a_batch_half_stored_at_the_stop_is_handed_back_only_in_its_unstored_half() {
+    let t = Intake::new(ExchangeKind::Direct, &[""], "shards = 2", "").await;
+    let shard1 = format!("{}:1", t.key);
+    let mut r = t.redis.clone();
+    // Shard 1 holds a string: its writes are refused (WRONGTYPE).
+    let _: () = redis::cmd("SET")
+        .arg(&shard1)
+        .arg("in the way")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    // Published before delayd consumes, so one batch takes them all.
+    let d = t.start().await;
+    drop(d);
+    let bodies: Vec<Vec<u8>> = (0..40).map(|i| format!("half-{i}").into_bytes()).collect();
+    for b in &bodies {
+        t.publish_delayed("", b, 0).await;
+    }
+    let d = t.start().await;
+    let some = eventually(Duration::from_secs(10), || async {
+        t.inbox.len() > 0
+            && d.logs()
+                .contains("Redis does not store intake messages now")
+    })
+    .await;
+    assert!(
+        some,
+        "shard 0 delivers while shard 1 is refused:\n{}",
+        d.tail()
+    );
+    let mut d = d;
+    d.signal(15);
+    d.wait(Duration::from_secs(30));
+    let _: () = redis::cmd("DEL")
+        .arg(&shard1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let d = t.start().await;
+    wait_n(&t.inbox, bodies.len(), Duration::from_secs(20), &d).await;
+    t.inbox.settle(Duration::from_secs(1)).await;
+    let want: std::collections::HashSet<Vec<u8>> = bodies.into_iter().collect();
+    t.inbox
+        .assert_each_once(&want, "a stop with half a batch stored");
+    for k in [format!("{}:0", t.key), shard1] {
+        del_family(&mut r, &k).await;
+    }
     t.stop(d).await;
 }
 
@@ -1140,7 +1363,7 @@ async fn the_migration_guide_steps_lose_nothing() {
 async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on() {
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
-    let intake = format!("dead_letter_exchange = \"{dlx}\"");
+    let intake = format!("dead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\"");
     let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
     let mut raw = RawAmqp::connect(&amqp_url()).await;
     let bad_key = Table::default()
@@ -1283,45 +1506,6 @@ impl BothWays {
         delete_topology(&ch, &queues, &[&self.plain]).await;
         drop(self.d);
         self.t.cleanup().await;
-    }
-}
-
-/// The headers as the intake delivers them, per the migration guide: keys
-/// sorted (bytewise), the last of duplicate keys kept, `L` sent as `l`, a
-/// boolean as 0 or 1; nested tables alike, arrays in order.
-fn as_the_intake_delivers(fields: &[Field]) -> Vec<Field> {
-    let mut sorted = std::collections::BTreeMap::new();
-    for f in fields {
-        let (kind, value) = normalized(f.kind, &f.value);
-        sorted.insert(f.key.clone(), (kind, value));
-    }
-    sorted
-        .into_iter()
-        .map(|(key, (kind, value))| Field { key, kind, value })
-        .collect()
-}
-
-fn normalized(kind: u8, value: &[u8]) -> (u8, Vec<u8>) {
-    match kind {
-        b'L' => (b'l', value.to_vec()),
-        b't' => (b't', vec![(value[0] != 0) as u8]),
-        b'F' => {
-            let mut t = Table::default();
-            for f in as_the_intake_delivers(&parse_table(&value[4..])) {
-                t = t.field(&f.key, f.kind, &f.value);
-            }
-            (b'F', t.as_value())
-        }
-        b'A' => {
-            let mut a = Vec::new();
-            for (k, v) in parse_array(&value[4..]) {
-                let (k, v) = normalized(k, &v);
-                a.push(k);
-                a.extend_from_slice(&v);
-            }
-            (b'A', long_bytes(&a))
-        }
-        _ => (kind, value.to_vec()),
     }
 }
 

@@ -865,6 +865,12 @@ impl IntakeFlow {
     /// Publishes `ids` as message ids with an hour's `x-delay`, and waits
     /// for the broker's confirm of each.
     async fn publish(&self, ids: &[String]) {
+        self.publish_in(ids, HOUR_MS).await
+    }
+
+    /// Publishes `ids` as message ids with `x-delay` = `delay_ms`, and
+    /// waits for the broker's confirm of each.
+    async fn publish_in(&self, ids: &[String], delay_ms: i32) {
         use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
         let ch = self.amqp.create_channel().await.unwrap();
         ch.confirm_select(ConfirmSelectOptions::default())
@@ -873,7 +879,7 @@ impl IntakeFlow {
         let mut confirms = Vec::new();
         for id in ids {
             let mut h = lapin::types::FieldTable::default();
-            h.insert("x-delay".into(), lapin::types::AMQPValue::LongInt(HOUR_MS));
+            h.insert("x-delay".into(), lapin::types::AMQPValue::LongInt(delay_ms));
             let props = lapin::BasicProperties::default()
                 .with_headers(h)
                 .with_message_id(id.as_str().into())
@@ -881,7 +887,7 @@ impl IntakeFlow {
             let c = ch
                 .basic_publish(
                     self.exchange.as_str().into(),
-                    "rk".into(),
+                    self.b.routing_key.as_str().into(),
                     BasicPublishOptions::default(),
                     id.as_bytes(),
                     props,
@@ -1046,6 +1052,40 @@ async fn an_intake_write_no_replica_holds_is_not_acknowledged_until_the_replica_
         .await
         .unwrap();
     assert_eq!(on_replica, ids.len() as u64, "the replica holds fewer");
+    f.cleanup(s).await;
+}
+
+/// A write the master ran while its replica lagged is waited for again,
+/// never run again: once its message is due, delivered and deleted, running
+/// the write again would store it anew, one more delivery per retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intake_message_due_at_once_is_delivered_once_while_the_replica_lags() {
+    let _turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    let f = IntakeFlow::start(s, "lagging").await;
+    let (_, replica) = replica_port(s).await;
+    let ids: Vec<String> = (0..10).map(|i| format!("lag-{i}")).collect();
+    let stalled = Stalled::node(s, replica);
+    f.publish_in(&ids, 0).await;
+    // The writes reach the master at once and their messages are due: the
+    // scanners deliver them while the intake waits for the replica.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    drop(stalled);
+    assert!(
+        f.wait_acked(ids.len() as u64, Duration::from_secs(30))
+            .await,
+        "only {} of {} acknowledged after the replica came back; log:\n{}",
+        f.acked().await,
+        ids.len(),
+        f.daemon.logs()
+    );
+    let inbox = f._consumers.inbox();
+    let want: std::collections::HashSet<Vec<u8>> =
+        ids.iter().map(|i| i.as_bytes().to_vec()).collect();
+    inbox.wait_for(ids.len(), Duration::from_secs(10)).await;
+    inbox.settle(Duration::from_secs(2)).await;
+    inbox.assert_each_once(&want, "a replica that lagged");
     f.cleanup(s).await;
 }
 

@@ -118,11 +118,30 @@ ensure_browser() {
 	apt_install "${missing[@]}"
 }
 
+# ensure_promtool: installs Debian's prometheus package, for promtool, which
+# checks and unit-tests deploy/prometheus/alerts.yml; without recommends, and
+# its service is not started (apt_install's policy-rc.d).
+ensure_promtool() {
+	command -v promtool >/dev/null 2>&1 || apt_install --no-install-recommends prometheus
+}
+
+# ensure_examples: the Redis clients of the producer examples (examples/,
+# run by tests/examples.rs): redis-py and ioredis under .local, Debian's
+# ruby-redis and php-redis (deploy/local/clients.sh).
+ensure_examples() {
+	"$DELAYD_REPO_ROOT/deploy/local/clients.sh" all
+}
+
 # apt_install PKG...: non-interactive install that does not start services.
 apt_install() {
 	log "installing Debian packages: $*"
 	[[ "$(id -u)" == 0 ]] || die "need root to apt-get install $* (or install them yourself)"
 	export DEBIAN_FRONTEND=noninteractive
+	# One install at a time, policy-rc.d included: installs run beside each
+	# other (the Debian 13 tree, the examples' clients), and dpkg's lock
+	# refuses a second apt-get.
+	exec 8>/var/lock/delayd-apt.lock
+	flock 8
 	# Package postinst scripts would start the system redis/rabbitmq on our
 	# ports (6379/5672) via invoke-rc.d; a policy-rc.d that answers 101 stops
 	# that. Put one in place only if the machine has none, and remove it after.
@@ -139,6 +158,7 @@ apt_install() {
 	if ((added_policy)); then
 		rm -f "$policy"
 	fi
+	exec 8>&-
 	((rc == 0)) || die "apt-get failed (exit $rc) installing: $*"
 }
 

@@ -24,6 +24,9 @@
 #       (client certificates required; EXTERNAL login as user "delayd")
 #   DELAYD_RABBITMQ_COOKIE     the Erlang cookie (the same for a cluster's nodes)
 #   DELAYD_RABBITMQ_WATCH_PID  kill the node once this process has exited
+#   DELAYD_RABBITMQ_DELAYED_PLUGIN=1  run the archived delayed-message plugin
+#       (compiled once from deploy/local/peers; RabbitMQ 3.10 only), for
+#       `delayd adopt` tests
 set -euo pipefail
 
 LOG_TAG=rabbitmq-node

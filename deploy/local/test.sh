@@ -5,11 +5,13 @@
 #   deploy/local/test.sh [extra args for `cargo test`]
 #
 # 1. installs the Debian packages it needs (redis-server, rabbitmq-server, a C
-#    linker, chromium and chromium-driver for the console's browser tests)
+#    linker, chromium and chromium-driver for the console's browser tests,
+#    promtool for the alert rules, the producer examples' Redis clients)
 #    when missing; cargo itself is assumed;
 # 2. starts the servers (deploy/local/servers.sh start) and exports
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests;
-# 3. runs cargo fmt --check, cargo clippy -D warnings, cargo test (the
+# 3. runs cargo fmt --check, cargo clippy -D warnings, promtool's check and
+#    unit tests of deploy/prometheus/alerts.yml, cargo test (the
 #    release daemon, run by test binaries built lighter: CARGO_TEST in lib.sh)
 #    and the container test (deploy/container/test.sh);
 # 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
@@ -40,6 +42,7 @@ cd "$DELAYD_REPO_ROOT"
 # --- prerequisites -------------------------------------------------------------
 ensure_packages
 ensure_browser
+ensure_promtool
 if ! command -v cc >/dev/null 2>&1; then
 	# rustc links through the system C compiler.
 	apt_install gcc libc6-dev
@@ -52,6 +55,12 @@ if [[ " ${DELAYD_MATRIX:-} " == *" rabbitmq4-"* ]]; then
 	mkdir -p "$DELAYD_LOCAL_DIR"
 	deploy/local/trixie.sh build </dev/null >"$DELAYD_LOCAL_DIR/trixie-prebuild.log" 2>&1 &
 fi
+
+# The producer examples' clients (about 1.5 min on a bare machine: pip, npm,
+# apt), installed while cargo compiles; tests/examples.rs waits for them
+# through clients.sh's lock, and installs what is still missing itself.
+mkdir -p "$DELAYD_LOCAL_DIR"
+ensure_examples </dev/null >"$DELAYD_LOCAL_DIR/examples-prebuild.log" 2>&1 &
 
 # --- servers -------------------------------------------------------------------
 # Remember which servers were down before, so only those are stopped again.
@@ -171,6 +180,7 @@ wait_matrix() {
 
 step "format" cargo fmt --all -- --check
 step "clippy" cargo clippy --all-targets -- -D warnings
+step "alerts" sh -c 'promtool check rules deploy/prometheus/alerts.yml && promtool test rules deploy/prometheus/alerts.test.yml'
 log "==> cargo build --release --bin delayd (the daemon the tests run)"
 use_release_daemon
 # The test binaries, built once for every set.

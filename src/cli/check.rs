@@ -23,6 +23,10 @@ pub(super) async fn run(cfg: &Config) -> Result<(), Failure> {
         cfg.path.display(),
         cfg.businesses.len()
     );
+    println!(
+        "wire      format {}: reads what docs/wire-format.md version {0} and earlier describe",
+        crate::message::WIRE_FORMAT
+    );
     let mut failed = false;
     let (redis, masters) = match redis_and_conn(cfg).await {
         Ok((redis, conn)) => {

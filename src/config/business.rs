@@ -57,6 +57,11 @@ pub struct Business {
     pub watchdog_interval: Duration,
     /// Whether members are bodies or task ids.
     pub member: MemberMode,
+    /// Id mode: producers may store envelopes (docs/wire-format.md) in
+    /// `{K}:body`, published with their own routing key and properties
+    /// (headers such as `traceparent` included). Off by default, so a body
+    /// that happens to look like an envelope is never read as one.
+    pub envelopes: bool,
     /// The console tokens that open this business only, besides `[http]`'s.
     pub tokens: BusinessTokens,
     /// Messages published with `x-delay` to an intake exchange, when set.
@@ -76,7 +81,9 @@ impl Business {
     /// properties, body) rather than plain bodies: an intake's messages and
     /// occurrences of schedules with their own routing key are.
     pub fn stores_envelopes(&self) -> bool {
-        self.intake.is_some() || self.recurring.iter().any(|s| s.routing_key.is_some())
+        self.envelopes
+            || self.intake.is_some()
+            || self.recurring.iter().any(|s| s.routing_key.is_some())
     }
 }
 
@@ -221,6 +228,8 @@ pub(super) fn validate_business(
     });
     problems.extend(schedules_by_body(name, &recurring, rb.member.as_deref()));
     let member = member_mode(name, &rb, intake.is_some(), &recurring, &timing, problems);
+    let envelopes = rb.envelopes.unwrap_or(false);
+    problems.extend(envelopes_by_body(name, envelopes, member));
     let tokens = business_tokens(name, &mut rb, problems);
     if problems.len() > before {
         return None;
@@ -250,6 +259,7 @@ pub(super) fn validate_business(
         poll_interval: timing.poll_interval,
         watchdog_interval: timing.watchdog_interval,
         member,
+        envelopes,
         intake: intake.flatten(),
         recurring,
         tokens,
@@ -496,6 +506,13 @@ fn member_mode(
         ));
     }
     member
+}
+
+/// Envelopes live in `{K}:body`, which only id mode has.
+fn envelopes_by_body(name: &str, envelopes: bool, member: MemberMode) -> Option<String> {
+    (envelopes && member == MemberMode::Body).then(|| format!(
+        "business \"{name}\", field \"envelopes\" needs member = \"id\": envelopes are stored in {{K}}:body, beside each task id"
+    ))
 }
 
 /// A key with a `}` but no `{tag}`: its helper keys could not share its slot.

@@ -84,6 +84,16 @@ pub(super) fn validate_intake(
     if let Some(d) = &dead_letter_exchange {
         check_short_string(&place("dead_letter_exchange"), d, problems);
     }
+    let dead_letter_queue = raw.dead_letter_queue;
+    if let Some(q) = &dead_letter_queue {
+        check_short_string(&place("dead_letter_queue"), q, problems);
+        if dead_letter_exchange.is_none() {
+            problems.push(format!(
+                "{}: names the queue behind dead_letter_exchange, which is not set; set both, or neither",
+                place("dead_letter_queue")
+            ));
+        }
+    }
     let replica_wait = replica_wait(
         &place,
         &raw.replicas,
@@ -99,6 +109,7 @@ pub(super) fn validate_intake(
         prefetch,
         batch_size: batch_size.min(prefetch as usize),
         dead_letter_exchange,
+        dead_letter_queue,
         max_message_size,
         x_delay,
         user_id,

@@ -84,8 +84,11 @@ pub struct Settings {
     /// Deliveries per Redis write.
     pub batch_size: usize,
     /// `x-dead-letter-exchange` of a queue delayd declares: where rejected
-    /// intake messages go.
+    /// intake messages go, once verified (see `intake::topology`).
     pub dead_letter_exchange: Option<String>,
+    /// The queue bound behind `dead_letter_exchange`, declared and bound by
+    /// delayd: without one verified, rejected messages stay in the dead set.
+    pub dead_letter_queue: Option<String>,
     /// Envelopes larger than this many bytes are rejected rather than stored.
     pub max_message_size: Option<usize>,
     /// The delivered `x-delay` header.

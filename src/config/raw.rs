@@ -73,6 +73,7 @@ pub(super) struct RawBusiness {
     pub(super) watchdog_interval: Option<String>,
     pub(super) member: Option<String>,
     pub(super) dedup_window: Option<String>,
+    pub(super) envelopes: Option<bool>,
     pub(super) intake: Option<RawIntake>,
     pub(super) recurring:
         Option<std::collections::BTreeMap<String, recurring_section::RawSchedule>>,
@@ -92,6 +93,7 @@ pub(super) struct RawIntake {
     pub(super) prefetch: Option<i64>,
     pub(super) batch_size: Option<i64>,
     pub(super) dead_letter_exchange: Option<String>,
+    pub(super) dead_letter_queue: Option<String>,
     pub(super) max_message_size: Option<i64>,
     pub(super) x_delay: Option<String>,
     pub(super) user_id: Option<String>,

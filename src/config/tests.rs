@@ -412,6 +412,18 @@ fn dedup_window_without_id_mode_is_refused() {
 }
 
 #[test]
+fn envelopes_are_off_by_default_and_read_only_in_id_mode() {
+    let c = load_str(&business("member = \"id\"")).unwrap();
+    assert!(!c.businesses[0].stores_envelopes());
+    let c = load_str(&business("member = \"id\"\nenvelopes = true")).unwrap();
+    assert!(c.businesses[0].stores_envelopes());
+    refused(
+        &business("envelopes = true"),
+        &["business \"billing\", field \"envelopes\" needs member = \"id\""],
+    );
+}
+
+#[test]
 fn unparseable_or_zero_dedup_window_is_refused() {
     refused(
         &business("member = \"id\"\ndedup_window = \"soon\""),

@@ -26,11 +26,12 @@ use crate::config::Business;
 use crate::redis_conn::RedisConn;
 use crate::telemetry::{Backoff, Health, METRICS};
 
-use super::delay::{self, Due};
-use super::write::{self, Item, Writer};
-use super::{delivered, depth, topology};
+use super::{depth, topology};
 use crate::config::intake_settings::Settings;
+use crate::message::delay::{self, Due};
+use crate::message::delivered;
 use crate::message::envelope;
+use crate::store::incoming::{self as write, Item, Writer};
 
 /// Batches being written at once; with the prefetch, what keeps the broker
 /// delivering while Redis writes.
@@ -57,6 +58,8 @@ pub struct Intake {
     refused_logged: Throttle,
     /// The same for a delivery handed back [`HANDED_BACK_WARN`] times.
     handed_back_logged: Throttle,
+    /// Where what cannot be stored goes, as verified on the current channel.
+    dead_letters: std::sync::Mutex<topology::DeadLetters>,
 }
 
 /// The `x-delivery-count` from which a redelivery is worth a warning: half
@@ -90,8 +93,9 @@ struct Batch {
 
 /// How a batch's write ended.
 enum Written {
-    /// Stored, every item of it.
-    Done(Batch),
+    /// Stored, every item of it; the items acknowledged already, by index
+    /// (see [`Intake::ack_stored`]).
+    Done(Batch, Vec<usize>),
     /// Not (all) stored when the stop came or the channel closed: left
     /// unacknowledged, so the broker hands the deliveries out again.
     Abandoned,
@@ -171,6 +175,9 @@ impl Intake {
             user_id_logged: Throttle::default(),
             refused_logged: Throttle::default(),
             handed_back_logged: Throttle::default(),
+            dead_letters: std::sync::Mutex::new(topology::DeadLetters::Kept(
+                "not verified yet".into(),
+            )),
         })
     }
 
@@ -236,6 +243,10 @@ impl Intake {
                 s.exchange, s.queue
             )
         })?;
+        let dead = topology::dead_letters(conn, s, true)
+            .await
+            .map_err(|e| format!("verifying the dead-letter target: {e}"))?;
+        self.verified(dead);
         let ch = conn.create_channel().await.map_err(|e| e.to_string())?;
         ch.basic_qos(s.prefetch, BasicQosOptions::default())
             .await
@@ -385,9 +396,9 @@ impl Intake {
 
     /// Whether a delivery can be stored to be published as it came, and
     /// where it goes when not: a message over `max_message_size` is
-    /// rejected to the dead-letter exchange the settings name (declared by
-    /// delayd, so it exists), or else kept in the business's dead set with
-    /// its reason; never dropped.
+    /// rejected to the dead-letter exchange where that was verified on this
+    /// channel (see [`topology::dead_letters`]), or else kept in the
+    /// business's dead set with its reason; never dropped.
     fn unstorable(&self, d: &Delivery, props: &lapin::BasicProperties) -> Unstorable {
         if let Some(why) = unreadable::reason(&d.properties) {
             // Only the body is kept as it came; the broker's own copy,
@@ -421,10 +432,35 @@ impl Intake {
         }
     }
 
+    /// Keeps what [`topology::dead_letters`] found, saying so when it changed.
+    fn verified(&self, dead: topology::DeadLetters) {
+        let mut current = self.dead_letters.lock().unwrap_or_else(|p| p.into_inner());
+        if *current == dead {
+            return;
+        }
+        match &dead {
+            topology::DeadLetters::Rejected => tracing::info!(
+                dead_letter_exchange = self.settings.dead_letter_exchange.as_deref().unwrap_or_default(),
+                dead_letter_queue = self.settings.dead_letter_queue.as_deref().unwrap_or_default(),
+                "intake messages that cannot be stored are rejected to the dead-letter exchange (verified: the intake queue dead-letters to it, and the queue is bound behind it)"
+            ),
+            topology::DeadLetters::Kept(why) if self.settings.dead_letter_exchange.is_some() => {
+                tracing::warn!(
+                    reason = %why,
+                    "intake messages that cannot be stored are kept in the business's dead set, not rejected to the dead-letter exchange: the broker would drop them"
+                )
+            }
+            topology::DeadLetters::Kept(_) => {}
+        }
+        *current = dead;
+    }
+
     fn dead_end(&self, env: Vec<u8>, reason: &'static str, detail: String) -> Unstorable {
-        match &self.settings.dead_letter_exchange {
-            Some(_) => Unstorable::ToDeadLetterExchange(reason, detail),
-            None => {
+        let rejected = *self.dead_letters.lock().unwrap_or_else(|p| p.into_inner())
+            == topology::DeadLetters::Rejected;
+        match rejected {
+            true => Unstorable::ToDeadLetterExchange(reason, detail),
+            false => {
                 METRICS
                     .intake
                     .rejected
@@ -501,21 +537,31 @@ impl Intake {
     async fn write(&self, batch: Batch, ch: Channel, stop: CancellationToken) -> Written {
         let waiting = Waiting::new(&self.business.name);
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let (mut stored, mut acked) = (Vec::new(), Vec::new());
         for (shard, items) in self.writer.calls(&batch.items) {
+            let call = rand::random::<u64>();
             loop {
                 if !ch.status().connected() {
                     return Written::Abandoned;
                 }
-                let e = match self.writer.write(shard, &items, &batch.items).await {
-                    Ok(stored) => {
+                let e = match self.writer.write(shard, &items, &batch.items, call).await {
+                    Ok(counts) => {
                         self.redis.up();
-                        self.stored(stored);
+                        self.stored(counts);
+                        stored.extend_from_slice(&items);
                         break;
                     }
                     Err(e) => e,
                 };
                 waiting.begin();
                 self.refused(&e);
+                if self
+                    .ack_stored(&ch, &batch, &stored, &mut acked)
+                    .await
+                    .is_err()
+                {
+                    return Written::Abandoned;
+                }
                 // Only between attempts: a call Redis may be running is
                 // never given up half-way.
                 tokio::select! {
@@ -524,7 +570,33 @@ impl Intake {
                 }
             }
         }
-        Written::Done(batch)
+        Written::Done(batch, acked)
+    }
+
+    /// Acknowledges, one by one, the items of a batch whose calls were
+    /// stored while a later call of it waits: if that one is never stored
+    /// (the stop, a closed channel, the consumer timeout), the broker hands
+    /// back only what Redis does not hold, rather than the whole batch, of
+    /// which the messages without a `message_id` would be stored twice.
+    async fn ack_stored(
+        &self,
+        ch: &Channel,
+        batch: &Batch,
+        stored: &[usize],
+        acked: &mut Vec<usize>,
+    ) -> Result<(), lapin::Error> {
+        let before = acked.len();
+        for &i in &stored[before..] {
+            ch.basic_ack(batch.tags[i], BasicAckOptions { multiple: false })
+                .await?;
+            acked.push(i);
+        }
+        METRICS
+            .intake
+            .stored
+            .with_label_values(&[&self.business.name])
+            .inc_by((acked.len() - before) as u64);
+        Ok(())
     }
 
     /// Counts what a write absorbed and renamed.
@@ -543,7 +615,6 @@ impl Intake {
     /// in time: a metric at once, one log line per [`LOG_EVERY`].
     fn refused(&self, e: &write::WriteError) {
         let name = self.business.name.as_str();
-        METRICS.intake.waiting.with_label_values(&[name]).set(1);
         METRICS
             .intake
             .write_retries
@@ -576,16 +647,23 @@ impl Intake {
     /// Acknowledges what a write stored, with one `multiple` ack when
     /// nothing before it was left unwritten.
     async fn settle(&self, ch: &Channel, written: Written, gap: &mut bool) -> Result<(), String> {
-        let Written::Done(batch) = written else {
+        let Written::Done(batch, early) = written else {
             *gap = true;
             return Ok(());
         };
-        let acked = batch.tags;
+        // Acknowledged already: never again (an unknown tag closes the channel).
+        let acked: Vec<u64> = match early.is_empty() {
+            true => batch.tags,
+            false => (0..batch.tags.len())
+                .filter(|i| !early.contains(i))
+                .map(|i| batch.tags[i])
+                .collect(),
+        };
         let Some(&last) = acked.last() else {
             return Ok(());
         };
         let ack = |tag, multiple| ch.basic_ack(tag, BasicAckOptions { multiple });
-        if *gap {
+        if *gap || !early.is_empty() {
             for &tag in &acked {
                 ack(tag, false)
                     .await

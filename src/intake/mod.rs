@@ -7,20 +7,19 @@
 //! to the business's exchange with the producer's routing key, properties
 //! and body, where RabbitMQ routes it as the plugin's `x-delayed-type` did.
 //!
-//! - [`delay`]: `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
+//! - [`delay`] (in `message`, shared with adoption): `x-delay`, `x-opt-delivery-delay` and `x-opt-delivery-time`, read as the plugin and AMQP 1.0 producers mean them;
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
-//! - `write`: the Redis side (`src/lua/intake.lua`);
+//! - the Redis side is `store::incoming` (`src/lua/intake.lua`), shared with adoption;
 //! - `depth`: whether the queue is consumed, and how deep it is;
 //! - [`waitaof`]: whether the server can wait as `replica_ack = "fsynced"` asks.
 
 mod consumer;
-pub mod delay;
-mod delivered;
 mod depth;
 pub mod topology;
 pub mod waitaof;
-mod write;
+
+pub use crate::message::delay;
 
 use std::sync::Arc;
 

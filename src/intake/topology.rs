@@ -33,9 +33,6 @@ pub async fn ensure(conn: &Connection, s: &Settings) -> Result<(), Refused> {
     if let Some(line) = refusal(conn, s).await? {
         return Err(Refused::Exchange(line));
     }
-    if let Some(dlx) = &s.dead_letter_exchange {
-        declare_dead_letter_target(conn, dlx).await?;
-    }
     if queue(conn, &s.queue).await? == Found::Missing {
         let ch = conn.create_channel().await?;
         ch.queue_declare(
@@ -81,6 +78,112 @@ async fn declare_dead_letter_target(conn: &Connection, dlx: &str) -> Result<(), 
     declare_fanout(&ch, dlx).await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(())
+}
+
+/// Where the intake sends a message it cannot store to be published as it
+/// came, as verified on the broker (on every channel it opens): the broker
+/// drops a rejected message whose queue has no dead-letter exchange, or
+/// whose dead-letter exchange routes it nowhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetters {
+    /// Rejected without requeue: the intake queue dead-letters to
+    /// `dead_letter_exchange`, and `dead_letter_queue` is bound behind it
+    /// with a key every routing key matches.
+    Rejected,
+    /// Kept in the business's dead set with its reason; the reason the
+    /// target could not be verified.
+    Kept(String),
+}
+
+/// Verifies the dead-letter target the settings name (see [`DeadLetters`]):
+/// the intake queue's own `x-dead-letter-exchange` (a declare with delayd's
+/// arguments succeeds only if the queue has them), the exchange's type
+/// (fanout or topic, so that [`BINDING_KEY`] matches every routing key) and
+/// `dead_letter_queue` bound to it (declared when missing; binding again is
+/// harmless). Each step on a channel of its own, as a refusal closes it.
+/// With `apply` false (`delayd check`) nothing is declared or bound: what
+/// `run` would declare counts as verified.
+pub async fn dead_letters(
+    conn: &Connection,
+    s: &Settings,
+    apply: bool,
+) -> Result<DeadLetters, lapin::Error> {
+    let kept = |why: String| Ok(DeadLetters::Kept(why));
+    let Some(dlx) = s.dead_letter_exchange.as_deref().filter(|d| !d.is_empty()) else {
+        return kept("intake.dead_letter_exchange is not set".into());
+    };
+    let Some(dlq) = s.dead_letter_queue.as_deref() else {
+        return kept(format!(
+            "intake.dead_letter_queue is not set, so no queue behind dead_letter_exchange \"{dlx}\" can be verified"
+        ));
+    };
+    if !apply && queue(conn, &s.queue).await? == Found::Missing {
+        return Ok(DeadLetters::Rejected);
+    }
+    let ch = conn.create_channel().await?;
+    let declared = ch
+        .queue_declare(
+            s.queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            queue_arguments(s),
+        )
+        .await;
+    match declared {
+        Ok(_) => {
+            let _ = ch.close(200, "ok".into()).await;
+        }
+        Err(e) if e.to_string().contains("PRECONDITION_FAILED") => {
+            return kept(format!(
+                "intake queue \"{}\" exists with other arguments than delayd declares (x-dead-letter-exchange \"{dlx}\"{}): delete it while empty so delayd declares it, or declare it with them",
+                s.queue,
+                if s.queue_type == QueueType::Quorum { ", a quorum queue" } else { "" }
+            ))
+        }
+        Err(e) => return Err(e),
+    }
+    if exchange(conn, dlx).await? == Found::Missing {
+        if !apply {
+            return Ok(DeadLetters::Rejected);
+        }
+        declare_dead_letter_target(conn, dlx).await?;
+    }
+    match exchange_type_if_not_fanout(conn, dlx).await? {
+        None => {}
+        Some(t) if t == "topic" => {}
+        Some(t) => {
+            return kept(format!(
+                "dead_letter_exchange \"{dlx}\" is {t}: only a fanout or topic exchange routes every routing key to dead_letter_queue"
+            ))
+        }
+    }
+    if !apply {
+        return Ok(DeadLetters::Rejected);
+    }
+    let ch = conn.create_channel().await?;
+    if queue(conn, dlq).await? == Found::Missing {
+        ch.queue_declare(
+            dlq.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    }
+    ch.queue_bind(
+        dlq.into(),
+        dlx.into(),
+        BINDING_KEY.into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await?;
+    let _ = ch.close(200, "ok".into()).await;
+    Ok(DeadLetters::Rejected)
 }
 
 /// Declares `name` as a durable fanout exchange.
@@ -261,5 +364,16 @@ pub async fn check(conn: &Connection, s: &Settings) -> Result<String, String> {
         ),
         Found::Exists(n) => format!("queue \"{}\" ({} waiting)", s.queue, n.unwrap_or(0)),
     };
-    Ok(format!("{exchange_note} -> {queue_note}"))
+    let dead = match dead_letters(conn, s, false).await.map_err(broker)? {
+        DeadLetters::Rejected => format!(
+            "; what cannot be stored is rejected to \"{}\", queue \"{}\"",
+            s.dead_letter_exchange.as_deref().unwrap_or_default(),
+            s.dead_letter_queue.as_deref().unwrap_or_default()
+        ),
+        DeadLetters::Kept(why) if s.dead_letter_exchange.is_some() => {
+            format!("; what cannot be stored is kept in the dead set ({why})")
+        }
+        DeadLetters::Kept(_) => "; what cannot be stored is kept in the dead set".into(),
+    };
+    Ok(format!("{exchange_note} -> {queue_note}{dead}"))
 }

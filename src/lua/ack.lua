@@ -2,7 +2,9 @@
 -- claims this settles completely.
 -- KEYS[1] in-flight ZSET, KEYS[2] meta HASH, KEYS[3] claims HASH,
 -- KEYS[4] pending ZSET K, KEYS[5] body HASH, KEYS[6] delivered ZSET
--- ARGV[1] '1' in id mode, else '0'; ARGV[2] dedup window ms (0: none)
+-- ARGV[1] '1' in id mode, '2' in id mode with intake envelopes (the
+-- record names an id with its content: dedup_name), else '0';
+-- ARGV[2] dedup window ms (0: none)
 -- ARGV[3] number r of record ids, ARGV[4..r+3] record ids, then groups of
 -- {tag, n, m1..mn}: the members one claim (tag) holds; at most a few
 -- thousand members per call.
@@ -13,7 +15,8 @@
 -- Returns the number of members forgotten. A member whose in-flight tag is
 -- not the group's (its lease expired and another claim took it, or this
 -- call already ran once) is not ours to forget and is left alone.
-local id_mode = ARGV[1] == '1'
+local id_mode = ARGV[1] ~= '0'
+local by_content = ARGV[1] == '2'
 local window = tonumber(ARGV[2]) or 0
 local r = tonumber(ARGV[3])
 if r > 0 then
@@ -45,6 +48,12 @@ while i <= #ARGV do
       if has_meta then redis.call('HDEL', KEYS[2], unpack(ours)) end
       total = total + #ours
       if id_mode then
+        local names = ours
+        if now and by_content then
+          local bodies = redis.call('HMGET', KEYS[5], unpack(ours))
+          names = {}
+          for k, m in ipairs(ours) do names[k] = dedup_name(m, bodies[k]) end
+        end
         local again = redis.call('ZMSCORE', KEYS[4], unpack(ours))
         local done = {}
         for k, sc in ipairs(again) do
@@ -54,7 +63,7 @@ while i <= #ARGV do
         if now then
           local rec = {}
           local at = string.format('%.0f', now)
-          for _, m in ipairs(ours) do
+          for _, m in ipairs(names) do
             rec[#rec + 1] = at
             rec[#rec + 1] = m
           end

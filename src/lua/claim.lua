@@ -19,7 +19,9 @@
 -- ARGV[3] milliseconds per score unit (1 or 1000)
 -- ARGV[4] most expired leases to recover in this call
 -- ARGV[5] a random claim tag, 1..1023
--- ARGV[6] '1' in id mode (members are ids, bodies in KEYS[5]), else '0'
+-- ARGV[6] '1' in id mode (members are ids, bodies in KEYS[5]), '2' in id
+--         mode where bodies are intake envelopes (a dedup record names an
+--         id with its content, see dedup_name in prelude.lua), else '0'
 -- ARGV[7] dedup window ms (id mode; 0 for none)
 -- ARGV[8] most bytes of members (and, in id mode, bodies) to claim; at
 --         least one member is claimed however large (0 for no bound)
@@ -44,7 +46,8 @@ local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local unit = tonumber(ARGV[3])
 local tag = tonumber(ARGV[5])
-local id_mode = ARGV[6] == '1'
+local id_mode = ARGV[6] ~= '0'
+local by_content = ARGV[6] == '2'
 local window = tonumber(ARGV[7]) or 0
 local max_bytes = tonumber(ARGV[8]) or 0
 local max_attempts = tonumber(ARGV[9]) or 0
@@ -208,9 +211,14 @@ if limit > 0 then
         members[i], bodies[i] = nil, nil
       end
       if window > 0 and redis.call('EXISTS', KEYS[6]) == 1 then
+        local names = members
+        if by_content then
+          names = {}
+          for i, m in ipairs(members) do names[i] = dedup_name(m, bodies[i]) end
+        end
         for i = 1, #members, CHUNK do
           local j = math.min(#members, i + CHUNK - 1)
-          local v = redis.call('ZMSCORE', KEYS[6], unpack(members, i, j))
+          local v = redis.call('ZMSCORE', KEYS[6], unpack(names, i, j))
           for k = 1, #v do
             if v[k] and tonumber(v[k]) > now - window then drop[i + k - 1] = 'dedup' end
           end

@@ -12,21 +12,37 @@
 -- the replicas a write, so a WAIT that follows it on the same connection
 -- waits for the stored copy too, even where an earlier call stored it over
 -- another connection (a retry after a reconnection).
+-- A call whose write is waited for by replicas (WAIT after it) names a
+-- marker key, written with the messages: when too few replicas answer, the
+-- call is run again, and finding its marker it only refreshes it (a write
+-- for the next WAIT to wait for, which the replicas can hold only after
+-- the first) and stores nothing: a message due meanwhile may have been
+-- delivered and deleted, and storing it again would deliver it again.
+-- Without its marker (a failover to a replica that never had the write,
+-- or the marker expired) the call stores as if for the first time.
 -- KEYS[1] pending ZSET K (score = due, in score units)
 -- KEYS[2] body HASH (task id -> envelope)
 -- KEYS[3] dead ZSET {K}:dead (score = when it died, epoch ms)
 -- KEYS[4] reasons HASH {K}:reasons (task id -> why it died)
+-- KEYS[5] marker STRING {K}:intake:<call token>; absent for a call no
+--         replica wait follows (no marker)
 -- ARGV[1] milliseconds per score unit (1 or 1000)
--- ARGV[2], ARGV[3], ARGV[4], ... three values per message: the id; when it
+-- ARGV[2] the marker's time to live, ms
+-- ARGV[3], ARGV[4], ARGV[5], ... three values per message: the id; when it
 --         is due: '0' (now), '+<ms>' (this long after now), '@<ms>' (at
 --         this epoch ms, now if past), or '!<reason>' (straight to the dead
 --         set, never published); the envelope
 -- Returns {Redis's clock when it stored them (epoch ms), messages absorbed
--- as re-publishes, messages stored under a derived id}. Due times are on
--- that clock, like every claim's "now", and never past 2^53 ms.
+-- as re-publishes, messages stored under a derived id} (0 and 0 when the
+-- marker was found). Due times are on that clock, like every claim's
+-- "now", and never past 2^53 ms.
 local err = wrong_type(KEYS[1]) or wrong_type(KEYS[3])
 if err then return err end
 local now = now_ms()
+local marker, ttl = KEYS[5], ARGV[2]
+if marker and redis.call('PEXPIRE', marker, ttl) == 1 then
+  return {now, 0, 0}
+end
 local unit = tonumber(ARGV[1])
 local LATEST = 9007199254740992
 local CHUNK = 1000
@@ -54,7 +70,7 @@ local function store(id, envelope)
   return derived
 end
 
-for i = 2, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local when = ARGV[i + 1]
   local id = store(ARGV[i], ARGV[i + 2])
   local sign, rest = string.sub(when, 1, 1), string.sub(when, 2)
@@ -77,5 +93,8 @@ end
 for i = 1, #scores, CHUNK * 2 do
   local j = math.min(#scores, i + CHUNK * 2 - 1)
   redis.call('ZADD', KEYS[1], unpack(scores, i, j))
+end
+if marker then
+  redis.call('SET', marker, '1', 'PX', ttl)
 end
 return {now, absorbed, renamed}

@@ -77,3 +77,13 @@ local function forget_occurrences(pending, body, occurrences, name, now)
   end
   return gone
 end
+
+-- The name an id's delivery is recorded under in the dedup record of a
+-- business that stores intake envelopes: the id with 16 hex digits of its
+-- envelope's SHA-1, so that a redelivery of the same message is dropped
+-- while a different message reusing the id is delivered. `body` is nil
+-- (or false, from HMGET) when the id has none.
+local function dedup_name(id, body)
+  if not body then return id end
+  return id .. '#' .. string.sub(redis.sha1hex(body), 1, 16)
+end

@@ -65,6 +65,8 @@ pub static LIST: LazyLock<Script> = lua!("list");
 pub static RATE: LazyLock<Script> = lua!("rate");
 /// Stores intake messages (`intake.lua`).
 pub static INTAKE: LazyLock<Script> = lua!("intake");
+/// Stores messages moved out of the delayed-message plugin (`adopt.lua`).
+pub static ADOPT: LazyLock<Script> = lua!("adopt");
 /// Writes recurring occurrences ahead (`recurring.lua`).
 pub static RECURRING: LazyLock<Script> = lua!("recurring");
 /// Pauses or resumes one recurring schedule (`schedule_pause.lua`).

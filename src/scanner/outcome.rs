@@ -19,7 +19,9 @@ pub(super) fn error_outcome(lane: &Lane, e: &lapin::Error, h: &Holding, batch: &
         // wedging the scanner; the others go back untouched.
         Some(reason) => match max_message_size(&reason) {
             // The error names the limit: blame exactly what exceeds it.
-            Some(max) if h.claimed.body().len() > max => Outcome::Rejected(reason),
+            Some(max) if message::published_body(&lane.business, &h.claimed).len() > max => {
+                Outcome::Rejected(reason)
+            }
             Some(_) => Outcome::Release,
             // Otherwise one member per batch, so a message the broker
             // keeps refusing still runs out of attempts.

@@ -2,6 +2,7 @@
 //! the leases of what it holds, and settles each member in Redis.
 
 use super::*;
+use lapin::message::BasicReturnMessage;
 
 /// Settles claimed members by their confirms, in batches: everything that
 /// has resolved by the time the previous batch is written goes in the next.
@@ -54,6 +55,16 @@ pub(super) async fn settle(
             },
             Some(first) = owed.confirms.next(), if !owed.confirms.is_empty() => {
                 let ready = owed.gather(Some(first));
+                // What the scanner claimed before these resolved: a return
+                // they carry may be of a member it is still publishing.
+                while let Ok(msg) = rx.try_recv() {
+                    let n = match &msg {
+                        ToSettle::Unpublished(seqs) => seqs.len(),
+                        _ => 0,
+                    };
+                    owed.take(&mut batch, msg);
+                    window.add_permits(n);
+                }
                 let done = ready.len();
                 settle_confirms(&lane, &mut owed.held, &mut batch, ready);
                 // The window bounds what the broker owes us; writing the
@@ -288,25 +299,47 @@ pub(super) fn settle_confirms(
         };
         resolved.push((h, outcome));
     }
+    let key = &lane.store.keys().pending;
+    let is_it = |h: &Holding, ret: &BasicReturnMessage| {
+        message::is_return_of(&lane.business, key, &h.claimed, ret)
+    };
+    match_returns(&returns, &mut resolved, held, is_it);
+    for (mut h, outcome) in resolved {
+        let outcome = match (h.returned.take(), outcome) {
+            (_, Outcome::Returned(r)) => Outcome::Returned(r),
+            (Some(r), Outcome::Ack | Outcome::Nack) => Outcome::Returned(r),
+            (_, other) => other,
+        };
+        batch.add(h, outcome);
+    }
+}
+
+/// Marks every member a return can belong to as returned: those resolved
+/// now, and every member still held, published or not, since a member's
+/// return may ride an earlier batch's confirm while the scanner is still
+/// sending its own batch (before the settler knows it was published). A
+/// false match costs a duplicate; a member deleted as delivered is lost.
+fn match_returns(
+    returns: &[BasicReturnMessage],
+    resolved: &mut [(Holding, Outcome)],
+    held: &mut HashMap<u64, Holding>,
+    is_it: impl Fn(&Holding, &BasicReturnMessage) -> bool,
+) {
     for ret in returns {
         let reason = format!(
             "returned as unroutable ({} {})",
             ret.reply_code,
             ret.reply_text.as_str()
         );
-        let key = &lane.store.keys().pending;
-        let is_it = |h: &Holding| message::is_return_of(&lane.business, key, &h.claimed, &ret);
-        // Every member the return can belong to is taken as returned: a
-        // duplicate is acceptable, a member deleted as delivered is lost.
         let mut found = false;
         for (h, outcome) in resolved.iter_mut() {
-            if is_it(h) {
+            if is_it(h, ret) {
                 *outcome = Outcome::Returned(reason.clone());
                 found = true;
             }
         }
         for h in held.values_mut() {
-            if h.published.is_some() && is_it(h) {
+            if is_it(h, ret) {
                 h.returned = Some(reason.clone());
                 found = true;
             }
@@ -317,14 +350,6 @@ pub(super) fn settle_confirms(
                 "a returned message matches no member awaiting a confirm"
             );
         }
-    }
-    for (mut h, outcome) in resolved {
-        let outcome = match (h.returned.take(), outcome) {
-            (_, Outcome::Returned(r)) => Outcome::Returned(r),
-            (Some(r), Outcome::Ack | Outcome::Nack) => Outcome::Returned(r),
-            (_, other) => other,
-        };
-        batch.add(h, outcome);
     }
 }
 
@@ -346,6 +371,47 @@ mod tests {
             reply_code: 312,
             reply_text: "NO_ROUTE".into(),
         }
+    }
+
+    fn holding(body: &[u8], published: Option<u16>) -> Holding {
+        Holding {
+            claimed: Arc::new(Claimed {
+                member: body.to_vec(),
+                due_ms: 0,
+                attempt: 1,
+                body: None,
+            }),
+            claim: Arc::new(ClaimInfo {
+                tag: 1,
+                record: None,
+                now_ms: 0,
+                at: Instant::now(),
+            }),
+            published,
+            returned: None,
+        }
+    }
+
+    /// Member 2's frames went out while its batch was still being sent, so
+    /// the settler had not yet taken it as published when its return rode
+    /// member 1's confirm: it is marked returned all the same, and its own
+    /// ack, coming next, cannot settle it as delivered.
+    #[test]
+    fn a_return_riding_an_earlier_confirm_marks_a_member_not_yet_taken_as_published() {
+        let mut held = HashMap::new();
+        held.insert(2, holding(b"member-2", None));
+        let mut resolved = vec![(holding(b"member-1", Some(7)), Outcome::Ack)];
+        let is_it =
+            |h: &Holding, r: &BasicReturnMessage| h.claimed.body() == r.delivery.data.as_slice();
+        match_returns(&[returned(b"member-2")], &mut resolved, &mut held, is_it);
+        assert!(
+            matches!(resolved[0].1, Outcome::Ack),
+            "member 1 is delivered"
+        );
+        assert!(
+            held[&2].returned.is_some(),
+            "member 2's return was dropped as matching no member"
+        );
     }
 
     /// lapin completed member 1's ack first, and the confirm carrying

@@ -121,4 +121,26 @@ impl Metrics {
             ),
         }
     }
+
+    /// Zero series for an intake business (see
+    /// [`super::Metrics::init_business`]): it is not consuming until its
+    /// consumer says so, and has waited for nothing yet.
+    pub fn init_business(&self, business: &str) {
+        let b = &[business];
+        for c in [
+            &self.received,
+            &self.stored,
+            &self.write_retries,
+            &self.unreplicated,
+            &self.absorbed,
+            &self.id_reused,
+            &self.invalid_delay,
+            &self.redelivered,
+            &self.user_id_dropped,
+        ] {
+            c.with_label_values(b);
+        }
+        self.waiting.with_label_values(b).set(0);
+        self.consuming.with_label_values(b).set(0);
+    }
 }

@@ -88,12 +88,23 @@ impl Inbox {
         while self.len() < n {
             if start.elapsed() > limit {
                 panic!(
-                    "only {} of {n} messages arrived within {limit:?}",
-                    self.len()
+                    "only {} of {n} messages arrived within {limit:?}: {}",
+                    self.len(),
+                    self.first_bodies(20)
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+    /// The first `n` bodies received, as text, for a failure's message.
+    fn first_bodies(&self, n: usize) -> String {
+        let got = self.all();
+        let shown: Vec<String> = got
+            .iter()
+            .take(n)
+            .map(|r| String::from_utf8_lossy(&r.body[..r.body.len().min(40)]).into_owned())
+            .collect();
+        format!("{shown:?}{}", if got.len() > n { " ..." } else { "" })
     }
     /// Waits until no message has arrived for `quiet`.
     pub async fn settle(&self, quiet: Duration) {

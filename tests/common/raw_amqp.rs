@@ -387,3 +387,42 @@ impl RawAmqp {
         }
     }
 }
+
+/// The headers as the intake delivers them, per the migration guide: keys
+/// sorted (bytewise), the last of duplicate keys kept, `L` sent as `l`, a
+/// boolean as 0 or 1; nested tables alike, arrays in order.
+pub fn as_the_intake_delivers(fields: &[Field]) -> Vec<Field> {
+    let mut sorted = std::collections::BTreeMap::new();
+    for f in fields {
+        let (kind, value) = normalized(f.kind, &f.value);
+        sorted.insert(f.key.clone(), (kind, value));
+    }
+    sorted
+        .into_iter()
+        .map(|(key, (kind, value))| Field { key, kind, value })
+        .collect()
+}
+
+pub fn normalized(kind: u8, value: &[u8]) -> (u8, Vec<u8>) {
+    match kind {
+        b'L' => (b'l', value.to_vec()),
+        b't' => (b't', vec![(value[0] != 0) as u8]),
+        b'F' => {
+            let mut t = Table::default();
+            for f in as_the_intake_delivers(&parse_table(&value[4..])) {
+                t = t.field(&f.key, f.kind, &f.value);
+            }
+            (b'F', t.as_value())
+        }
+        b'A' => {
+            let mut a = Vec::new();
+            for (k, v) in parse_array(&value[4..]) {
+                let (k, v) = normalized(k, &v);
+                a.push(k);
+                a.extend_from_slice(&v);
+            }
+            (b'A', long_bytes(&a))
+        }
+        _ => (kind, value.to_vec()),
+    }
+}

@@ -1,6 +1,8 @@
-//! Writing intake messages to Redis: one `intake.lua` call per shard per
-//! batch (more only for very large messages), followed, when the settings
-//! ask for replicas, by `WAIT` (or `WAITAOF`) in the same pipeline.
+//! Writing messages taken in from outside to Redis (id mode): intake
+//! messages, one `intake.lua` call per shard per batch (more only for very
+//! large messages), and what `delayd adopt` moves out of the plugin
+//! (`adopt.lua`), each followed, when the intake's settings ask for
+//! replicas, by `WAIT` (or `WAITAOF`) in the same pipeline.
 //!
 //! `WAIT` counts the replicas that hold the replication offset of the
 //! calling connection's last write, so it must follow the write on the
@@ -9,7 +11,8 @@
 //! would answer at once), and in Cluster mode sends both to the node of
 //! the keys' slot. `WAIT` also blocks its connection until it answers:
 //! an intake that waits has a connection of its own, never the one the
-//! scanners use.
+//! scanners use. A call that too few replicas acknowledged is attempted
+//! again under the same name, and then only waited for (`intake.lua`).
 
 use std::time::Duration;
 
@@ -21,12 +24,28 @@ use crate::config::{Business, ScoreUnit};
 use crate::redis_conn::RedisConn;
 use crate::store::{KeyFamily, StoreError};
 
-use super::delay::Due;
 use crate::config::intake_settings::{ReplicaAck, ReplicaWait};
 
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
 const CALL_BYTES: usize = 8 << 20;
+
+/// The least time a call's marker lives after each attempt.
+const MARKER_TTL: Duration = Duration::from_secs(60);
+
+/// When one message is due.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Due {
+    /// No delay (missing, zero or negative): published at once.
+    Now,
+    /// This many milliseconds after it reaches delayd.
+    After(i64),
+    /// At this wall-clock time, epoch ms (`x-opt-delivery-time`).
+    At(i64),
+    /// The header that decides is there but not a number: published at
+    /// once, and counted. Names the header and the value.
+    Invalid(String),
+}
 
 /// One message, ready to store.
 #[derive(Debug, Clone)]
@@ -119,28 +138,57 @@ impl Writer {
         split(&self.keys, batch)
     }
 
-    /// Runs one call made by [`Writer::calls`].
+    /// Runs one call made by [`Writer::calls`]; `call` names it in every
+    /// attempt, so that an attempt after one the master ran but too few
+    /// replicas acknowledged waits again instead of storing again (see
+    /// `intake.lua`).
     pub async fn write(
         &self,
         shard: usize,
         items: &[usize],
         batch: &[Item],
+        call: u64,
     ) -> Result<Stored, WriteError> {
         let keys = KeyFamily::new(&self.keys[shard]);
+        let waits = self.wait.replicas > 0;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(scripts::INTAKE.get_hash())
-            .arg(4)
+            .arg(if waits { 5 } else { 4 })
             .arg(&keys.pending)
             .arg(&keys.body)
             .arg(&keys.dead)
-            .arg(&keys.reasons)
-            .arg(self.unit.millis());
+            .arg(&keys.reasons);
+        if waits {
+            cmd.arg(crate::keys::helper_key(
+                &keys.pending,
+                &format!("intake:{call:016x}"),
+            ));
+        }
+        cmd.arg(self.unit.millis())
+            .arg(self.marker_ttl().as_millis() as u64);
         for &i in items {
             let item = &batch[i];
             cmd.arg(item.id.as_slice())
                 .arg(item.when())
                 .arg(item.envelope.as_slice());
         }
+        let (at_ms, absorbed, renamed) = self.run(cmd).await?;
+        Ok(Stored {
+            at_ms,
+            absorbed,
+            renamed,
+        })
+    }
+
+    /// The keys this writer stores to, one per shard.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Runs one storing script (an `EVALSHA` whose reply is three
+    /// integers), then waits for replicas as the settings ask: the reply.
+    /// Shared by the intake (`intake.lua`) and adoption (`adopt.lua`).
+    pub async fn run(&self, cmd: Cmd) -> Result<(i64, u64, u64), WriteError> {
         let mut conn = self.conn.clone();
         if self.wait.replicas == 0 {
             // A server without the script (restarted, promoted) says
@@ -152,14 +200,9 @@ impl Writer {
                 },
                 other => other,
             };
-            let (at_ms, absorbed, renamed) = reply.map_err(StoreError::from)?;
-            return Ok(Stored {
-                at_ms,
-                absorbed,
-                renamed,
-            });
+            return Ok(reply.map_err(StoreError::from)?);
         }
-        let (stored, got) = self.write_and_wait(&mut conn, cmd).await?;
+        let (reply, got) = self.write_and_wait(&mut conn, cmd).await?;
         if got < self.wait.replicas {
             return Err(WriteError::Unreplicated {
                 got,
@@ -168,7 +211,7 @@ impl Writer {
                 ack: self.wait.ack,
             });
         }
-        Ok(stored)
+        Ok(reply)
     }
 
     /// The script and the wait in one pipeline (as `EVAL` when the server
@@ -178,18 +221,18 @@ impl Writer {
         &self,
         conn: &mut RedisConn,
         script: Cmd,
-    ) -> Result<(Stored, u32), StoreError> {
+    ) -> Result<((i64, u64, u64), u32), StoreError> {
         let mut replies = self.pipeline(conn, script.clone()).await?;
         if matches!(&replies[0], Value::ServerError(e) if e.code() == "NOSCRIPT") {
             let eval = scripts::eval_for(&script)
-                .ok_or_else(|| StoreError::Reply("intake script not registered".into()))?;
+                .ok_or_else(|| StoreError::Reply("storing script not registered".into()))?;
             replies = self.pipeline(conn, eval).await?;
         }
         let mut replies = replies.into_iter();
         let (Some(stored), Some(waited)) = (replies.next(), replies.next()) else {
             return Err(StoreError::Reply("a pipeline of two answered fewer".into()));
         };
-        let (at_ms, absorbed, renamed) =
+        let reply =
             redis::from_redis_value(stored.extract_error()?).map_err(redis::RedisError::from)?;
         let waited = waited.extract_error()?;
         let got: i64 = match self.wait.ack {
@@ -198,12 +241,14 @@ impl Writer {
             ReplicaAck::Fsynced => redis::from_redis_value::<(i64, i64)>(waited).map(|(_, r)| r),
         }
         .map_err(redis::RedisError::from)?;
-        let stored = Stored {
-            at_ms,
-            absorbed,
-            renamed,
-        };
-        Ok((stored, got.clamp(0, u32::MAX as i64) as u32))
+        Ok((reply, got.clamp(0, u32::MAX as i64) as u32))
+    }
+
+    /// How long a call's marker outlives its last attempt: far longer than
+    /// the pause between two attempts (the backoff, at most 2 s, and one
+    /// replica wait).
+    fn marker_ttl(&self) -> Duration {
+        MARKER_TTL + self.wait.timeout * 2
     }
 
     async fn pipeline(&self, conn: &mut RedisConn, script: Cmd) -> Result<Vec<Value>, StoreError> {
@@ -240,7 +285,7 @@ impl Item {
 fn split(keys: &[String], batch: &[Item]) -> Vec<(usize, Vec<usize>)> {
     let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); keys.len()];
     for (i, item) in batch.iter().enumerate() {
-        let key = crate::tasks::shard_of(keys, &item.id);
+        let key = crate::keys::shard_of(keys, &item.id);
         let shard = keys.iter().position(|k| k == key).unwrap_or(0);
         by_shard[shard].push(i);
     }
@@ -302,7 +347,7 @@ mod tests {
         for (shard, items) in &calls {
             assert!(items.windows(2).all(|w| w[0] < w[1]), "kept in order");
             for &i in items {
-                assert_eq!(crate::tasks::shard_of(&four, &batch[i].id), four[*shard]);
+                assert_eq!(crate::keys::shard_of(&four, &batch[i].id), four[*shard]);
             }
         }
         // 3 MB messages: two per call, and one of 20 MB alone.

@@ -22,19 +22,7 @@ use lapin::types::{AMQPValue, FieldTable};
 /// millisecond is exact in a Redis score (about the year 287,000).
 pub const LATEST_MS: i64 = 1 << 53;
 
-/// When one message is due.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Due {
-    /// No delay (missing, zero or negative): published at once.
-    Now,
-    /// This many milliseconds after it reaches delayd.
-    After(i64),
-    /// At this wall-clock time, epoch ms (`x-opt-delivery-time`).
-    At(i64),
-    /// The header that decides is there but not a number: published at
-    /// once, and counted. Names the header and the value.
-    Invalid(String),
-}
+pub use crate::store::incoming::Due;
 
 /// The header that holds the delay.
 pub const X_DELAY: &str = "x-delay";

@@ -111,6 +111,7 @@ mod tests {
             prefetch: 10,
             batch_size: 10,
             dead_letter_exchange: None,
+            dead_letter_queue: None,
             max_message_size: None,
             x_delay: XDelay::AsPublished,
             user_id,

@@ -1,0 +1,210 @@
+//! The Erlang expressions `delayd adopt` runs on a broker node
+//! (`src/adopt/*.erl`, each with a header naming its placeholders and what
+//! it prints), filled in here. Every value from outside reaches Erlang as
+//! base64 or as a number, so no name or byte can break out of its literal.
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+
+const READ: &str = include_str!("read.erl");
+const LOAD: &str = include_str!("load.erl");
+const MODULE: &str = include_str!("delayd_adopt.erl");
+const COMMIT: &str = include_str!("commit.erl");
+const EXPORT: &str = include_str!("export.erl");
+
+/// The plugin exchange whose messages move: its vhost and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    /// The virtual host.
+    pub vhost: String,
+    /// The exchange's name.
+    pub name: String,
+}
+
+/// How much one chunk reads before the plugin is resumed.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Entries of the exchange.
+    pub entries: usize,
+    /// Message bytes (properties and body) of the exchange.
+    pub bytes: usize,
+    /// Index keys visited, of any exchange (bounds the hold where the
+    /// backlog is mostly other exchanges').
+    pub scan: usize,
+}
+
+/// One chunk: suspends the plugin (when `hold`), prints the exchange's
+/// entries after `cursor`, up to `limits`, and the counts per exchange.
+pub fn read(x: &Exchange, hold: bool, limits: Limits, cursor: Option<&str>) -> String {
+    read_from(x, hold, limits, cursor, "0")
+}
+
+/// [`read`], printing only entries due from `not_before` (an Erlang
+/// expression giving epoch ms).
+fn read_from(
+    x: &Exchange,
+    hold: bool,
+    limits: Limits,
+    cursor: Option<&str>,
+    not_before: &str,
+) -> String {
+    fill(
+        READ,
+        x,
+        &[
+            ("@HOLD@", hold.to_string()),
+            ("@ENTRIES@", limits.entries.to_string()),
+            ("@BYTES@", limits.bytes.to_string()),
+            ("@SCAN@", limits.scan.to_string()),
+            ("@CURSOR@", only_base64(cursor.unwrap_or("")).to_string()),
+            ("@NOT_BEFORE@", not_before.to_string()),
+        ],
+    )
+}
+
+/// Counts per exchange on a node, without holding the plugin or printing
+/// a message (`--dry-run`).
+pub fn survey(x: &Exchange) -> String {
+    read(
+        x,
+        false,
+        Limits {
+            entries: 0,
+            bytes: 0,
+            scan: 0,
+        },
+        None,
+    )
+}
+
+/// Deletes the entries `items` names (`(timestamp, [ref])`, each ref as
+/// `read` printed it), then resumes the plugin when `resume`.
+pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool) -> String {
+    let mut list = String::from("[");
+    for (i, (ts, refs)) in items.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push_str(&format!("{{{ts},["));
+        for (j, r) in refs.iter().enumerate() {
+            if j > 0 {
+                list.push(',');
+            }
+            // Refs are base64 (read.erl printed them): nothing to escape.
+            list.push_str(&format!("<<\"{}\">>", only_base64(r)));
+        }
+        list.push_str("]}");
+    }
+    list.push(']');
+    fill(
+        COMMIT,
+        x,
+        &[("@ITEMS@", list), ("@RESUME@", resume.to_string())],
+    )
+}
+
+/// The two-step form's first step, for an operator to run on the broker
+/// host: writes the exchange's entries on that node to `path` there, in
+/// the lines [`read`] prints, without holding the plugin. Entries due
+/// within `margin_ms` of the export stay with the plugin: the delete step
+/// must run before the first exported entry falls due.
+pub fn export(x: &Exchange, path: &str, margin_ms: u64) -> String {
+    let all = Limits {
+        entries: usize::MAX >> 2,
+        bytes: usize::MAX >> 2,
+        scan: 0,
+    };
+    let not_before = format!("erlang:system_time(millisecond) + {margin_ms}");
+    let read = read_from(x, false, all, None, &not_before);
+    let read = read.trim_end().trim_end_matches('.');
+    fill(
+        EXPORT,
+        x,
+        &[("@PATH@", B64.encode(path)), ("@READ@", read.to_string())],
+    )
+}
+
+/// The template without its header comment, placeholders filled; its
+/// `@LOAD@` compiles and loads `delayd_adopt.erl` on the node, under a name
+/// of its own per source text.
+fn fill(template: &str, x: &Exchange, extra: &[(&str, String)]) -> String {
+    let module = format!(
+        "delayd_adopt_{:016x}",
+        xxhash_rust::xxh3::xxh3_64(MODULE.as_bytes())
+    );
+    let source = MODULE.replace("-module(delayd_adopt).", &format!("-module({module})."));
+    let mut s = code(template)
+        .replace("@LOAD@", &code(LOAD))
+        .replace("@SOURCE@", &B64.encode(source))
+        .replace("@MODULE@", &module)
+        .replace("@VHOST@", &B64.encode(&x.vhost))
+        .replace("@NAME@", &B64.encode(&x.name));
+    for (k, v) in extra {
+        s = s.replace(k, v);
+    }
+    s
+}
+
+/// Erlang text without its `%%` comment lines.
+fn code(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("%%"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// `s` if it is base64 text, else empty (a ref that did not come from
+/// read.erl cannot name an entry).
+fn only_base64(s: &str) -> &str {
+    if s.bytes()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'='))
+    {
+        s
+    } else {
+        ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn x() -> Exchange {
+        Exchange {
+            vhost: "/".into(),
+            name: "orders\">>, halt().".into(),
+        }
+    }
+
+    #[test]
+    fn names_reach_erlang_as_base64_only() {
+        let e = read(
+            &x(),
+            true,
+            Limits {
+                entries: 10,
+                bytes: 100,
+                scan: 0,
+            },
+            None,
+        );
+        assert!(!e.contains("halt()"));
+        assert!(e.contains(&B64.encode("orders\">>, halt().")));
+        assert!(!e.contains('@'), "every placeholder filled");
+        assert!(e.contains("10, 100, 0, <<\"\">>, 0)"), "{e}");
+    }
+
+    #[test]
+    fn commit_lists_each_timestamp_with_its_refs_and_drops_what_is_not_base64() {
+        let items = vec![
+            (5, vec!["QUJD".to_string(), "\">>, halt()".to_string()]),
+            (7, vec![]),
+        ];
+        let e = commit(&x(), &items, true);
+        assert!(
+            e.contains(r#", [{5,[<<"QUJD">>,<<"">>]},{7,[]}], true)"#),
+            "{e}"
+        );
+        assert!(!e.contains('@'));
+    }
+}
