@@ -583,3 +583,41 @@ async fn a_search_over_large_bodies_raises_delayd_s_peak_memory_by_at_most_32_mi
     );
     del_family(&mut r, &b.key).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn looking_up_a_task_with_a_64_mib_body_raises_delayd_s_peak_memory_by_at_most_16_mib() {
+    const BODY: usize = 64 << 20;
+    let b = id_business("hugebody");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = redis().await;
+    let due = redis_now_ms(&mut r).await + 86_400_000;
+    let _: () = redis::pipe()
+        .hset(family(&b.key).body, "huge", vec![b'y'; BODY])
+        .zadd(&b.key, "huge", due)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let before = peak_memory(&c.daemon);
+    let a = api_get(c.port, &format!("/api/v1/businesses/{}/tasks/huge", b.name)).await;
+    let after = peak_memory(&c.daemon);
+    assert_eq!(a.status, 200, "{}", a.text.get(..300).unwrap_or(&a.text));
+    assert_eq!(
+        (
+            a.json["body"]["bytes"].as_u64(),
+            a.json["body"]["truncated"].as_bool(),
+            a.json["body"]["text"].as_str().map(str::len)
+        ),
+        (Some(BODY as u64), Some(true), Some(4096)),
+        "the body is shown cut, with its full size"
+    );
+    let grew = after.saturating_sub(before);
+    assert!(
+        grew <= 16 << 20,
+        "one look-up raised delayd's peak memory by {} MiB ({} to {} MiB) for a body of {} MiB",
+        grew >> 20,
+        before >> 20,
+        after >> 20,
+        BODY >> 20
+    );
+    del_family(&mut r, &b.key).await;
+}
