@@ -67,9 +67,13 @@ pub struct Lookup {
     /// Where it is.
     #[serde(flatten)]
     pub state: TaskState,
-    /// Its body in id mode, while one is stored.
+    /// Its body in id mode, while one is stored: the whole body, or only
+    /// its start when the look-up was given a cut.
     #[serde(skip)]
     pub body: Option<Vec<u8>>,
+    /// The stored body's full size in bytes (0 without one).
+    #[serde(skip)]
+    pub body_size: usize,
 }
 
 /// What a cancel did.
@@ -155,16 +159,23 @@ pub async fn schedule<C: ConnectionLike>(
     Ok(key)
 }
 
-/// Where `member` is, looking in every shard (its hash shard first).
+/// Where `member` is, looking in every shard (its hash shard first). With
+/// `cut`, at most that many bytes of an id-mode body leave Redis (its start,
+/// with its full size), so a look-up costs the caller a bounded amount
+/// however large the body is; without, the whole body.
 pub async fn get<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
     member: &[u8],
+    cut: Option<usize>,
 ) -> Result<Lookup, StoreError> {
     let keys = business.keys();
     let order = search_order(&keys, member);
     for key in &order {
-        let found = get_in(conn, business, key, member).await?;
+        let mut found = get_in(conn, business, key, member).await?;
+        if business.member.is_id() && found.state != TaskState::NotFound {
+            (found.body, found.body_size) = body_of(conn, key, member, cut).await?;
+        }
         if found.state != TaskState::NotFound {
             return Ok(found);
         }
@@ -173,16 +184,44 @@ pub async fn get<C: ConnectionLike>(
         key: order[0].clone(),
         state: TaskState::NotFound,
         body: None,
+        body_size: 0,
     })
 }
 
-type Snapshot = (
-    Option<f64>,
-    Option<f64>,
-    Option<f64>,
-    Option<String>,
-    Option<Vec<u8>>,
-);
+/// The body stored for `id` on `key` (its first `cut` bytes with a cut) and
+/// its full size.
+async fn body_of<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    id: &[u8],
+    cut: Option<usize>,
+) -> Result<(Option<Vec<u8>>, usize), StoreError> {
+    let fam = KeyFamily::new(key);
+    let Some(cut) = cut else {
+        let body: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&fam.body)
+            .arg(id)
+            .query_async(conn)
+            .await?;
+        let size = body.as_ref().map_or(0, Vec::len);
+        return Ok((body, size));
+    };
+    let reply: Vec<redis::Value> = scripts::BODY_HEAD
+        .key(&fam.body)
+        .arg(id)
+        .arg(cut)
+        .invoke_async(conn)
+        .await?;
+    match reply.as_slice() {
+        [size, head] => Ok((
+            Some(crate::store::bytes_of(head)?),
+            crate::store::int_of(Some(size.clone()))?.max(0) as usize,
+        )),
+        _ => Ok((None, 0)),
+    }
+}
+
+type Snapshot = (Option<f64>, Option<f64>, Option<f64>, Option<String>);
 
 async fn get_in<C: ConnectionLike>(
     conn: &mut C,
@@ -198,16 +237,7 @@ async fn get_in<C: ConnectionLike>(
         .zscore(&fam.inflight, member)
         .zscore(&fam.dead, member)
         .hget(&fam.reasons, member);
-    if business.member.is_id() {
-        pipe.hget(&fam.body, member);
-    }
-    let (pending, in_flight, dead, reason, body): Snapshot = if business.member.is_id() {
-        pipe.query_async(conn).await?
-    } else {
-        let (p, i, d, r): (Option<f64>, Option<f64>, Option<f64>, Option<String>) =
-            pipe.query_async(conn).await?;
-        (p, i, d, r, None)
-    };
+    let (pending, in_flight, dead, reason): Snapshot = pipe.query_async(conn).await?;
     let unit = business.score_unit;
     let state = match (in_flight, pending, dead) {
         (Some(lease), p, _) => TaskState::InFlight {
@@ -230,7 +260,8 @@ async fn get_in<C: ConnectionLike>(
     Ok(Lookup {
         key: key.to_string(),
         state,
-        body,
+        body: None,
+        body_size: 0,
     })
 }
 

@@ -250,8 +250,29 @@ impl Metrics {
 
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.render_where(|_| true)
+    }
+
+    /// Like [`Metrics::render`], without the series whose `business`
+    /// label `shown` refuses: a scrape shows only the businesses its
+    /// caller may see.
+    pub fn render_where(&self, shown: impl Fn(&str) -> bool) -> String {
+        let mut families = self.registry.gather();
+        for f in &mut families {
+            let kept: Vec<_> = f
+                .take_metric()
+                .into_iter()
+                .filter(|m| {
+                    m.get_label()
+                        .iter()
+                        .all(|l| l.name() != "business" || shown(l.value()))
+                })
+                .collect();
+            f.set_metric(kept.into());
+        }
+        families.retain(|f| !f.get_metric().is_empty());
         let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let _ = TextEncoder::new().encode(&families, &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
 }

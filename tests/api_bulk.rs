@@ -521,3 +521,103 @@ async fn a_business_token_opens_its_own_business_only_and_never_shows_in_logs() 
         assert!(!shown.contains(own), "the token leaked");
     }
 }
+
+/// The daemon's peak resident memory so far (`VmHWM`), in bytes.
+fn peak_memory(d: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_over_large_bodies_raises_delayd_s_peak_memory_by_at_most_32_mib() {
+    const BODIES: usize = 150;
+    const BODY: usize = 1 << 20;
+    let b = id_business("bigbodies");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = redis().await;
+    let due = redis_now_ms(&mut r).await + 86_400_000;
+    let mut body = vec![b'x'; BODY];
+    body[BODY / 2..BODY / 2 + 6].copy_from_slice(b"needle");
+    for i in 0..BODIES {
+        let _: () = redis::pipe()
+            .hset(family(&b.key).body, format!("big-{i}"), &body)
+            .zadd(&b.key, format!("big-{i}"), due)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let path = format!(
+        "/api/v1/businesses/{}/search?body=needle&limit=1000",
+        b.name
+    );
+    let before = peak_memory(&c.daemon);
+    let a = api_get(c.port, &path).await;
+    let after = peak_memory(&c.daemon);
+    assert_eq!(a.status, 200, "{}", a.text.get(..300).unwrap_or(&a.text));
+    let tasks = a.json["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), BODIES, "{}", a.json["cursor"]);
+    for t in tasks {
+        assert_eq!(
+            (
+                t["body"]["bytes"].as_u64(),
+                t["body"]["truncated"].as_bool()
+            ),
+            (Some(BODY as u64), Some(true)),
+            "each body is shown cut, with its full size"
+        );
+        assert_eq!(t["body"]["text"].as_str().unwrap().len(), 4096);
+    }
+    let grew = after.saturating_sub(before);
+    assert!(
+        grew <= 32 << 20,
+        "one search raised delayd's peak memory by {} MiB ({} to {} MiB) for {BODIES} matching bodies of {} MiB",
+        grew >> 20,
+        before >> 20,
+        after >> 20,
+        BODY >> 20
+    );
+    del_family(&mut r, &b.key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn looking_up_a_task_with_a_64_mib_body_raises_delayd_s_peak_memory_by_at_most_16_mib() {
+    const BODY: usize = 64 << 20;
+    let b = id_business("hugebody");
+    let c = ConsoleDaemon::start(&[&b], None).await;
+    let mut r = redis().await;
+    let due = redis_now_ms(&mut r).await + 86_400_000;
+    let _: () = redis::pipe()
+        .hset(family(&b.key).body, "huge", vec![b'y'; BODY])
+        .zadd(&b.key, "huge", due)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let before = peak_memory(&c.daemon);
+    let a = api_get(c.port, &format!("/api/v1/businesses/{}/tasks/huge", b.name)).await;
+    let after = peak_memory(&c.daemon);
+    assert_eq!(a.status, 200, "{}", a.text.get(..300).unwrap_or(&a.text));
+    assert_eq!(
+        (
+            a.json["body"]["bytes"].as_u64(),
+            a.json["body"]["truncated"].as_bool(),
+            a.json["body"]["text"].as_str().map(str::len)
+        ),
+        (Some(BODY as u64), Some(true), Some(4096)),
+        "the body is shown cut, with its full size"
+    );
+    let grew = after.saturating_sub(before);
+    assert!(
+        grew <= 16 << 20,
+        "one look-up raised delayd's peak memory by {} MiB ({} to {} MiB) for a body of {} MiB",
+        grew >> 20,
+        before >> 20,
+        after >> 20,
+        BODY >> 20
+    );
+    del_family(&mut r, &b.key).await;
+}

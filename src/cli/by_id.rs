@@ -253,7 +253,7 @@ fn read_body(body: Option<String>) -> Result<Vec<u8>, Failure> {
 pub(super) async fn get(a: MemberArgs) -> Result<(), Failure> {
     let (cfg, b) = load(&a.config.config, &a.business)?;
     let (mut conn, now_ms) = connect(&cfg, &b).await?;
-    let found = tasks::get(&mut conn, &b, a.id.as_bytes())
+    let found = tasks::get(&mut conn, &b, a.id.as_bytes(), None)
         .await
         .map_err(redis_err(&b.name))?;
     if a.json {
@@ -389,7 +389,7 @@ pub(super) async fn reschedule(a: RescheduleArgs) -> Result<(), Failure> {
     let state = match moved {
         Some(_) => None,
         None => Some(
-            tasks::get(&mut conn, &b, a.id.as_bytes())
+            tasks::get(&mut conn, &b, a.id.as_bytes(), None)
                 .await
                 .map_err(redis_err(&b.name))?
                 .state,

@@ -72,7 +72,15 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
                 .map_err(redis)?;
             for m in &page.found {
                 let due = m.due_ms.map_or("-".to_string(), |d| d.to_string());
-                println!("{due}\t{}\t{}", escape_bytes(&m.id), escape_bytes(&m.body));
+                // Bodies leave Redis cut to their start, as the API's do.
+                let cut = (m.size > m.head.len())
+                    .then(|| format!("… ({} bytes)", m.size))
+                    .unwrap_or_default();
+                println!(
+                    "{due}\t{}\t{}{cut}",
+                    escape_bytes(&m.id),
+                    escape_bytes(&m.head)
+                );
             }
             page.cursor
         }

@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
 use super::HttpState;
+use crate::config::Business;
 
 /// What a request's token lets it do, named as the audit log names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,32 @@ impl Role {
             _ => None,
         }
     }
+
+    /// Whether this role may see `b`: its name, counts and tasks. `open`
+    /// says whether the route answers callers without a token (the API
+    /// while no read token is set; `/metrics` and `/readyz` always); a
+    /// business with a token of its own is closed to them even so.
+    pub fn sees(&self, b: &Business, open: bool) -> bool {
+        match self {
+            Role::Admin | Role::Reader => true,
+            Role::Business { business, .. } => *business == b.name,
+            Role::Anyone => open && !has_own_tokens(b),
+        }
+    }
+}
+
+/// Whether `b` has a token of its own, which closes it to reads without one.
+fn has_own_tokens(b: &Business) -> bool {
+    b.tokens.read.is_some() || b.tokens.admin.is_some()
+}
+
+/// The role a request's token proves, or [`Role::Anyone`] when it sends
+/// none or one that proves nothing: for answers that serve every caller,
+/// each with only what it may see.
+pub fn caller(state: &HttpState, headers: &HeaderMap) -> Role {
+    bearer(headers)
+        .and_then(|g| role_of(state, g))
+        .unwrap_or(Role::Anyone)
 }
 
 /// The role the request's bearer token proves, if it names one.
@@ -128,7 +155,7 @@ pub fn require_read(
     let closed = state.read_token.is_some()
         || business
             .and_then(|b| state.businesses.iter().find(|x| x.name == b))
-            .is_some_and(|b| b.tokens.read.is_some() || b.tokens.admin.is_some());
+            .is_some_and(has_own_tokens);
     match (closed, given) {
         // Reads are open: a token that proves nothing costs nothing.
         (false, _) => Ok(Role::Anyone),
@@ -206,19 +233,38 @@ fn business_in(path: &str) -> Option<String> {
 
 /// Every `GET` under `/api/v1` is a read: checked here once, so no read
 /// handler can forget it. Writes check [`require_admin`] in their handler,
-/// where a dry run (a count) checks [`require_read`] instead.
+/// where a dry run (a count) checks [`require_read`] instead. A path that
+/// names an unknown business answers 404 here, for every method, naming
+/// only the businesses the caller may see.
 pub async fn reads(
     State(state): State<std::sync::Arc<HttpState>>,
     req: Request,
     next: Next,
 ) -> Response {
+    let business = business_in(req.uri().path());
     if matches!(*req.method(), Method::GET | Method::HEAD) {
-        let business = business_in(req.uri().path());
         if let Err(e) = require_read(&state, req.headers(), business.as_deref()) {
             return e.into_response();
         }
     }
+    if let Some(name) = business.filter(|n| !state.businesses.iter().any(|b| &b.name == n)) {
+        let role = caller(&state, req.headers());
+        return unknown(&name, &state.seen_by(&role, state.read_token.is_none())).into_response();
+    }
     next.run(req).await
+}
+
+/// An unknown business (404), naming only `known`, what the caller may see.
+fn unknown(name: &str, known: &[&Business]) -> ApiError {
+    let names: Vec<&str> = known.iter().map(|b| b.name.as_str()).collect();
+    ApiError::not_found(if names.is_empty() {
+        format!("unknown business \"{name}\"; with a token, GET /api/v1/businesses lists the businesses it may read")
+    } else {
+        format!(
+            "unknown business \"{name}\": the businesses this request may read are {}",
+            names.join(", ")
+        )
+    })
 }
 
 /// Compares in time that depends on the expected token's length only, not

@@ -87,6 +87,15 @@ impl HttpState {
     fn stores(&self) -> &[(String, Store)] {
         self.stores.get().map(|v| v.as_slice()).unwrap_or(&[])
     }
+
+    /// The businesses `role` may see; `open`: whether the route answers
+    /// callers without a token (see [`auth::Role::sees`]).
+    fn seen_by(&self, role: &auth::Role, open: bool) -> Vec<&Business> {
+        self.businesses
+            .iter()
+            .filter(|b| role.sees(b, open))
+            .collect()
+    }
 }
 
 /// Serves the probes, the console and the API until the process exits.

@@ -7,12 +7,17 @@ use std::time::Duration;
 use super::HttpState;
 use crate::telemetry::{Health, METRICS};
 
+/// Ready when both servers are reached and no business's publishing is
+/// paused; the reasons name only the businesses the caller may see (a
+/// business with a token of its own needs that token or a global one).
 pub(super) async fn ready(
     axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+    headers: axum::http::HeaderMap,
 ) -> (axum::http::StatusCode, String) {
     let redis = state.redis.is_up();
     let amqp = state.amqp.is_up();
     let paused = crate::telemetry::paused();
+    let seen = state.seen_by(&super::auth::caller(&state, &headers), true);
     let code = if redis && amqp && paused.is_empty() {
         axum::http::StatusCode::OK
     } else {
@@ -23,9 +28,19 @@ pub(super) async fn ready(
         up_word(&state.redis),
         up_word(&state.amqp)
     );
+    let mut unseen = 0;
     for (business, reason) in paused {
+        if !seen.iter().any(|b| b.name == business) {
+            unseen += 1;
+            continue;
+        }
         body.push_str(&format!(
             "business {business}: publishing paused, members stay pending ({reason})\n"
+        ));
+    }
+    if unseen > 0 {
+        body.push_str(&format!(
+            "{unseen} business(es) this request may not read: publishing paused (send a token that reads them to see which)\n"
         ));
     }
     (code, body)
@@ -41,10 +56,18 @@ pub(super) fn up_word(health: &Health) -> String {
 }
 
 /// Gauges are read from Redis at scrape time, so an idle delayd that nobody
-/// scrapes sends Redis nothing for them.
+/// scrapes sends Redis nothing for them. A scrape shows only the
+/// businesses its caller may see: one without a token sees those without
+/// a token of their own.
 pub(super) async fn metrics(
     axum::extract::State(state): axum::extract::State<Arc<HttpState>>,
+    headers: axum::http::HeaderMap,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let seen: Vec<String> = state
+        .seen_by(&super::auth::caller(&state, &headers), true)
+        .iter()
+        .map(|b| b.name.clone())
+        .collect();
     {
         let _guard = state.scrape.lock().await;
         let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
@@ -100,6 +123,6 @@ pub(super) async fn metrics(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        METRICS.render(),
+        METRICS.render_where(|b| seen.iter().any(|s| s == b)),
     )
 }

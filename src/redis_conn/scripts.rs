@@ -57,6 +57,8 @@ pub static HISTOGRAM: LazyLock<Script> = lua!("histogram");
 pub static CANCEL: LazyLock<Script> = lua!("cancel");
 /// Cancels a batch of pending tasks by name (`bulk_cancel.lua`).
 pub static BULK_CANCEL: LazyLock<Script> = lua!("bulk_cancel");
+/// The start of one body and its size (`body_head.lua`).
+pub static BODY_HEAD: LazyLock<Script> = lua!("body_head");
 /// Ids whose body contains a text, one `HSCAN` step (`body_search.lua`).
 pub static BODY_SEARCH: LazyLock<Script> = lua!("body_search");
 /// One page of pending tasks after a cursor (`list.lua`).

@@ -140,13 +140,23 @@ pub async fn by_prefix<C: ConnectionLike>(
 /// Longest one page of a body search keeps starting `HSCAN` steps.
 pub const BODY_PAGE_TIME: Duration = Duration::from_millis(500);
 
+/// Most bytes of each matching body a body search brings out of Redis:
+/// the 4 KiB an answer shows, and as much again for an intake message's
+/// routing key and properties, which come before its body. A page thus
+/// holds at most (`limit` + [`SCAN_COUNT`]) × (this + the id) bytes,
+/// however large the bodies are.
+pub const BODY_HEAD: usize = 8192;
+
 /// One id whose body contains the text searched for.
 #[derive(Debug, Clone)]
 pub struct BodyMatch {
     /// The task id.
     pub id: Vec<u8>,
-    /// Its stored body (an intake message's envelope in intake mode).
-    pub body: Vec<u8>,
+    /// The start of its stored body (an intake message's envelope in
+    /// intake mode), at most [`BODY_HEAD`] bytes.
+    pub head: Vec<u8>,
+    /// The stored body's full size in bytes.
+    pub size: usize,
     /// Its due time while it is pending; `None` in flight or dead.
     pub due_ms: Option<i64>,
 }
@@ -164,7 +174,8 @@ pub struct BodyPage {
 /// Up to about `limit` ids (id mode) whose body contains `text`, from where
 /// `cursor` left off (the same `SHARD:CURSOR` form as [`by_prefix`]'s),
 /// making at most [`CALLS_PER_PAGE`] `HSCAN` steps of [`SCAN_COUNT`] and
-/// starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis.
+/// starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis, each
+/// body cut to [`BODY_HEAD`] bytes there.
 pub async fn by_body<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
@@ -183,21 +194,26 @@ pub async fn by_body<C: ConnectionLike>(
             .arg(at)
             .arg(SCAN_COUNT)
             .arg(text)
+            .arg(BODY_HEAD)
             .invoke_async(conn)
             .await?;
         let next = crate::store::int_of(reply.first().cloned())?;
-        let mut pairs = Vec::new();
-        for kv in reply.get(1..).unwrap_or_default().chunks(2) {
-            if let [k, v] = kv {
-                pairs.push((crate::store::bytes_of(k)?, crate::store::bytes_of(v)?));
+        let mut matches = Vec::new();
+        for m in reply.get(1..).unwrap_or_default().chunks(3) {
+            if let [id, size, head] = m {
+                matches.push(BodyMatch {
+                    id: crate::store::bytes_of(id)?,
+                    head: crate::store::bytes_of(head)?,
+                    size: crate::store::int_of(Some(size.clone()))?.max(0) as usize,
+                    due_ms: None,
+                });
             }
         }
-        let due = due_of(conn, &keys[shard], &pairs).await?;
-        found.extend(pairs.into_iter().zip(due).map(|((id, body), s)| BodyMatch {
-            id,
-            body,
-            due_ms: s.map(|s| to_ms(s, business.score_unit)),
-        }));
+        let due = due_of(conn, &keys[shard], &matches).await?;
+        for (mut m, s) in matches.into_iter().zip(due) {
+            m.due_ms = s.map(|s| to_ms(s, business.score_unit));
+            found.push(m);
+        }
         at = next.max(0) as u64;
         if at == 0 {
             shard += 1;
@@ -222,14 +238,14 @@ pub async fn by_body<C: ConnectionLike>(
 async fn due_of<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
-    pairs: &[(Vec<u8>, Vec<u8>)],
+    matches: &[BodyMatch],
 ) -> Result<Vec<Option<f64>>, StoreError> {
-    if pairs.is_empty() {
+    if matches.is_empty() {
         return Ok(Vec::new());
     }
     let mut pipe = redis::pipe();
-    for (id, _) in pairs {
-        pipe.zscore(key, id);
+    for m in matches {
+        pipe.zscore(key, &m.id);
     }
     Ok(pipe.query_async(conn).await?)
 }

@@ -7,7 +7,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{bounded, ApiError, Shared};
-use crate::http::auth::require_read;
+use crate::http::auth::{require_read, Role};
 use crate::tasks::audit;
 
 /// Query of `GET /audit`.
@@ -51,10 +51,12 @@ pub async fn list(
         .then(|| entries.last().map(|e| e.id.clone()))
         .flatten();
     let mut entries = entries;
-    if let Some(own) = role.only() {
-        // A business's token sees its own business's writes only; the
-        // cursor still walks the whole log, so a page may hold fewer.
-        entries.retain(|e| e.business == own);
+    if !matches!(role, Role::Admin | Role::Reader) {
+        // A business's token sees its own business's writes only, no token
+        // those of businesses without a token of their own; the cursor
+        // still walks the whole log, so a page may hold fewer.
+        let seen = state.seen_by(&role, state.read_token.is_none());
+        entries.retain(|e| seen.iter().any(|b| b.name == e.business));
     }
     Ok(Json(
         json!({ "entries": entries, "cursor": cursor, "kept": audit::KEEP }),

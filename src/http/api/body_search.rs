@@ -46,11 +46,7 @@ pub async fn page(
         .found
         .iter()
         .map(|m| {
-            let body = b
-                .intake
-                .as_ref()
-                .and_then(|_| crate::message::envelope::decode(&m.body))
-                .map_or_else(|| Shown::of(&m.body), |e| Shown::of(e.body));
+            let body = shown_body(b, &m.head, m.size);
             json!({
                 "id": Shown::of(&m.id), "handle": handle(&m.id),
                 "body": body, "due_ms": m.due_ms,
@@ -61,4 +57,18 @@ pub async fn page(
         "business": b.name, "member": "id", "body": text, "tasks": rows,
         "cursor": page.cursor, "partial": page.cursor.is_some(),
     })))
+}
+
+/// A matching body as shown, from its start and full size: an intake
+/// message's own body when the start holds its whole envelope (routing key
+/// and properties), else the stored bytes.
+fn shown_body(b: &Business, head: &[u8], size: usize) -> Shown {
+    let envelope = b
+        .intake
+        .as_ref()
+        .and_then(|_| crate::message::envelope::decode(head));
+    match envelope {
+        Some(e) => Shown::of_start(e.body, size - (head.len() - e.body.len())),
+        None => Shown::of_start(head, size),
+    }
 }

@@ -86,18 +86,14 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
 }
 
 impl HttpState {
-    /// The business called `name`, or a 404 naming the known ones.
+    /// The business called `name`, or a 404. The routes' guard
+    /// ([`super::auth::reads`]) answers an unknown business first, naming
+    /// what the caller may read; this 404 names none.
     fn business(&self, name: &str) -> Result<&Business, ApiError> {
         self.businesses
             .iter()
             .find(|b| b.name == name)
-            .ok_or_else(|| {
-                let known: Vec<&str> = self.businesses.iter().map(|b| b.name.as_str()).collect();
-                ApiError::not_found(format!(
-                    "unknown business \"{name}\": known businesses are {}",
-                    known.join(", ")
-                ))
-            })
+            .ok_or_else(|| ApiError::not_found(format!("unknown business \"{name}\"")))
     }
 
     /// The Redis connection, or a 503 while Redis is not reached yet.
@@ -179,6 +175,11 @@ pub struct Shown {
 impl Shown {
     /// `b` for an answer.
     pub fn of(b: &[u8]) -> Self {
+        Self::of_start(b, b.len())
+    }
+
+    /// Bytes of which only the start `b` left Redis, `size` in all.
+    pub fn of_start(b: &[u8], size: usize) -> Self {
         let mut end = b.len().min(SHOWN_BYTES);
         // Cut on a character boundary when the bytes are UTF-8.
         if let Err(e) = std::str::from_utf8(&b[..end]) {
@@ -188,8 +189,8 @@ impl Shown {
         }
         Self {
             text: crate::text::text(&b[..end]),
-            bytes: b.len(),
-            truncated: end < b.len(),
+            bytes: size.max(b.len()),
+            truncated: end < size.max(b.len()),
         }
     }
 }

@@ -88,9 +88,11 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
         None => role == Role::Admin,
     }
     .into();
-    if let (Some(own), Some(rows)) = (role.only(), v["businesses"].as_array_mut()) {
-        // A business's token sees its own business only.
-        rows.retain(|r| r["name"] == own);
+    // Each caller sees only the businesses it may read: a business's token
+    // its own, no token those without a token of their own.
+    let seen = state.seen_by(&role, state.read_token.is_none());
+    if let Some(rows) = v["businesses"].as_array_mut() {
+        rows.retain(|r| seen.iter().any(|b| r["name"] == b.name.as_str()));
     }
     v["reads_need_token"] = state.read_token.is_some().into();
     Ok(Json(v))

@@ -172,18 +172,26 @@ pub async fn get(
     id_mode(b)?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
-    let found = bounded(&b.name, tasks::get(&mut conn, b, id.as_bytes())).await?;
+    let found = bounded(
+        &b.name,
+        tasks::get(&mut conn, b, id.as_bytes(), Some(tasks::search::BODY_HEAD)),
+    )
+    .await?;
     let mut v = serde_json::to_value(&found).unwrap_or_default();
     v["business"] = b.name.clone().into();
     v["id"] = id.clone().into();
     v["now_ms"] = now_ms.into();
-    if let Some(body) = &found.body {
-        match crate::message::stored(b, body) {
+    if let Some(head) = &found.body {
+        let size = found.body_size;
+        match crate::message::stored(b, head) {
             Some(e) => {
-                v["body"] = serde_json::to_value(Shown::of(e.body)).unwrap_or_default();
+                let own = size - (head.len() - e.body.len());
+                v["body"] = serde_json::to_value(Shown::of_start(e.body, own)).unwrap_or_default();
                 v["message"] = crate::message::envelope::describe(&e);
             }
-            None => v["body"] = serde_json::to_value(Shown::of(body)).unwrap_or_default(),
+            None => {
+                v["body"] = serde_json::to_value(Shown::of_start(head, size)).unwrap_or_default()
+            }
         }
     }
     if found.state == TaskState::NotFound {
@@ -420,7 +428,7 @@ async fn moved(
         }))
         .into_response());
     }
-    let state_now = bounded(&b.name, tasks::get(&mut conn, b, id.as_bytes()))
+    let state_now = bounded(&b.name, tasks::get(&mut conn, b, id.as_bytes(), Some(0)))
         .await?
         .state;
     let what = format!("id \"{id}\" of business \"{}\"", b.name);
