@@ -493,11 +493,20 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
         .await
         .is_err()
     {
+        let f = family(&b.key);
+        let pending: Vec<(String, f64)> =
+            query(&mut conn, "ZRANGE", (&f.pending, 0, -1, "WITHSCORES")).await;
+        let inflight: Vec<(String, f64)> =
+            query(&mut conn, "ZRANGE", (&f.inflight, 0, -1, "WITHSCORES")).await;
+        let adopted: Vec<String> = query(&mut conn, "HVALS", &f.adopted).await;
+        let dead: Vec<String> = query(&mut conn, "ZRANGE", (&f.dead, 0, -1)).await;
         panic!(
-            "delayd delivered {:?} and the plugin {:?} of {} within 60 s",
+            "delayd delivered {:?} and the plugin {:?} of {} within 60 s; at {}: pending {pending:?}, in flight {inflight:?}, dead {dead:?}, adopted {adopted:?}; delayd's log:\n{}",
             names(&inbox),
             names(&plugin_inbox),
-            sent.len() + 1
+            sent.len() + 1,
+            wall_ms(),
+            _d.logs()
         );
     }
     inbox.settle(Duration::from_secs(2)).await;
