@@ -178,6 +178,32 @@ impl KeyFamily {
         helper_base(&self.pending)
     }
 
+    /// A business with tenants: the index of tenants by the due time of
+    /// their earliest member (score as in `K`), so a claim finds the tenants
+    /// with due work in O(log tenants).
+    pub fn tenant_index(&self) -> String {
+        format!("{}:tenants", self.base())
+    }
+
+    /// A business with tenants: each backlogged tenant's virtual time, the
+    /// fairness state every instance shares.
+    pub fn tenant_clock(&self) -> String {
+        format!("{}:tenants:vtime", self.base())
+    }
+
+    /// What a tenant's sorted set is named: this prefix, then the tenant.
+    pub fn tenant_prefix(&self) -> String {
+        format!("{}:tenant:", self.base())
+    }
+
+    /// The sorted set of `tenant`'s pending members (score = due), in `K`'s
+    /// cluster slot.
+    pub fn tenant_set(&self, tenant: &[u8]) -> Vec<u8> {
+        let mut k = self.tenant_prefix().into_bytes();
+        k.extend_from_slice(tenant);
+        k
+    }
+
     /// Every key of the family, for clean-up in tests and benchmarks.
     pub fn all(&self) -> Vec<&str> {
         vec![
@@ -226,6 +252,21 @@ mod tests {
         assert!(!has_hash_tag("a{}b"));
         assert!(has_hash_tag("a{b}c"));
         assert!(!has_hash_tag("a}b{c"));
+    }
+
+    #[test]
+    fn tenant_keys_share_the_slot_of_k() {
+        for key in ["delay:jobs", "delay:jobs:{s0.3}"] {
+            let f = KeyFamily::new(key);
+            let set = String::from_utf8(f.tenant_set(b"acme")).unwrap();
+            for k in [f.tenant_index(), f.tenant_clock(), set] {
+                assert_eq!(slot(&k), slot(key), "{k}");
+            }
+        }
+        assert_eq!(
+            KeyFamily::new("delay:jobs").tenant_set(b"acme"),
+            b"{delay:jobs}:tenant:acme"
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@
 //!      each delivered once;
 //!    - [`adopt`]: moves what the delayed-message plugin holds into an
 //!      intake business, crash-safe, chunk by chunk;
+//!    - [`tenants`]: fair release among the tenants of a business;
 //! 6. the faces: [`http`] (`/metrics`, `/healthz`, `/readyz`, the console
 //!    and its JSON API) and [`bench`] (`delayd bench`, measured against the
 //!    raw broker ceiling);
@@ -62,6 +63,7 @@ pub mod store;
 pub mod supervisor;
 pub mod tasks;
 pub mod telemetry;
+pub mod tenants;
 pub mod text;
 pub mod tls;
 pub mod unread;

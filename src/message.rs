@@ -20,7 +20,7 @@ use crate::store::Claimed;
 /// The version of docs/wire-format.md this build reads: the keys, members,
 /// scores and envelopes producers may write. A later version only adds
 /// forms; every form an earlier version documented is still read.
-pub const WIRE_FORMAT: u32 = 1;
+pub const WIRE_FORMAT: u32 = 2;
 
 /// What to publish for one claimed member: the stored envelope of an intake
 /// message, as its producer published it; otherwise the member's body with

@@ -71,9 +71,11 @@ mod dead;
 mod forecast;
 pub mod incoming;
 mod pause;
+mod tenants;
 mod totals;
 pub use bulk::{Scored, Set};
 pub use forecast::DueCounts;
+pub use tenants::{TenantDue, TenantTake};
 pub use totals::Totals;
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call

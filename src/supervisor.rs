@@ -340,6 +340,7 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
                 redis: redis_health.clone(),
                 lead_claims: std::sync::atomic::AtomicU64::new(0),
                 pause: Default::default(),
+                fair: b.tenants.clone().map(crate::tenants::Fair::new),
             }));
         }
     }
@@ -697,9 +698,16 @@ async fn subscribe_lanes(
     };
     let mut channels = Channels::new();
     for l in lanes {
-        let ch = format!("__keyspace@{db}__:{}", l.store.keys().pending);
-        pubsub.subscribe(&ch).await.ok()?;
-        channels.insert(ch.into_bytes(), l.clone());
+        let mut keys = vec![l.store.keys().pending.clone()];
+        if l.fair.is_some() {
+            // Producers of a business with tenants write the index too.
+            keys.push(l.store.keys().tenant_index());
+        }
+        for key in keys {
+            let ch = format!("__keyspace@{db}__:{key}");
+            pubsub.subscribe(&ch).await.ok()?;
+            channels.insert(ch.into_bytes(), l.clone());
+        }
     }
     Some((pubsub, channels))
 }

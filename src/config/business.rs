@@ -71,6 +71,27 @@ pub struct Business {
     pub intake: Option<intake_settings::Settings>,
     /// Recurring schedules whose occurrences delayd writes ahead.
     pub recurring: Vec<Schedule>,
+    /// Fair release among the tenants producers name (docs/tenants.md),
+    /// when `tenants = true`.
+    pub tenants: Option<Tenants>,
+}
+
+/// A business with tenants: each task waits in its tenant's sorted set, and
+/// due members leave weighted-fair among the tenants that have some.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tenants {
+    /// Weights of the named tenants; every other tenant weighs 1.
+    pub weights: std::collections::BTreeMap<String, u32>,
+}
+
+impl Tenants {
+    /// The share weight of `tenant`: set in the config, else 1.
+    pub fn weight(&self, tenant: &[u8]) -> u32 {
+        std::str::from_utf8(tenant)
+            .ok()
+            .and_then(|t| self.weights.get(t).copied())
+            .unwrap_or(1)
+    }
 }
 
 impl Business {
@@ -247,6 +268,7 @@ pub(super) fn validate_business(
         problems,
     );
     let tokens = business_tokens(name, &mut rb, problems);
+    let tenants = tenants(name, &mut rb, problems);
     if problems.len() > before {
         return None;
     }
@@ -280,7 +302,32 @@ pub(super) fn validate_business(
         intake: intake.flatten(),
         recurring,
         tokens,
+        tenants,
     })
+}
+
+/// `tenants = true` and its `[businesses.NAME.tenant_weights]`: weights
+/// from 1 to 1000, and only on a business with tenants.
+fn tenants(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Option<Tenants> {
+    let raw = rb.tenant_weights.take().unwrap_or_default();
+    if rb.tenants != Some(true) {
+        if !raw.is_empty() {
+            problems.push(format!("business \"{name}\", section \"tenant_weights\" needs tenants = true; add it or remove the weights"));
+        }
+        return None;
+    }
+    let mut weights = std::collections::BTreeMap::new();
+    for (tenant, w) in raw {
+        match u32::try_from(w) {
+            Ok(w @ 1..=1000) => {
+                weights.insert(tenant, w);
+            }
+            _ => problems.push(format!(
+                "business \"{name}\", tenant_weights.\"{tenant}\" must be from 1 to 1000 (got {w})"
+            )),
+        }
+    }
+    Some(Tenants { weights })
 }
 
 /// Console tokens for one business: its `read_token` reads its routes, its

@@ -82,6 +82,8 @@ pub(super) struct RawBusiness {
     pub(super) read_token_file: Option<std::path::PathBuf>,
     pub(super) admin_token: Option<crate::secret::Secret>,
     pub(super) admin_token_file: Option<std::path::PathBuf>,
+    pub(super) tenants: Option<bool>,
+    pub(super) tenant_weights: Option<std::collections::BTreeMap<String, i64>>,
 }
 
 /// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).

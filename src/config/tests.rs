@@ -916,3 +916,28 @@ fn control_characters_in_a_refused_value_are_shown_escaped() {
     );
     assert!(!e.chars().any(char::is_control), "{e:?}");
 }
+
+#[test]
+fn tenants_are_off_unless_set_and_weights_default_to_one() {
+    let c = load_str(&business("")).unwrap();
+    assert!(c.businesses[0].tenants.is_none());
+    let c = load_str(&business(
+        "tenants = true\n[businesses.billing.tenant_weights]\nacme = 3",
+    ))
+    .unwrap();
+    let t = c.businesses[0].tenants.as_ref().unwrap();
+    assert_eq!(t.weight(b"acme"), 3);
+    assert_eq!(t.weight(b"other"), 1);
+}
+
+#[test]
+fn tenant_weights_need_tenants_and_a_weight_from_1_to_1000() {
+    refused(
+        &business("[businesses.billing.tenant_weights]\nacme = 3"),
+        &["section \"tenant_weights\" needs tenants = true"],
+    );
+    refused(
+        &business("tenants = true\n[businesses.billing.tenant_weights]\nacme = 0"),
+        &["tenant_weights.\"acme\" must be from 1 to 1000 (got 0)"],
+    );
+}

@@ -33,6 +33,19 @@ macro_rules! lua {
 
 /// Recovers expired leases, then claims due members (`claim.lua`).
 pub static CLAIM: LazyLock<Script> = lua!("claim");
+/// Claims for a business with tenants (`claim_tenants.lua`): moves the
+/// chosen tenants' due members into `K`, runs `claim.lua` itself on `K`,
+/// and reports the tenants with due work. A business without tenants never
+/// loads it.
+pub static CLAIM_TENANTS: LazyLock<Script> = LazyLock::new(|| {
+    script(concat!(
+        include_str!("../lua/prelude.lua"),
+        include_str!("../lua/claim_tenants.lua"),
+        "local function claim()\n",
+        include_str!("../lua/claim.lua"),
+        "\nend\nreturn fair_claim(claim)\n"
+    ))
+});
 /// Forgets members the broker confirmed (`ack.lua`).
 pub static ACK: LazyLock<Script> = lua!("ack");
 /// Hands members back to pending, or to the dead set (`retry.lua`).

@@ -232,7 +232,11 @@ impl<'a> Scanner<'a> {
         granted: Option<usize>,
     ) -> Step<(i64, Vec<(u64, Arc<Claimed>)>)> {
         let (lane, b) = (self.lane, &self.lane.business);
-        let claim = match lane.store.claim(want, b.lease).await {
+        let claim = match &lane.fair {
+            None => lane.store.claim(want, b.lease).await,
+            Some(fair) => fair.claim(&lane.store, want, b.lease).await,
+        };
+        let claim = match claim {
             Ok(c) => c,
             Err(e) => {
                 self.window.add_permits(want);
@@ -572,6 +576,20 @@ pub(super) async fn idle(
     }
 }
 
+/// The earliest pending member's due time: `K`'s head, and with tenants the
+/// earlier of it and the tenants' index head.
+async fn head_due_ms(lane: &Lane) -> Result<Option<i64>, crate::store::StoreError> {
+    let head = lane.store.head_due_ms().await?;
+    if lane.fair.is_none() {
+        return Ok(head);
+    }
+    let tenants = lane.store.tenants_head_due_ms().await?;
+    Ok(match (head, tenants) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
+}
+
 /// The shortest time between two looks a wake-up hint can cause: a lane
 /// looks at most 200 times a second however fast producers write, and a
 /// member written already due still goes out within a few milliseconds.
@@ -608,7 +626,7 @@ pub(super) async fn lead_idle(
         }
         last_look = Some(tokio::time::Instant::now());
         // Any doubt (an error, a reply that cannot be placed) is a claim.
-        let Ok(head) = lane.store.head_due_ms().await else {
+        let Ok(head) = head_due_ms(lane).await else {
             return;
         };
         let Some(head) = head else {

@@ -60,6 +60,9 @@ pub struct Lane {
     pub lead_claims: AtomicU64,
     /// Set while the exchange is missing or forbidden.
     pub pause: Pause,
+    /// A business with tenants: claims share the due members fairly among
+    /// them. `None` claims exactly as a business without tenants always has.
+    pub fair: Option<crate::tenants::Fair>,
 }
 
 impl Lane {

@@ -1,0 +1,106 @@
+-- claim_tenants.lua: the claim of a business with tenants. Moves the due
+-- members delayd's fair share chose (src/tenants/share.rs) from their
+-- tenants' sorted sets into K, then runs claim.lua unchanged on K, then
+-- reports which tenants have due work for the next choice, atomically.
+-- src/redis_conn/scripts.rs builds it as prelude.lua, this file, claim.lua
+-- as the body of `local function claim()`, and `return fair_claim(claim)`.
+-- KEYS[1..9] as claim.lua (K, in-flight, meta, claims, body, delivered,
+--          dead, dead-reason, paused)
+-- KEYS[10] tenant index ZSET (tenant -> due score of its earliest member)
+-- KEYS[11] virtual time HASH (tenant -> virtual time, while backlogged)
+-- KEYS[12..] the sets of the tenants named in ARGV[13..], in that order
+-- ARGV[1..9] as claim.lua
+-- ARGV[10] the prefix of tenant set names ("{K}:tenant:"): the tenants
+--          reported are read under it (same cluster slot as K)
+-- ARGV[11] most tenants with due work to report
+-- ARGV[12] virtual time floor: a tenant without a virtual time, or with
+--          one below it, starts from it (no credit is banked while idle)
+-- ARGV[13..] triples: tenant, most members to move, weight (>= 1)
+-- Returns claim.lua's reply with one array appended: {tenant1, due1,
+-- vtime1 or '', tenant2, ...} for the first ARGV[11] tenants in the index
+-- whose earliest member is due, each with its count of due members. Its
+-- next due time (out[2]) is the earlier of K's and the index's heads.
+-- Members move at most until K holds ARGV[1] due members, never early, in
+-- due order within a tenant; a moved member keeps its score, so claim.lua
+-- leases it exactly as a member written to K. Index entries of tenants left
+-- with no member (claimed, cancelled) are removed, others set to their head.
+
+local function fair_claim(claim)
+  for _, key in ipairs({KEYS[1], KEYS[10]}) do
+    local err = wrong_type(key)
+    if err then return err end
+  end
+  local now = now_ms()
+  local unit = tonumber(ARGV[3])
+  local top = score_of(now, unit)
+  local floor = tonumber(ARGV[12]) or 0
+
+  -- The index names a tenant by its earliest member, or not at all.
+  local function repair(set, tenant)
+    local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+    if #head == 0 then
+      redis.call('ZREM', KEYS[10], tenant)
+      redis.call('HDEL', KEYS[11], tenant)
+    else
+      redis.call('ZADD', KEYS[10], head[2], tenant)
+    end
+  end
+
+  if redis.call('EXISTS', KEYS[9]) == 0 then
+    local room = tonumber(ARGV[1]) - redis.call('ZCOUNT', KEYS[1], '-inf', top)
+    for i = 13, #ARGV, 3 do
+      if room <= 0 then break end
+      local set, tenant = KEYS[12 + (i - 13) / 3], ARGV[i]
+      local err = wrong_type(set)
+      if err then return err end
+      local want = math.min(tonumber(ARGV[i + 1]), room)
+      local items = redis.call('ZRANGEBYSCORE', set, '-inf', top, 'WITHSCORES', 'LIMIT', 0, want)
+      local n = #items / 2
+      if n > 0 then
+        local adds = {}
+        for j = 1, #items, 2 do
+          adds[#adds + 1] = items[j + 1]
+          adds[#adds + 1] = items[j]
+        end
+        for j = 1, #adds, 2000 do
+          redis.call('ZADD', KEYS[1], unpack(adds, j, math.min(#adds, j + 1999)))
+        end
+        -- The moved members are exactly ranks 0..n-1 of the tenant's set.
+        redis.call('ZREMRANGEBYRANK', set, 0, n - 1)
+        local v = tonumber(redis.call('HGET', KEYS[11], tenant)) or floor
+        if v < floor then v = floor end
+        redis.call('HSET', KEYS[11], tenant, string.format('%.17g', v + n / tonumber(ARGV[i + 2])))
+        room = room - n
+      end
+      repair(set, tenant)
+    end
+  end
+
+  local out = claim()
+  if out.err then return out end
+
+  local state = {}
+  local tenants = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0, tonumber(ARGV[11]))
+  for _, tenant in ipairs(tenants) do
+    local set = ARGV[10] .. tenant
+    local due = redis.call('ZCOUNT', set, '-inf', top)
+    if due == 0 then
+      -- Stale: its members were cancelled or rescheduled later.
+      repair(set, tenant)
+    else
+      state[#state + 1] = tenant
+      state[#state + 1] = due
+      state[#state + 1] = redis.call('HGET', KEYS[11], tenant) or ''
+    end
+  end
+  local head = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')
+  if #head > 0 then
+    local next_due = tonumber(head[2]) * unit
+    if next_due > 9e15 then next_due = 9e15 end
+    if next_due < -9e15 then next_due = -9e15 end
+    next_due = math.ceil(next_due)
+    if out[2] == -1 or next_due < out[2] then out[2] = next_due end
+  end
+  out[#out + 1] = state
+  return out
+end

@@ -1,0 +1,120 @@
+//! The Redis side of a business with tenants: one script call that moves
+//! the chosen tenants' due members into `K`, claims as `claim.lua` does, and
+//! reports which tenants have due work (see `src/lua/claim_tenants.lua`).
+//! Which tenant gets how many is decided above, in `crate::tenants`.
+
+use std::time::Duration;
+
+use super::{int_of, parse_claim, scripts, Claim, Store, StoreError, CLAIM_BYTES};
+
+/// A tenant whose earliest member is due, as a claim saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantDue {
+    /// The tenant's name, as producers wrote it into the index.
+    pub tenant: Vec<u8>,
+    /// How many of its members were due.
+    pub due: u64,
+    /// Its virtual time, shared by every instance; `None` until it is first
+    /// served after an idle spell.
+    pub vtime: Option<f64>,
+}
+
+/// How many due members to move out of one tenant's set in a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantTake {
+    /// The tenant.
+    pub tenant: Vec<u8>,
+    /// Most members to move.
+    pub count: u64,
+    /// Its weight: its virtual time advances by moved / weight.
+    pub weight: u32,
+}
+
+impl Store {
+    /// Moves up to `takes` due members into `K` (no more than `limit` due
+    /// there in all), claims up to `limit` as [`Store::claim`] does, and
+    /// returns the first `report` tenants with due work. `floor` is the
+    /// virtual time a tenant returning from idle starts at.
+    pub async fn claim_tenants(
+        &self,
+        limit: usize,
+        lease: Duration,
+        takes: &[TenantTake],
+        floor: f64,
+        report: usize,
+    ) -> Result<(Claim, Vec<TenantDue>), StoreError> {
+        let mut conn = self.conn.clone();
+        let mut inv = scripts::CLAIM_TENANTS.prepare_invoke();
+        inv.key(&self.keys.pending)
+            .key(&self.keys.inflight)
+            .key(&self.keys.meta)
+            .key(&self.keys.claims)
+            .key(&self.keys.body)
+            .key(&self.keys.delivered)
+            .key(&self.keys.dead)
+            .key(&self.keys.reasons)
+            .key(&self.keys.paused)
+            .key(self.keys.tenant_index())
+            .key(self.keys.tenant_clock());
+        for t in takes {
+            inv.key(self.keys.tenant_set(&t.tenant));
+        }
+        inv.arg(limit)
+            .arg(lease.as_millis() as u64)
+            .arg(self.unit.millis())
+            .arg(limit.clamp(100, 1000))
+            .arg(rand::random_range(1..1024u16))
+            .arg(self.mode_args().0)
+            .arg(self.mode_args().1)
+            .arg(CLAIM_BYTES)
+            .arg(self.max_attempts)
+            .arg(self.keys.tenant_prefix())
+            .arg(report)
+            .arg(floor.to_string());
+        for t in takes {
+            inv.arg(&t.tenant[..]).arg(t.count).arg(t.weight.max(1));
+        }
+        let mut reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+        let state = match reply.pop() {
+            Some(redis::Value::Array(a)) => parse_due(a)?,
+            other => return Err(StoreError::Reply(format!("tenants {other:?}"))),
+        };
+        Ok((parse_claim(reply, self.member.is_id())?, state))
+    }
+
+    /// Due time of the earliest member in any tenant's set, epoch ms, from
+    /// the index: what a wake-up hint compares with besides `K`'s head.
+    pub async fn tenants_head_due_ms(&self) -> Result<Option<i64>, StoreError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys.tenant_index())
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await?;
+        Ok(reply
+            .first()
+            .map(|(_, score)| (score * self.unit.millis() as f64) as i64))
+    }
+}
+
+/// `{tenant, due, vtime or '', ...}` as the script reports it.
+fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
+    let mut out = Vec::with_capacity(a.len() / 3);
+    let mut it = a.into_iter();
+    while let Some(t) = it.next() {
+        let redis::Value::BulkString(tenant) = t else {
+            return Err(StoreError::Reply(format!("tenant {t:?}")));
+        };
+        let due = int_of(it.next())?.max(0) as u64;
+        let vtime = match it.next() {
+            Some(redis::Value::BulkString(b)) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok()),
+            other => return Err(StoreError::Reply(format!("vtime {other:?}"))),
+        };
+        out.push(TenantDue { tenant, due, vtime });
+    }
+    Ok(out)
+}
