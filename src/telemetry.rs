@@ -268,7 +268,7 @@ impl Metrics {
                         .all(|l| l.name() != "business" || shown(l.value()))
                 })
                 .collect();
-            f.set_metric(kept.into());
+            f.set_metric(kept);
         }
         families.retain(|f| !f.get_metric().is_empty());
         let mut buf = Vec::new();

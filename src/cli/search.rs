@@ -73,9 +73,11 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
             for m in &page.found {
                 let due = m.due_ms.map_or("-".to_string(), |d| d.to_string());
                 // Bodies leave Redis cut to their start, as the API's do.
-                let cut = (m.size > m.head.len())
-                    .then(|| format!("… ({} bytes)", m.size))
-                    .unwrap_or_default();
+                let cut = if m.size > m.head.len() {
+                    format!("… ({} bytes)", m.size)
+                } else {
+                    String::new()
+                };
                 println!(
                     "{due}\t{}\t{}{cut}",
                     escape_bytes(&m.id),
