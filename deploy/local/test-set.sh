@@ -9,8 +9,7 @@
 # lib.sh) with --no-fail-fast ARGS in the set's environment (servers.sh env:
 # its URLs, and its commands first on PATH for the servers tests start
 # themselves), and stops the servers it started. On a RabbitMQ 4 set it then runs the tests
-# that need RabbitMQ 4 and are ignored elsewhere (tests/intake_amqp10.rs), and on
-# the one with Mnesia the adoption tests (tests/adopt.rs) against the plugin for 4.0.
+# that need RabbitMQ 4 and are ignored elsewhere (tests/intake_amqp10.rs).
 # Exits non-zero if any cargo run failed.
 set -euo pipefail
 
@@ -35,11 +34,5 @@ use_release_daemon
 "${CARGO_TEST[@]}" --no-fail-fast "$@" || rc=$?
 if [[ "$SET_RABBITMQ" == 4 ]]; then
 	"${CARGO_TEST[@]}" --test intake_amqp10 -- --include-ignored || rc=$?
-	# delayd adopt against the delayed-message plugin built for RabbitMQ 4.0
-	# (the plugin keeps its messages in Mnesia tables of its own whatever
-	# the metadata store): on the Mnesia set, which keeps the matrix short.
-	if [[ -z "$SET_KHEPRI" ]]; then
-		"${CARGO_TEST[@]}" --test adopt || rc=$?
-	fi
 fi
 exit "$rc"
