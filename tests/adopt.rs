@@ -4,6 +4,9 @@
 //! this test binary and killed by their watchers when it exits.
 //! delayd reaches them through a rabbitmqctl wrapper that can kill it
 //! (`kill -9` of its parent) before or after a given expression runs.
+//! The tests run on a multi-threaded runtime: an `adopt` run blocks the
+//! test's thread for seconds, and the consumers that stamp each receipt
+//! time must go on running meanwhile.
 
 mod common;
 
@@ -357,7 +360,7 @@ fn by_body(messages: &[RawMessage]) -> HashMap<String, &RawMessage> {
 /// reruns. Each message is delivered once, by delayd, never early; none by
 /// the plugin after adoption; the plugin's table is empty for the exchange
 /// and still delivers the other exchange's messages.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() {
     let nodes = one_node();
     let dir = tempfile::tempdir().unwrap();
@@ -591,7 +594,7 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
 
 /// A cluster keeps one backlog per node: adoption names both nodes and
 /// empties both, each message delivered once.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
     let nodes = two_nodes();
     let dir = tempfile::tempdir().unwrap();
@@ -674,7 +677,7 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
 /// file; `--from` takes it in and prints the delete; after it, the plugin
 /// holds nothing of the exchange but what falls due within the margin,
 /// and a second `--from` of the same file moves nothing again.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_two_step_form_moves_the_export_and_deletes_exactly_it() {
     let nodes = one_node();
     let dir = tempfile::tempdir().unwrap();
