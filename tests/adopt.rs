@@ -611,7 +611,7 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
                 &mut raw,
                 &t.plugin,
                 &format!("n{i}-soon"),
-                30_000,
+                60_000,
                 None,
                 &none,
             )
@@ -657,7 +657,7 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
     let _d = Daemon::start(&cfg);
-    inbox.wait_for(2, Duration::from_secs(60)).await;
+    inbox.wait_for(2, Duration::from_secs(90)).await;
     inbox.settle(Duration::from_secs(2)).await;
     let mut bodies: Vec<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
     bodies.sort();
@@ -688,7 +688,9 @@ async fn the_two_step_form_moves_the_export_and_deletes_exactly_it() {
     let cfg = config(dir.path(), &url, &t, &mut b);
     let mut raw = RawAmqp::connect(&url).await;
     let none = Table::default();
-    send(&mut raw, &t.plugin, "soon", 30_000, None, &none).await;
+    // Due within the margin, with room for a slow broker to run the
+    // export, the take-in and the delete first.
+    send(&mut raw, &t.plugin, "soon", 55_000, None, &none).await;
     send(&mut raw, &t.plugin, "later", 3_600_000, Some("l1"), &none).await;
     send(&mut raw, &t.plugin, "much-later", 7_200_000, None, &none).await;
     let file = dir.path().join("export.lines");
