@@ -642,27 +642,33 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
         None,
     );
     assert_eq!(code, 0, "{out}{err}");
-    assert!(
-        out.contains(&format!("node {n0}: moved 2 into business")),
-        "{out}"
-    );
-    assert!(
-        out.contains(&format!("node {n1}: moved 2 into business")),
-        "{out}"
-    );
+    for n in [&n0, &n1] {
+        assert!(out.contains(&format!("node {n}: moved ")), "{out}");
+    }
     for i in 0..2 {
         assert_eq!(nodes.held(&ctl, i, &t.plugin), 0);
     }
+    // Each soon one once: by delayd, or by the plugin when a slow broker
+    // let it fall due before the adoption reached it.
     let amqp = amqp_at(&nodes.url(0)).await;
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
     let _d = Daemon::start(&cfg);
-    inbox.wait_for(2, Duration::from_secs(90)).await;
+    let both = || inbox.len() + plugin_inbox.len();
+    assert!(
+        eventually(Duration::from_secs(90), || async { both() >= 2 }).await,
+        "{} of 2 delivered",
+        both()
+    );
     inbox.settle(Duration::from_secs(2)).await;
-    let mut bodies: Vec<Vec<u8>> = inbox.all().into_iter().map(|r| r.body).collect();
+    let mut bodies: Vec<Vec<u8>> = inbox
+        .all()
+        .into_iter()
+        .chain(plugin_inbox.all())
+        .map(|r| r.body)
+        .collect();
     bodies.sort();
     assert_eq!(bodies, vec![b"n0-soon".to_vec(), b"n1-soon".to_vec()]);
-    assert_eq!(plugin_inbox.len(), 0, "the plugin delivered nothing");
     let mut conn = redis().await;
     assert_eq!(
         zcard(&mut conn, &b.key).await,
