@@ -374,8 +374,23 @@ impl Store {
     /// Recovers expired leases and claims up to `limit` due members.
     pub async fn claim(&self, limit: usize, lease: Duration) -> Result<Claim, StoreError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<redis::Value> = scripts::CLAIM
-            .key(&self.keys.pending)
+        let reply: Vec<redis::Value> = self
+            .claim_call(&scripts::CLAIM, limit, lease)
+            .invoke_async(&mut conn)
+            .await?;
+        parse_claim(reply, self.member.is_id())
+    }
+
+    /// `script` with `claim.lua`'s KEYS and ARGV, which `claim_tenants.lua`
+    /// takes first too, before its own.
+    fn claim_call<'a>(
+        &self,
+        script: &'a redis::Script,
+        limit: usize,
+        lease: Duration,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        inv.key(&self.keys.pending)
             .key(&self.keys.inflight)
             .key(&self.keys.meta)
             .key(&self.keys.claims)
@@ -392,10 +407,8 @@ impl Store {
             .arg(self.mode_args().0)
             .arg(self.mode_args().1)
             .arg(CLAIM_BYTES)
-            .arg(self.max_attempts)
-            .invoke_async(&mut conn)
-            .await?;
-        parse_claim(reply, self.member.is_id())
+            .arg(self.max_attempts);
+        inv
     }
 
     /// Forgets members the broker confirmed, and, in the same atomic step,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{int_of, parse_claim, scripts, Claim, Store, StoreError, CLAIM_BYTES};
+use super::{int_of, parse_claim, scripts, Claim, Store, StoreError};
 
 /// A tenant whose earliest member is due, as a claim saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,31 +44,13 @@ impl Store {
         report: usize,
     ) -> Result<(Claim, Vec<TenantDue>), StoreError> {
         let mut conn = self.conn.clone();
-        let mut inv = scripts::CLAIM_TENANTS.prepare_invoke();
-        inv.key(&self.keys.pending)
-            .key(&self.keys.inflight)
-            .key(&self.keys.meta)
-            .key(&self.keys.claims)
-            .key(&self.keys.body)
-            .key(&self.keys.delivered)
-            .key(&self.keys.dead)
-            .key(&self.keys.reasons)
-            .key(&self.keys.paused)
-            .key(self.keys.tenant_index())
+        let mut inv = self.claim_call(&scripts::CLAIM_TENANTS, limit, lease);
+        inv.key(self.keys.tenant_index())
             .key(self.keys.tenant_clock());
         for t in takes {
             inv.key(self.keys.tenant_set(&t.tenant));
         }
-        inv.arg(limit)
-            .arg(lease.as_millis() as u64)
-            .arg(self.unit.millis())
-            .arg(limit.clamp(100, 1000))
-            .arg(rand::random_range(1..1024u16))
-            .arg(self.mode_args().0)
-            .arg(self.mode_args().1)
-            .arg(CLAIM_BYTES)
-            .arg(self.max_attempts)
-            .arg(self.keys.tenant_prefix())
+        inv.arg(self.keys.tenant_prefix())
             .arg(report)
             .arg(floor.to_string());
         for t in takes {
