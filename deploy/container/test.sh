@@ -17,6 +17,10 @@
 # every check runs against it.
 #
 #   deploy/container/test.sh        (deploy/local/test.sh runs it too)
+#   deploy/container/test.sh --build-only   (the image and its base images,
+#                                            no check: deploy/local/test.sh
+#                                            builds so at low priority while
+#                                            the tests run)
 #
 # No registry is needed. Unless DELAYD_BUILDER_IMAGE and DELAYD_RUNTIME_IMAGE
 # name the base images to use (e.g. the public rust:1-bookworm and
@@ -31,6 +35,15 @@
 set -euo pipefail
 
 LOG_TAG="container"
+BUILD_ONLY=0
+case "${1:-}" in
+"") ;;
+--build-only) BUILD_ONLY=1 ;;
+*)
+	grep -E '^#   deploy/container/test\.sh ' "$0" | sed 's/^#   //' >&2
+	exit 2
+	;;
+esac
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../local/lib.sh"
 cd "$DELAYD_REPO_ROOT"
@@ -240,13 +253,15 @@ ensure_container_tools
 # Standalone runs bring the servers up (and down again); under
 # deploy/local/test.sh they run already and the URLs are set.
 to_stop=()
-if [[ -z "${DELAYD_TEST_REDIS_URL:-}" || -z "${DELAYD_TEST_AMQP_URL:-}" ]]; then
+if ((!BUILD_ONLY)) && [[ -z "${DELAYD_TEST_REDIS_URL:-}" || -z "${DELAYD_TEST_AMQP_URL:-}" ]]; then
 	note_servers_to_stop
 	"$DELAYD_REPO_ROOT/deploy/local/servers.sh" start
 	eval "$("$DELAYD_REPO_ROOT/deploy/local/servers.sh" env)"
 fi
-PY="$(ensure_venv)"
-export DELAYD_TEST_AMQP_URL
+if ((!BUILD_ONLY)); then
+	PY="$(ensure_venv)"
+	export DELAYD_TEST_AMQP_URL
+fi
 
 ID="$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 NAME="delayd-ct-$ID"
@@ -259,6 +274,8 @@ CURRENT=""
 
 cleanup() {
 	local rc=$? c
+	# A build alone starts no container and touches no server.
+	((!BUILD_ONLY)) || exit "$rc"
 	for c in "$NAME" "$NAME-bad"; do
 		"${PODMAN[@]}" rm -f -t 0 "$c" >/dev/null 2>&1 || true
 	done
@@ -304,6 +321,7 @@ build_ms=$(($(now_ms) - t0))
 size="$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE")"
 base_size="$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$runtime_image")"
 log "image $IMAGE: $((size / 1000000)) MB ($(((size - base_size) / 1000000)) MB on top of its base $runtime_image, $((base_size / 1000000)) MB); built in $((build_ms / 1000)).$(((build_ms % 1000) / 100)) s"
+((!BUILD_ONLY)) || exit 0
 
 # The config a user mounts: placeholders for what the environment overrides.
 mkdir -p "$RUN_DIR"

@@ -9,13 +9,16 @@
 #    promtool for the alert rules, the producer examples' Redis clients)
 #    when missing, all but the linker while cargo compiles; cargo itself is
 #    assumed;
-# 2. runs cargo fmt --check and cargo clippy -D warnings, and builds the
-#    release daemon and the test binaries (built lighter: CARGO_TEST in
-#    lib.sh);
+# 2. runs cargo fmt --check, and builds the release daemon and the test
+#    binaries (built lighter: CARGO_TEST in lib.sh);
 # 3. starts the servers (deploy/local/servers.sh start), exports
-#    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests, and runs
-#    promtool's check and unit tests of deploy/prometheus/alerts.yml, cargo
-#    test and the container test (deploy/container/test.sh);
+#    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests, runs
+#    promtool's check and unit tests of deploy/prometheus/alerts.yml, then,
+#    all at once: cargo test as two cargo runs over half the binaries each
+#    (balanced by their usual times; with extra args, one run as given),
+#    step 4's sets, and at the lowest CPU priority cargo clippy -D warnings
+#    and the container image's build; after the tests, the container test
+#    (deploy/container/test.sh) with that image;
 # 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
 #    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
 #    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
@@ -82,7 +85,7 @@ preexisting_test_nodes=" $(rmq_test_node_pids | tr '\n' ' ') "
 preexisting_redis_nodes=" $(redis_test_node_pids | tr '\n' ' ') "
 
 step_pid=""
-matrix_pids=()
+bg_pids=()
 cleanup() {
 	local rc=$? s pid
 	# An install is left to finish: a killed dpkg leaves the machine's
@@ -93,7 +96,7 @@ cleanup() {
 	fi
 	# Interrupted during a step: stop it before the servers go away.
 	# The step runs in its own process group, so test binaries die with cargo.
-	for pid in "$step_pid" "${matrix_pids[@]}"; do
+	for pid in "$step_pid" "${bg_pids[@]}"; do
 		if [[ -n "$pid" ]] && alive "$pid"; then
 			kill -TERM -- "-$pid" 2>/dev/null || true
 			wait "$pid" 2>/dev/null || true
@@ -141,15 +144,58 @@ step() {
 	fi
 }
 
+# --- work beside the tests --------------------------------------------------------
+# Jobs started in the background, each in its own process group and log, and
+# waited for by name: the matrix's sets, the suite's shards, and the lints
+# and the image build (those at the lowest CPU priority, so the timed tests
+# beside them keep the machine).
+bg_names=()
+bg_logs=()
+
+# bg_step NAME LOG CMD...: starts CMD in the background, its output to LOG.
+bg_step() {
+	local name="$1" out="$2"
+	shift 2
+	log "==> $name: $* (log: ${out#"$DELAYD_REPO_ROOT"/})"
+	rm -f "$out.secs"
+	# The job notes its own time: it may end long before it is waited for.
+	# shellcheck disable=SC2016 # expanded by the job's shell
+	setsid bash -c 't0=$(date +%s); rc=0; "$@" || rc=$?; echo $(($(date +%s) - t0)) >"$0.secs"; exit $rc' \
+		"$out" "$@" </dev/null >"$out" 2>&1 &
+	bg_pids+=("$!")
+	bg_names+=("$name")
+	bg_logs+=("$out")
+}
+
+# wait_bg NAME...: waits for the named jobs (every job when none is named),
+# prints each one's log and records its result.
+wait_bg() {
+	local i rc secs want=" $* "
+	for i in "${!bg_names[@]}"; do
+		[[ -n "${bg_pids[$i]}" ]] || continue
+		(($# == 0)) || [[ "$want" == *" ${bg_names[$i]} "* ]] || continue
+		rc=0
+		wait "${bg_pids[$i]}" || rc=$?
+		cat "${bg_logs[$i]}" >&2
+		secs="$(cat "${bg_logs[$i]}.secs" 2>/dev/null || echo "?")"
+		if ((rc == 0)); then
+			results+=("${bg_names[$i]}: ok (${secs}s)")
+		else
+			results+=("${bg_names[$i]}: FAILED with exit code $rc (${secs}s)")
+			failed=1
+		fi
+		bg_pids[i]=""
+	done
+}
+
 # The binaries that exercise the servers' behaviour (delivery and its faults,
 # the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
 # to both); the others test delayd's own logic, which no server version changes.
 read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
-matrix_sets=()
 
-# start_matrix ARGS: starts every set of DELAYD_MATRIX in the background, each
-# on its own servers and into its own log (printed by wait_matrix). Their tests
-# mostly wait on servers and timers, so they run beside the whole suite.
+# start_matrix ARGS: starts every set of DELAYD_MATRIX, each on its own
+# servers. Their tests mostly wait on servers and timers, so they run beside
+# the whole suite.
 start_matrix() {
 	local i=0 set t ports matrix_args=()
 	for t in "${matrix_tests[@]}"; do
@@ -160,29 +206,56 @@ start_matrix() {
 		ports=()
 		[[ -z "${DELAYD_REDIS_PORT:-}" ]] || ports+=("DELAYD_REDIS_PORT=$((DELAYD_REDIS_PORT + i))")
 		[[ -z "${DELAYD_AMQP_PORT:-}" ]] || ports+=("DELAYD_AMQP_PORT=$((DELAYD_AMQP_PORT + i))")
-		log "==> $set: deploy/local/test-set.sh ${matrix_args[*]} $* (log: .local/test-$set.log)"
-		setsid env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@" \
-			</dev/null >"$DELAYD_LOCAL_DIR/test-$set.log" 2>&1 &
-		matrix_pids+=("$!")
-		matrix_sets+=("$set")
+		bg_step "$set" "$DELAYD_LOCAL_DIR/test-$set.log" \
+			env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@"
 	done
-	matrix_t0="$(date +%s)"
 }
 
-# wait_matrix: waits for every set, prints its log and records its result.
-wait_matrix() {
-	local i rc
-	for i in "${!matrix_sets[@]}"; do
-		rc=0
-		wait "${matrix_pids[$i]}" || rc=$?
-		cat "$DELAYD_LOCAL_DIR/test-${matrix_sets[$i]}.log" >&2
-		if ((rc == 0)); then
-			results+=("${matrix_sets[$i]}: ok ($(($(date +%s) - matrix_t0))s from the start of the sets)")
-		else
-			results+=("${matrix_sets[$i]}: FAILED with exit code $rc ($(($(date +%s) - matrix_t0))s from the start of the sets)")
-			failed=1
-		fi
+# Seconds each test binary took in a whole run on a 2-core VM (those not
+# named here count as 10): only to balance the shards.
+declare -A test_secs=(
+	[intake_faults]=114 [rabbitmq_cluster]=110 [adopt]=105 [loss]=105
+	[redis_sentinel]=85 [redis_cluster]=80 [intake_nemesis]=69 [faults]=55
+	[recurring]=35 [rabbitmq_tls]=30 [intake]=30 [id_mode]=29
+	[console_browser]=26 [delivery]=21 [rate]=21 [cli]=17 [schedules_api]=14
+)
+
+# plan_shards N: N lines, each the --test arguments of one shard: the
+# longest binaries first, each to the shard with the least time so far. The
+# last line also takes the unit tests.
+plan_shards() {
+	local n="$1" f name secs i best totals=() shards=()
+	for ((i = 0; i < n; i++)); do
+		totals+=(0)
+		shards+=("")
 	done
+	while read -r secs name; do
+		best=0
+		for ((i = 1; i < n; i++)); do
+			((totals[i] >= totals[best])) || best=$i
+		done
+		totals[best]=$((totals[best] + secs))
+		shards[best]+=" --test $name"
+	done < <(for f in tests/*.rs; do
+		name="$(basename "$f" .rs)"
+		echo "${test_secs[$name]:-10} $name"
+	done | sort -rn)
+	shards[n - 1]+=" --lib --bins"
+	printf '%s\n' "${shards[@]}"
+}
+
+# start_shards N ARGS: the whole suite as N cargo runs at once. Most of its
+# time is spent waiting on servers, restarts and timers, so two runs on two
+# cores take little more than the longer of them.
+start_shards() {
+	local n="$1" k=0 targets
+	shift
+	while read -r targets; do
+		k=$((k + 1))
+		# shellcheck disable=SC2086 # one word per target argument
+		bg_step "tests $k/$n" "$DELAYD_LOCAL_DIR/test-shard-$k.log" \
+			"${CARGO_TEST[@]}" --no-fail-fast $targets "$@"
+	done < <(plan_shards "$n")
 }
 
 # wait_packages: waits for the install started at the top; without the
@@ -200,7 +273,6 @@ wait_packages() {
 }
 
 step "format" cargo fmt --all -- --check
-step "clippy" cargo clippy --all-targets -- -D warnings
 log "==> cargo build --release --bin delayd (the daemon the tests run)"
 daemon_t0="$(date +%s)"
 use_release_daemon
@@ -216,25 +288,38 @@ export DELAYD_TEST_RABBITMQ_NODE_SCRIPT="$DELAYD_REPO_ROOT/deploy/local/rabbitmq
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL"
 log "DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
+# The lints and the image build need the CPU only, not the clock: at the
+# lowest priority they take what the tests leave. The image is built as root
+# or where podman is; its checks run after the tests.
+bg_step "clippy" "$DELAYD_LOCAL_DIR/clippy.log" nice -n 19 cargo clippy --all-targets -- -D warnings
+image=0
+if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
+	image=1
+	bg_step "image build" "$DELAYD_LOCAL_DIR/image-build.log" nice -n 19 deploy/container/test.sh --build-only
+fi
 # Beside the suite: their tests mostly wait on servers and timers, and after
 # it they would add some 7 minutes. (Their Sentinel failover once ran past its
 # bound here: the sentinels were holding back after an aborted try, which
 # redis-sentinel.sh's `ready` now waits out.)
 start_matrix "$@"
-# --no-fail-fast: run every test binary even after one fails.
-step "tests " "${CARGO_TEST[@]}" --no-fail-fast "$@"
+if (($# == 0)); then
+	start_shards 2
+	wait_bg "tests 1/2" "tests 2/2"
+else
+	# Arguments name what to run: one cargo run, as given.
+	step "tests " "${CARGO_TEST[@]}" --no-fail-fast "$@"
+fi
 if [[ "$SET_RABBITMQ" == 4 ]]; then
 	# Ignored by default: tests that need RabbitMQ 4 (tests/intake_amqp10.rs).
 	step "rabbitmq 4" "${CARGO_TEST[@]}" --test intake_amqp10 -- --include-ignored
 fi
-# The image, built and run beside the same servers. It installs podman as
-# root; elsewhere it runs only where podman already is.
-if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
+if ((image)); then
+	wait_bg "image build"
 	step "image " deploy/container/test.sh
 else
 	results+=("image : skipped (no podman, and not root to install it)")
 fi
-wait_matrix
+wait_bg
 
 log "summary:"
 for r in "${results[@]}"; do

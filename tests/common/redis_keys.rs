@@ -4,9 +4,13 @@
 use super::*;
 
 /// Connection settings that tolerate a busy CI machine: the client's default
-/// half-second response timeout fails large pipelined ZADDs there.
+/// half-second response timeout fails large pipelined ZADDs there, and its
+/// one-second connect timeout cut connects short under the 5 s that
+/// [`redis_at`] allows.
 pub fn slow_ok() -> redis::AsyncConnectionConfig {
-    redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)))
+    redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(5)))
 }
 
 /// A Redis connection to the shared server.
