@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::assert_none;
 use delayd::config::{Config, LogFormat};
 use serde_norway::Value;
 
@@ -829,15 +830,6 @@ fn prometheus_problems(prom: &Value, compose: &Value) -> Vec<String> {
         }
     }
     p
-}
-
-fn assert_none(problems: Vec<String>) {
-    assert!(
-        problems.is_empty(),
-        "{} problem(s):\n  {}",
-        problems.len(),
-        problems.join("\n  ")
-    );
 }
 
 // --- the tests ------------------------------------------------------------------

@@ -259,15 +259,6 @@ fn rule_exprs() -> Vec<String> {
         .collect()
 }
 
-fn assert_none(problems: Vec<String>) {
-    assert!(
-        problems.is_empty(),
-        "{} problem(s):\n  {}",
-        problems.len(),
-        problems.join("\n  ")
-    );
-}
-
 /// A daemon with a business that delivers, one whose every publish comes
 /// back unroutable (so the by-reason counters appear), and one with an
 /// intake, driven until each has done its part: its `/metrics` page.

@@ -63,6 +63,16 @@ pub fn amqp_url() -> String {
         .expect("DELAYD_TEST_AMQP_URL is not set: run the suite with deploy/local/test.sh, which starts Redis and RabbitMQ")
 }
 
+/// Fails listing every problem a check of files collected, one per line.
+pub fn assert_none(problems: Vec<String>) {
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n  {}",
+        problems.len(),
+        problems.join("\n  ")
+    );
+}
+
 /// A random suffix so concurrent tests never share keys, exchanges or queues.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::random::<u64>())
