@@ -690,17 +690,7 @@ async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirme
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(out.contains(&format!("{pick}7\t")), "{out}");
 
-    let (code, out, err) = delayd(&[
-        "bulk",
-        "cancel",
-        "-c",
-        cfg,
-        "billing",
-        "--prefix",
-        &pick,
-        "--confirm",
-        "1200",
-    ]);
+    let (code, out, err) = delayd(&cancel_1200(cfg, &pick));
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("bulk_cancel: 1200 members"), "{out}");
     // Off a terminal, the acting run prints its one line and no progress.
@@ -713,6 +703,21 @@ async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirme
         [("cli".to_string(), "bulk_cancel".to_string(), 1200)]
     );
     del_family(&mut r, &key).await;
+}
+
+/// `delayd bulk cancel` of the 1,200 ids under `pick` that `seed_bulk` wrote.
+fn cancel_1200<'a>(cfg: &'a str, pick: &'a str) -> [&'a str; 9] {
+    [
+        "bulk",
+        "cancel",
+        "-c",
+        cfg,
+        "billing",
+        "--prefix",
+        pick,
+        "--confirm",
+        "1200",
+    ]
 }
 
 /// Runs `delayd args` on a pseudo-terminal (util-linux `script`), stdin
@@ -759,17 +764,7 @@ async fn bulk_cancel_on_a_terminal_shows_progress_with_the_count_done_of_the_con
     let cfg = config.to_str().unwrap();
     let mut r = redis().await;
     let pick = seed_bulk(&mut r, &key).await;
-    let (code, shown) = delayd_on_a_terminal(&[
-        "bulk",
-        "cancel",
-        "-c",
-        cfg,
-        "billing",
-        "--prefix",
-        &pick,
-        "--confirm",
-        "1200",
-    ]);
+    let (code, shown) = delayd_on_a_terminal(&cancel_1200(cfg, &pick));
     assert_eq!(code, 0, "{shown}");
     let line = shown
         .split(['\r', '\n'])
