@@ -818,7 +818,20 @@ async fn an_intake_on_a_cluster_acknowledges_a_shards_messages_only_once_its_mas
     let daemon = Daemon::start(&config);
     let amqp = amqp_at(&amqp_url()).await;
     wait_consumed_queue(&amqp, &queue, &daemon).await;
-    let port = daemon.listen_port().await;
+    let mut port = None;
+    for _ in 0..400 {
+        port = daemon
+            .logs()
+            .split("listen=127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split(|ch: char| !ch.is_ascii_digit()).next())
+            .and_then(|p| p.parse::<u16>().ok());
+        if port.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let port = port.expect("no /metrics port in the log");
     let acked = move || async move {
         tokio::task::spawn_blocking(move || intake_acked(port, "intake"))
             .await

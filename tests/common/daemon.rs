@@ -75,27 +75,6 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The port the daemon serves its HTTP listener on (`listen = ":0"`
-    /// picks one), from its log; panics after 20 s.
-    pub async fn listen_port(&self) -> u16 {
-        for _ in 0..400 {
-            let port = self
-                .logs()
-                .split("listen=127.0.0.1:")
-                .nth(1)
-                .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-                .and_then(|p| p.parse::<u16>().ok());
-            if let Some(p) = port {
-                return p;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!(
-            "the daemon never said where it serves /metrics:\n{}",
-            self.tail()
-        );
-    }
-
     /// The last 40 lines of the daemon's log, for failure messages.
     pub fn tail(&self) -> String {
         let logs = self.logs();
