@@ -1,13 +1,13 @@
 //! delayd in sentinel mode on real sentinels: a master, a replica and three
-//! sentinels (quorum 2, down-after 1000 ms) started once for this test binary
-//! by `deploy/local/redis-sentinel.sh`, plus a set of their own for the
-//! password test. A drain (also with the replica stopped again and again),
-//! the master killed mid-flow, keyspace wake-ups that follow a failover, a
-//! failover held back by a vote, a wrong `master_name`, passwords that stay
-//! out of the logs, the intake waiting for the replica, and the intake
-//! nemesis (`common::nemesis`) with a replica that lags. The tests take turns: several of
-//! them fail the master over, and each starts by bringing a killed node back
-//! as a replica.
+//! sentinels (quorum 2, down-after 1000, 1400 and 1800 ms) started once for
+//! this test binary by `deploy/local/redis-sentinel.sh`, plus a set of their
+//! own for the password test. A drain (also with the replica stopped again
+//! and again), the master killed mid-flow, keyspace wake-ups that follow a
+//! failover, a failover held back by a vote, a wrong `master_name`,
+//! passwords that stay out of the logs, the intake waiting for the replica,
+//! and the intake nemesis (`common::nemesis`) with a replica that lags. The
+//! tests take turns: several of them fail the master over, and each starts
+//! by bringing a killed node back as a replica.
 
 mod common;
 
