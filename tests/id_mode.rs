@@ -405,20 +405,7 @@ async fn forecast_gauge_counts_pending_due_within_a_minute_an_hour_and_a_day() {
         assert_eq!(code, 0, "{out}{err}");
     }
     let daemon = Daemon::start(&path);
-    let mut port = None;
-    for _ in 0..400 {
-        let log = std::fs::read_to_string(&daemon.log).unwrap_or_default();
-        port = log
-            .split("listen=127.0.0.1:")
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|p| p.parse::<u16>().ok());
-        if port.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let port = port.expect("the daemon never said where it serves /metrics");
+    let port = daemon.metrics_port().await;
     let lines: Vec<String> = [("1m", 1), ("1h", 2), ("1d", 3)]
         .iter()
         .map(|(window, n)| {

@@ -782,18 +782,6 @@ impl Drop for Stalled {
     }
 }
 
-/// Intake messages acknowledged so far, from /metrics.
-fn intake_acked(port: u16, business: &str) -> u64 {
-    let body = http_get(port, "/metrics")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-    let line = format!("delayd_intake_stored_total{{business=\"{business}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(line.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intake_on_a_cluster_acknowledges_a_shards_messages_only_once_its_masters_replica_holds_them(
 ) {
@@ -818,24 +806,11 @@ async fn an_intake_on_a_cluster_acknowledges_a_shards_messages_only_once_its_mas
     let daemon = Daemon::start(&config);
     let amqp = amqp_at(&amqp_url()).await;
     wait_consumed_queue(&amqp, &queue, &daemon).await;
-    let mut port = None;
-    for _ in 0..400 {
-        port = daemon
-            .logs()
-            .split("listen=127.0.0.1:")
-            .nth(1)
-            .and_then(|r| r.split(|ch: char| !ch.is_ascii_digit()).next())
-            .and_then(|p| p.parse::<u16>().ok());
-        if port.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let port = port.expect("no /metrics port in the log");
+    let port = daemon.metrics_port().await;
     let acked = move || async move {
-        tokio::task::spawn_blocking(move || intake_acked(port, "intake"))
+        metric(port, "delayd_intake_stored_total{business=\"intake\"}")
             .await
-            .unwrap()
+            .unwrap_or(0)
     };
 
     let ids: Vec<String> = (0..150).map(|i| format!("c-{i}")).collect();

@@ -9,7 +9,12 @@
 #
 # The master listens on BASEPORT, the replica on BASEPORT+1, the sentinels on
 # BASEPORT+2..BASEPORT+4; they monitor the master as "main" with quorum 2 and
-# down-after-milliseconds 1000. `start` returns once the replica is in sync
+# down-after-milliseconds 1000, 1400 and 1800: staggered, so that the
+# sentinel that finds the master down second starts the failover try and
+# the others vote for it. With one value for all three they could start
+# their tries in the same moment and each vote for itself (a split vote:
+# no leader, the next try 2 x failover-timeout later; seen once, the
+# failover then came 22 s after the kill). `start` returns once the replica is in sync
 # and every sentinel knows the replica and the other sentinels. With
 # WATCH_PID, a watcher stops everything when that process exits.
 #
@@ -82,7 +87,7 @@ sentinel_node() { # PORT MASTERPORT
 	{
 		printf 'port %s\nbind 127.0.0.1\ndir %s\nlogfile %s\n' "$port" "$DIR/$port" "$DIR/$port/sentinel.log"
 		printf 'sentinel monitor main 127.0.0.1 %s 2\n' "$master"
-		printf 'sentinel down-after-milliseconds main 1000\n'
+		printf 'sentinel down-after-milliseconds main %s\n' "$((1000 + (port - master - 2) * 400))"
 		printf 'sentinel failover-timeout main %s\n' "$FAILOVER_TIMEOUT_MS"
 		printf 'sentinel parallel-syncs main 1\n'
 		if [[ -n "$pass" ]]; then printf 'sentinel auth-pass main %s\n' "$(conf_quote "$pass")"; fi

@@ -75,6 +75,27 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The port it serves /metrics on (`listen = "127.0.0.1:0"`), from its
+    /// log; panics after 20 s.
+    pub async fn metrics_port(&self) -> u16 {
+        for _ in 0..400 {
+            let port = self
+                .logs()
+                .split("listen=127.0.0.1:")
+                .nth(1)
+                .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|p| p.parse::<u16>().ok());
+            if let Some(p) = port {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "the daemon never said where it serves /metrics:\n{}",
+            self.logs()
+        );
+    }
+
     /// The last 40 lines of the daemon's log, for failure messages.
     pub fn tail(&self) -> String {
         let logs = self.logs();
@@ -122,6 +143,22 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Some((code, body))
+}
+
+/// The value of the sample `series` (name and labels, as /metrics prints
+/// them) on the daemon at `port`: 0 when absent, `None` when nothing answers.
+pub async fn metric(port: u16, series: &str) -> Option<u64> {
+    let body = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+        .await
+        .unwrap()?
+        .1;
+    let prefix = format!("{series} ");
+    Some(
+        body.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64),
+    )
 }
 
 /// What `delayd check` printed when it failed the one way a test expects.

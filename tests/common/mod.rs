@@ -9,7 +9,8 @@
 //! - `raw_amqp`: a bare 0-9-1 client that publishes and reads property bytes as they are;
 //! - `redis_keys`: Redis connections, bulk writes, key-family waits and checks;
 //! - `config_file`: config files for the daemon under test;
-//! - `setup`: the usual start of an end-to-end test.
+//! - `setup`: the usual start of an end-to-end test;
+//! - `nemesis`: the standing nemesis on the intake road, over a Redis a test supplies.
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
@@ -28,6 +29,7 @@ mod config_file;
 mod daemon;
 mod http_api;
 mod inbox;
+pub mod nemesis;
 mod raw_amqp;
 mod redis_keys;
 mod servers;

@@ -266,9 +266,18 @@ impl PrivateRabbit {
             .expect("cannot run rabbitmq-node.sh");
         assert!(
             out.status.success(),
-            "rabbitmqctl {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "rabbitmqctl {args:?} failed: {}\nthe node's stdout.log ends:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
         );
+    }
+
+    /// The last 30 lines of the node's `stdout.log`, for failure messages:
+    /// the node's directory is gone once a failed test has ended.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("stdout.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
     /// Graceful stop; returns once the AMQP port is closed.
