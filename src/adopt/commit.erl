@@ -1,8 +1,9 @@
 %% commit.erl (delayd_adopt:commit/4 in src/adopt/delayd_adopt.erl, compiled
 %% on the node): deletes from the delayed-message plugin on this node exactly
 %% the entries a chunk moved (by their refs, which read.erl printed), then
-%% resumes the plugin's process; run with `rabbitmqctl eval` (the expression
-%% on standard input) once Redis holds them.
+%% resumes the plugin's process; run with `rabbitmqctl -n NODE eval
+%% EXPRESSION` once Redis holds them (the two-step form's delete: with
+%% `rabbitmqctl -n NODE eval_file FILE`, by an operator).
 %% An index key of the exchange is deleted once none of its entries is left
 %% (up to 3.11, an index key without entries makes the plugin's timer loop).
 %% Entries of the chunk it does not find are counted, not an error: a rerun

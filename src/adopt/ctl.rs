@@ -1,18 +1,24 @@
 //! Running an expression on a broker node with `rabbitmqctl eval`. The
-//! expression goes on standard input (an argument is limited to 128 KiB on
-//! Linux, and a commit names thousands of refs). The command may be a
-//! wrapper with arguments of its own (one that sets `HOME` for the Erlang
-//! cookie, say); delayd appends `-n NODE eval`.
+//! expression is the last argument, never standard input: from RabbitMQ
+//! 3.12 on, the `rabbitmqctl` script starts the CLI with `-noinput` unless
+//! `eval` is its only argument, and `-n NODE eval` then waits for ever for
+//! an expression it never reads. An argument is limited to 128 KiB on
+//! Linux ([`MAX_EXPRESSION`]): callers split what could be longer. The
+//! command may be a wrapper with arguments of its own (one that sets `HOME`
+//! for the Erlang cookie, say); delayd appends `-n NODE eval EXPRESSION`.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 /// Longest one expression may run: a chunk is small, so a node that takes
 /// this long is stuck, and the command says so rather than wait for ever.
 const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Longest expression delayd passes: below Linux's 128 KiB limit on one
+/// argument (`MAX_ARG_STRLEN`), with room for a wrapper's own quoting.
+pub const MAX_EXPRESSION: usize = 120 << 10;
 
 /// How delayd reaches the broker's nodes.
 #[derive(Debug, Clone)]
@@ -44,6 +50,16 @@ pub enum CtlError {
         /// The end of what it printed.
         said: String,
     },
+    /// The expression is longer than [`MAX_EXPRESSION`] (a caller's bug:
+    /// callers split what could be longer).
+    #[error(
+        "an expression of {len} bytes is longer than one argument may be ({} bytes)",
+        MAX_EXPRESSION
+    )]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
     /// It did not finish within [`TIMEOUT`].
     #[error("{program} -n {node} eval did not finish within {} s", TIMEOUT.as_secs())]
     TimedOut {
@@ -68,10 +84,15 @@ impl Ctl {
 
     /// Runs `expression` on `node`; what it printed on standard output.
     pub async fn eval(&self, node: &str, expression: &str) -> Result<String, CtlError> {
-        let mut child = Command::new(&self.program)
+        if expression.len() > MAX_EXPRESSION {
+            return Err(CtlError::TooLong {
+                len: expression.len(),
+            });
+        }
+        let child = Command::new(&self.program)
             .args(&self.args)
-            .args(["-n", node, "eval"])
-            .stdin(Stdio::piped())
+            .args(["-n", node, "eval", expression])
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -80,20 +101,7 @@ impl Ctl {
                 program: self.program.clone(),
                 error,
             })?;
-        let mut stdin = child.stdin.take();
-        let input = expression.as_bytes().to_vec();
-        let feed = async move {
-            if let Some(s) = stdin.as_mut() {
-                // A command that exits early closes the pipe; its status says why.
-                let _ = s.write_all(&input).await;
-                let _ = s.shutdown().await;
-            }
-        };
-        let run = async {
-            let (_, out) = tokio::join!(feed, child.wait_with_output());
-            out
-        };
-        let out = tokio::time::timeout(TIMEOUT, run)
+        let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| CtlError::TimedOut {
                 program: self.program.clone(),
@@ -138,11 +146,20 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_expression_goes_on_stdin_after_the_node_arguments() {
-        // `sh -c 'echo "$@"; cat' sh -n NODE eval` prints the arguments, then stdin.
-        let ctl = Ctl::new("sh -c printf${IFS}%s${IFS}\"$*\";cat sh").unwrap();
-        let out = ctl.eval("rabbit@a", "node().").await.unwrap();
-        assert_eq!(out, "-n rabbit@a evalnode().");
+    async fn the_expression_is_the_last_argument_and_standard_input_is_empty() {
+        // Prints its arguments, one a line, then what standard input holds.
+        let ctl = Ctl::new("sh -c printf${IFS}'%s\\n'${IFS}\"$@\";cat sh").unwrap();
+        let expr = "begin\n  A = 1,\n  A + 1\nend.";
+        let out = ctl.eval("rabbit@a", expr).await.unwrap();
+        assert_eq!(out, format!("-n\nrabbit@a\neval\n{expr}\n"));
+    }
+
+    #[tokio::test]
+    async fn an_expression_too_long_for_one_argument_is_refused_before_running() {
+        let ctl = Ctl::new("false").unwrap();
+        let long = "x".repeat(MAX_EXPRESSION + 1);
+        let e = ctl.eval("rabbit@a", &long).await.unwrap_err();
+        assert!(matches!(e, CtlError::TooLong { .. }), "{e}");
     }
 
     #[tokio::test]

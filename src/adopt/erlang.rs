@@ -103,6 +103,62 @@ pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool) -> Strin
     )
 }
 
+/// [`commit`] split into expressions of at most `max` bytes each, in
+/// order, only the last resuming the plugin (when `resume`): a chunk's refs
+/// can be longer than one `rabbitmqctl` argument may be. A timestamp's refs
+/// may be split between two of them (each deletes the index key once none
+/// of its entries is left). Always at least one expression.
+pub fn commits(
+    x: &Exchange,
+    items: &[(i64, Vec<String>)],
+    resume: bool,
+    max: usize,
+) -> Vec<String> {
+    // What one timestamp and one ref add to the list, at most.
+    const PER_TS: usize = 32;
+    let per_ref = |r: &str| r.len() + 8;
+    let budget = max.saturating_sub(commit(x, &[], resume).len());
+    let mut groups: Vec<Vec<(i64, Vec<String>)>> = vec![Vec::new()];
+    let mut used = 0;
+    for (ts, refs) in items {
+        let mut open = false;
+        if refs.is_empty() {
+            if used + PER_TS > budget && used > 0 {
+                groups.push(Vec::new());
+                used = 0;
+            }
+            groups
+                .last_mut()
+                .expect("never empty")
+                .push((*ts, Vec::new()));
+            used += PER_TS;
+            continue;
+        }
+        for r in refs {
+            let cost = per_ref(r) + if open { 0 } else { PER_TS };
+            if used + cost > budget && used > 0 {
+                groups.push(Vec::new());
+                used = 0;
+                open = false;
+            }
+            let group = groups.last_mut().expect("never empty");
+            if !open {
+                group.push((*ts, Vec::new()));
+                open = true;
+                used += PER_TS;
+            }
+            group.last_mut().expect("just pushed").1.push(r.clone());
+            used += per_ref(r);
+        }
+    }
+    let last = groups.len() - 1;
+    groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| commit(x, g, resume && i == last))
+        .collect()
+}
+
 /// The two-step form's first step, for an operator to run on the broker
 /// host: writes the exchange's entries on that node to `path` there, in
 /// the lines [`read`] prints, without holding the plugin. Entries due
@@ -192,6 +248,43 @@ mod tests {
         assert!(e.contains(&B64.encode("orders\">>, halt().")));
         assert!(!e.contains('@'), "every placeholder filled");
         assert!(e.contains("10, 100, 0, <<\"\">>, 0)"), "{e}");
+    }
+
+    #[test]
+    fn commits_fit_the_limit_keep_every_ref_once_and_only_the_last_resumes() {
+        let refs = |ts: i64, n: usize| -> (i64, Vec<String>) {
+            (
+                ts,
+                (0..n)
+                    .map(|i| format!("{:0>64}", ts * 10_000 + i as i64))
+                    .collect(),
+            )
+        };
+        let items = vec![refs(1, 1500), (2, vec![]), refs(3, 2500)];
+        let max = 60_000;
+        let all = commits(&x(), &items, true, max);
+        assert!(all.len() > 2, "{} expressions", all.len());
+        for (i, e) in all.iter().enumerate() {
+            assert!(e.len() <= max, "expression {i}: {} bytes", e.len());
+            let resumes = e.trim_end().ends_with("true)\nend.");
+            assert_eq!(resumes, i == all.len() - 1, "expression {i}");
+        }
+        let mut seen: Vec<String> = all
+            .iter()
+            .flat_map(|e| {
+                e.match_indices("<<\"0")
+                    .map(|(at, _)| e[at + 3..at + 67].to_string())
+            })
+            .collect();
+        seen.sort();
+        let mut want: Vec<String> = items.iter().flat_map(|(_, r)| r.clone()).collect();
+        want.sort();
+        assert_eq!(seen, want);
+        assert!(
+            all.iter().any(|e| e.contains("{2,[]}")),
+            "the orphan key too"
+        );
+        assert_eq!(commits(&x(), &[], false, max).len(), 1);
     }
 
     #[test]

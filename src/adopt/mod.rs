@@ -212,17 +212,25 @@ impl Adoption<'_> {
             }
         }
         let items: Vec<(i64, Vec<String>)> = by_time.into_iter().collect();
-        let out = self
-            .ctl
-            .eval(node, &erlang::commit(&self.exchange, &items, true))
-            .await?;
-        let done = lines::committed(&out).map_err(|error| AdoptError::Output {
-            node: node.to_string(),
-            error,
-        })?;
-        report.doubtful += done.missing;
-        if chunk.held && !done.was_held {
-            report.doubtful += done.deleted;
+        let mut was_held = true;
+        let mut deleted = 0;
+        for (i, expr) in erlang::commits(&self.exchange, &items, true, ctl::MAX_EXPRESSION)
+            .iter()
+            .enumerate()
+        {
+            let out = self.ctl.eval(node, expr).await?;
+            let done = lines::committed(&out).map_err(|error| AdoptError::Output {
+                node: node.to_string(),
+                error,
+            })?;
+            report.doubtful += done.missing;
+            deleted += done.deleted;
+            if i == 0 {
+                was_held = done.was_held;
+            }
+        }
+        if chunk.held && !was_held {
+            report.doubtful += deleted;
             tracing::warn!(node, "the plugin was resumed while delayd held it (a broker restart?): messages of this chunk that fell due meanwhile may be delivered twice");
         }
         Ok(batch.len())

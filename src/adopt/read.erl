@@ -1,5 +1,5 @@
 %% read.erl: one chunk of what the delayed-message plugin holds on this node,
-%% run with `rabbitmqctl eval` (the expression on standard input).
+%% run with `rabbitmqctl -n NODE eval EXPRESSION` (src/adopt/ctl.rs).
 %% delayd_adopt:read/8 (src/adopt/delayd_adopt.erl, compiled on the node)
 %% walks the plugin's index (an ordered_set of #delay_key{timestamp,
 %% exchange}) from just after the cursor, key by key, never copying the
