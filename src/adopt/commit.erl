@@ -10,7 +10,9 @@
 %% after a crash may commit a chunk a second time.
 %% Placeholders (filled by src/adopt/erlang.rs):
 %%   @VHOST@ @NAME@  the exchange moved, base64
-%%   @ITEMS@         [{TIMESTAMP, [REF, ...]}, ...], each REF as read.erl printed it
+%%   @ITEMS@         [{TIMESTAMP, [REF, ...]}, ...], each REF as read.erl printed it,
+%%                   or MODULE:items([_1, ...]), the same from values passed
+%%                   after the expression (src/adopt/ctl.rs)
 %%   @RESUME@        true | false (false: leave the plugin as it is)
 %% Prints lines "delayd-adopt WORD FIELDS...":
 %%   was_held 0|1    (whether the plugin was still suspended: 0 after a

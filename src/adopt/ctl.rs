@@ -1,11 +1,14 @@
 //! Running an expression on a broker node with `rabbitmqctl eval`. The
-//! expression is the last argument, never standard input: from RabbitMQ
-//! 3.12 on, the `rabbitmqctl` script starts the CLI with `-noinput` unless
-//! `eval` is its only argument, and `-n NODE eval` then waits for ever for
-//! an expression it never reads. An argument is limited to 128 KiB on
-//! Linux ([`MAX_EXPRESSION`]): callers split what could be longer. The
-//! command may be a wrapper with arguments of its own (one that sets `HOME`
-//! for the Erlang cookie, say); delayd appends `-n NODE eval EXPRESSION`.
+//! expression is an argument, never standard input: from RabbitMQ 3.12 on,
+//! the `rabbitmqctl` script starts the CLI with `-noinput` unless `eval` is
+//! its only argument, and `-n NODE eval` then waits for ever for an
+//! expression it never reads. Bulk data (a commit's refs) follows as
+//! further arguments, which `eval` binds to `_1`, `_2`, ... as binaries.
+//! Linux limits one argument to 128 KiB and all of them to about 2 MiB
+//! ([`MAX_ARGUMENT`], [`MAX_ARGUMENTS`]): callers split what could be
+//! longer. The command may be a wrapper with arguments of its own (one that
+//! sets `HOME` for the Erlang cookie, say); delayd appends
+//! `-n NODE eval EXPRESSION [VALUE ...]`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,9 +19,14 @@ use tokio::process::Command;
 /// this long is stuck, and the command says so rather than wait for ever.
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Longest expression delayd passes: below Linux's 128 KiB limit on one
-/// argument (`MAX_ARG_STRLEN`), with room for a wrapper's own quoting.
-pub const MAX_EXPRESSION: usize = 120 << 10;
+/// Longest argument delayd passes (the expression, or one value): below
+/// Linux's 128 KiB limit on one argument (`MAX_ARG_STRLEN`).
+pub const MAX_ARGUMENT: usize = 120 << 10;
+
+/// Most bytes of arguments in one call: half of Linux's usual 2 MiB for
+/// arguments and environment together (`ARG_MAX`), leaving room for the
+/// environment and a wrapper's own.
+pub const MAX_ARGUMENTS: usize = 1 << 20;
 
 /// How delayd reaches the broker's nodes.
 #[derive(Debug, Clone)]
@@ -50,14 +58,12 @@ pub enum CtlError {
         /// The end of what it printed.
         said: String,
     },
-    /// The expression is longer than [`MAX_EXPRESSION`] (a caller's bug:
-    /// callers split what could be longer).
-    #[error(
-        "an expression of {len} bytes is longer than one argument may be ({} bytes)",
-        MAX_EXPRESSION
-    )]
+    /// The expression or a value is longer than [`MAX_ARGUMENT`], or all
+    /// of them than [`MAX_ARGUMENTS`] (a caller's bug: callers split what
+    /// could be longer).
+    #[error("{len} bytes of arguments are more than one rabbitmqctl call may take")]
     TooLong {
-        /// Its length.
+        /// The longest argument's length, or all of them.
         len: usize,
     },
     /// It did not finish within [`TIMEOUT`].
@@ -84,14 +90,31 @@ impl Ctl {
 
     /// Runs `expression` on `node`; what it printed on standard output.
     pub async fn eval(&self, node: &str, expression: &str) -> Result<String, CtlError> {
-        if expression.len() > MAX_EXPRESSION {
+        self.eval_with(node, expression, &[]).await
+    }
+
+    /// Runs `expression` on `node` with `values` bound to `_1`, `_2`, ...
+    pub async fn eval_with(
+        &self,
+        node: &str,
+        expression: &str,
+        values: &[String],
+    ) -> Result<String, CtlError> {
+        let longest = values.iter().map(String::len).max().unwrap_or(0);
+        let all = expression.len() + values.iter().map(String::len).sum::<usize>();
+        if expression.len().max(longest) > MAX_ARGUMENT || all > MAX_ARGUMENTS {
             return Err(CtlError::TooLong {
-                len: expression.len(),
+                len: if all > MAX_ARGUMENTS {
+                    all
+                } else {
+                    expression.len().max(longest)
+                },
             });
         }
         let child = Command::new(&self.program)
             .args(&self.args)
             .args(["-n", node, "eval", expression])
+            .args(values)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -155,10 +178,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_expression_too_long_for_one_argument_is_refused_before_running() {
+    async fn values_follow_the_expression_as_arguments_of_their_own() {
+        let ctl = Ctl::new("sh -c printf${IFS}'%s|'${IFS}\"$@\" sh").unwrap();
+        let values = ["1 QUJD".to_string(), "2\n3 RA==".to_string()];
+        let out = ctl.eval_with("rabbit@a", "x.", &values).await.unwrap();
+        assert_eq!(out, "-n|rabbit@a|eval|x.|1 QUJD|2\n3 RA==|");
+    }
+
+    #[tokio::test]
+    async fn arguments_too_long_for_one_call_are_refused_before_running() {
         let ctl = Ctl::new("false").unwrap();
-        let long = "x".repeat(MAX_EXPRESSION + 1);
+        let long = "x".repeat(MAX_ARGUMENT + 1);
         let e = ctl.eval("rabbit@a", &long).await.unwrap_err();
+        assert!(matches!(e, CtlError::TooLong { .. }), "{e}");
+        let many = vec!["y".repeat(MAX_ARGUMENT); MAX_ARGUMENTS / MAX_ARGUMENT + 1];
+        let e = ctl.eval_with("rabbit@a", "x.", &many).await.unwrap_err();
         assert!(matches!(e, CtlError::TooLong { .. }), "{e}");
     }
 

@@ -163,6 +163,12 @@ fn print_report(adoption: &Adoption<'_>, r: &NodeReport) -> bool {
             r.node, r.doubtful
         );
     }
+    if r.ran_with_stored > 0 {
+        println!(
+            "node {}: warning: {} messages were in Redis already and the plugin ran with them (a broker restart, or a resume by hand, since an interrupted adoption stored them): any message of that adoption's chunk that fell due in between was delivered by the plugin and is delivered by delayd too",
+            r.node, r.ran_with_stored
+        );
+    }
     if r.still_published {
         println!(
             "node {}: producers still publish to \"{}\" there: point them at the intake, then run adopt again",
