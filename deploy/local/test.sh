@@ -143,8 +143,9 @@ step() {
 
 # The binaries that exercise the servers' behaviour (delivery and its faults,
 # the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
-# to both); the others test delayd's own logic, which no server version changes.
-read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
+# to both, adoption from the delayed-message plugin built for the set's
+# broker); the others test delayd's own logic, which no server version changes.
+read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls adopt}"
 matrix_sets=()
 
 # start_matrix ARGS: starts every set of DELAYD_MATRIX in the background, each
