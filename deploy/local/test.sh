@@ -192,22 +192,30 @@ wait_bg() {
 # the intake, tasks by id, recurring schedules, Redis Cluster and Sentinel, TLS
 # to both); the others test delayd's own logic, which no server version changes.
 read -r -a matrix_tests <<<"${DELAYD_MATRIX_TESTS:-delivery faults intake intake_faults intake_nemesis id_mode recurring redis_cluster redis_sentinel redis_tls rabbitmq_tls}"
+# Run on the first set only: adoption from the delayed-message plugin built
+# for the set's broker depends on RabbitMQ, not on Redis or Valkey, and the
+# sets share one RabbitMQ version.
+read -r -a matrix_first_tests <<<"${DELAYD_MATRIX_FIRST_TESTS:-adopt}"
 
 # start_matrix ARGS: starts every set of DELAYD_MATRIX, each on its own
 # servers. Their tests mostly wait on servers and timers, so they run beside
 # the whole suite.
 start_matrix() {
-	local i=0 set t ports matrix_args=()
+	local i=0 set t ports matrix_args=() first_args=()
 	for t in "${matrix_tests[@]}"; do
 		matrix_args+=(--test "$t")
 	done
+	for t in "${matrix_first_tests[@]}"; do
+		first_args+=(--test "$t")
+	done
 	for set in ${DELAYD_MATRIX:-}; do
 		i=$((i + 1))
+		((i == 1)) || first_args=()
 		ports=()
 		[[ -z "${DELAYD_REDIS_PORT:-}" ]] || ports+=("DELAYD_REDIS_PORT=$((DELAYD_REDIS_PORT + i))")
 		[[ -z "${DELAYD_AMQP_PORT:-}" ]] || ports+=("DELAYD_AMQP_PORT=$((DELAYD_AMQP_PORT + i))")
 		bg_step "$set" "$DELAYD_LOCAL_DIR/test-$set.log" \
-			env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "$@"
+			env "${ports[@]}" deploy/local/test-set.sh "$set" "${matrix_args[@]}" "${first_args[@]}" "$@"
 	done
 }
 

@@ -1,15 +1,18 @@
 %% commit.erl (delayd_adopt:commit/4 in src/adopt/delayd_adopt.erl, compiled
 %% on the node): deletes from the delayed-message plugin on this node exactly
 %% the entries a chunk moved (by their refs, which read.erl printed), then
-%% resumes the plugin's process; run with `rabbitmqctl eval` (the expression
-%% on standard input) once Redis holds them.
+%% resumes the plugin's process; run with `rabbitmqctl -n NODE eval
+%% EXPRESSION` once Redis holds them (the two-step form's delete: with
+%% `rabbitmqctl -n NODE eval_file FILE`, by an operator).
 %% An index key of the exchange is deleted once none of its entries is left
 %% (up to 3.11, an index key without entries makes the plugin's timer loop).
 %% Entries of the chunk it does not find are counted, not an error: a rerun
 %% after a crash may commit a chunk a second time.
 %% Placeholders (filled by src/adopt/erlang.rs):
 %%   @VHOST@ @NAME@  the exchange moved, base64
-%%   @ITEMS@         [{TIMESTAMP, [REF, ...]}, ...], each REF as read.erl printed it
+%%   @ITEMS@         [{TIMESTAMP, [REF, ...]}, ...], each REF as read.erl printed it,
+%%                   or MODULE:items([_1, ...]), the same from values passed
+%%                   after the expression (src/adopt/ctl.rs)
 %%   @RESUME@        true | false (false: leave the plugin as it is)
 %% Prints lines "delayd-adopt WORD FIELDS...":
 %%   was_held 0|1    (whether the plugin was still suspended: 0 after a

@@ -1,18 +1,32 @@
 //! Running an expression on a broker node with `rabbitmqctl eval`. The
-//! expression goes on standard input (an argument is limited to 128 KiB on
-//! Linux, and a commit names thousands of refs). The command may be a
-//! wrapper with arguments of its own (one that sets `HOME` for the Erlang
-//! cookie, say); delayd appends `-n NODE eval`.
+//! expression is an argument, never standard input: from RabbitMQ 3.12 on,
+//! the `rabbitmqctl` script starts the CLI with `-noinput` unless `eval` is
+//! its only argument, and `-n NODE eval` then waits for ever for an
+//! expression it never reads. Bulk data (a commit's refs) follows as
+//! further arguments, which `eval` binds to `_1`, `_2`, ... as binaries.
+//! Linux limits one argument to 128 KiB and all of them to about 2 MiB
+//! ([`MAX_ARGUMENT`], [`MAX_ARGUMENTS`]): callers split what could be
+//! longer. The command may be a wrapper with arguments of its own (one that
+//! sets `HOME` for the Erlang cookie, say); delayd appends
+//! `-n NODE eval EXPRESSION [VALUE ...]`.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 /// Longest one expression may run: a chunk is small, so a node that takes
 /// this long is stuck, and the command says so rather than wait for ever.
 const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Longest argument delayd passes (the expression, or one value): below
+/// Linux's 128 KiB limit on one argument (`MAX_ARG_STRLEN`).
+pub const MAX_ARGUMENT: usize = 120 << 10;
+
+/// Most bytes of arguments in one call: half of Linux's usual 2 MiB for
+/// arguments and environment together (`ARG_MAX`), leaving room for the
+/// environment and a wrapper's own.
+pub const MAX_ARGUMENTS: usize = 1 << 20;
 
 /// How delayd reaches the broker's nodes.
 #[derive(Debug, Clone)]
@@ -44,6 +58,14 @@ pub enum CtlError {
         /// The end of what it printed.
         said: String,
     },
+    /// The expression or a value is longer than [`MAX_ARGUMENT`], or all
+    /// of them than [`MAX_ARGUMENTS`] (a caller's bug: callers split what
+    /// could be longer).
+    #[error("{len} bytes of arguments are more than one rabbitmqctl call may take")]
+    TooLong {
+        /// The longest argument's length, or all of them.
+        len: usize,
+    },
     /// It did not finish within [`TIMEOUT`].
     #[error("{program} -n {node} eval did not finish within {} s", TIMEOUT.as_secs())]
     TimedOut {
@@ -68,10 +90,32 @@ impl Ctl {
 
     /// Runs `expression` on `node`; what it printed on standard output.
     pub async fn eval(&self, node: &str, expression: &str) -> Result<String, CtlError> {
-        let mut child = Command::new(&self.program)
+        self.eval_with(node, expression, &[]).await
+    }
+
+    /// Runs `expression` on `node` with `values` bound to `_1`, `_2`, ...
+    pub async fn eval_with(
+        &self,
+        node: &str,
+        expression: &str,
+        values: &[String],
+    ) -> Result<String, CtlError> {
+        let longest = values.iter().map(String::len).max().unwrap_or(0);
+        let all = expression.len() + values.iter().map(String::len).sum::<usize>();
+        if expression.len().max(longest) > MAX_ARGUMENT || all > MAX_ARGUMENTS {
+            return Err(CtlError::TooLong {
+                len: if all > MAX_ARGUMENTS {
+                    all
+                } else {
+                    expression.len().max(longest)
+                },
+            });
+        }
+        let child = Command::new(&self.program)
             .args(&self.args)
-            .args(["-n", node, "eval"])
-            .stdin(Stdio::piped())
+            .args(["-n", node, "eval", expression])
+            .args(values)
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -80,20 +124,7 @@ impl Ctl {
                 program: self.program.clone(),
                 error,
             })?;
-        let mut stdin = child.stdin.take();
-        let input = expression.as_bytes().to_vec();
-        let feed = async move {
-            if let Some(s) = stdin.as_mut() {
-                // A command that exits early closes the pipe; its status says why.
-                let _ = s.write_all(&input).await;
-                let _ = s.shutdown().await;
-            }
-        };
-        let run = async {
-            let (_, out) = tokio::join!(feed, child.wait_with_output());
-            out
-        };
-        let out = tokio::time::timeout(TIMEOUT, run)
+        let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
             .await
             .map_err(|_| CtlError::TimedOut {
                 program: self.program.clone(),
@@ -138,11 +169,31 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_expression_goes_on_stdin_after_the_node_arguments() {
-        // `sh -c 'echo "$@"; cat' sh -n NODE eval` prints the arguments, then stdin.
-        let ctl = Ctl::new("sh -c printf${IFS}%s${IFS}\"$*\";cat sh").unwrap();
-        let out = ctl.eval("rabbit@a", "node().").await.unwrap();
-        assert_eq!(out, "-n rabbit@a evalnode().");
+    async fn the_expression_is_the_last_argument_and_standard_input_is_empty() {
+        // Prints its arguments, one a line, then what standard input holds.
+        let ctl = Ctl::new("sh -c printf${IFS}'%s\\n'${IFS}\"$@\";cat sh").unwrap();
+        let expr = "begin\n  A = 1,\n  A + 1\nend.";
+        let out = ctl.eval("rabbit@a", expr).await.unwrap();
+        assert_eq!(out, format!("-n\nrabbit@a\neval\n{expr}\n"));
+    }
+
+    #[tokio::test]
+    async fn values_follow_the_expression_as_arguments_of_their_own() {
+        let ctl = Ctl::new("sh -c printf${IFS}'%s|'${IFS}\"$@\" sh").unwrap();
+        let values = ["1 QUJD".to_string(), "2\n3 RA==".to_string()];
+        let out = ctl.eval_with("rabbit@a", "x.", &values).await.unwrap();
+        assert_eq!(out, "-n|rabbit@a|eval|x.|1 QUJD|2\n3 RA==|");
+    }
+
+    #[tokio::test]
+    async fn arguments_too_long_for_one_call_are_refused_before_running() {
+        let ctl = Ctl::new("false").unwrap();
+        let long = "x".repeat(MAX_ARGUMENT + 1);
+        let e = ctl.eval("rabbit@a", &long).await.unwrap_err();
+        assert!(matches!(e, CtlError::TooLong { .. }), "{e}");
+        let many = vec!["y".repeat(MAX_ARGUMENT); MAX_ARGUMENTS / MAX_ARGUMENT + 1];
+        let e = ctl.eval_with("rabbit@a", "x.", &many).await.unwrap_err();
+        assert!(matches!(e, CtlError::TooLong { .. }), "{e}");
     }
 
     #[tokio::test]

@@ -13,6 +13,8 @@
 %% no publish to a delayed exchange is stored until commit/4 resumes it.
 %% Prints lines "delayd-adopt WORD FIELDS..." (binary fields in base64):
 %%   node NODE | notables | held 0|1
+%%   suspended_before 0|1   (the plugin was suspended when the read began:
+%%                           left so by an interrupted run)
 %%   entry TIMESTAMP REF ROUTING_KEY PROPERTIES BODY   (ours, to move)
 %%   orphan TIMESTAMP      (an index key of ours whose entries are gone)
 %%   stats VHOST NAME COUNT BYTES EARLIEST LATEST   (per exchange seen)
@@ -27,7 +29,7 @@
 %% Prints: was_held 0|1 (0 after a broker restart or a resume by hand since
 %% the read), deleted COUNT, missing COUNT, end.
 -module(delayd_adopt).
--export([read/8, commit/4]).
+-export([read/8, commit/4, items/1]).
 
 read(Vhost, Name, Hold, MaxEntries, MaxBytes, MaxScan, Cursor, NotBefore) ->
     Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
@@ -43,12 +45,14 @@ read(Vhost, Name, Hold, MaxEntries, MaxBytes, MaxScan, Cursor, NotBefore) ->
             Out([<<"notables">>]);
         true ->
             P = whereis(rabbit_delayed_message),
+            Before = is_pid(P) andalso suspended(P),
             Held = Hold andalso is_pid(P),
             case Held of
                 true -> ok = sys:suspend(P, 60000);
                 false -> ok
             end,
             Out([<<"held">>, Int(case Held of true -> 1; false -> 0 end)]),
+            Out([<<"suspended_before">>, Int(case Before of true -> 1; false -> 0 end)]),
             %% Up to 3.12 an entry holds a #delivery{} around a
             %% #basic_message{}; from 3.13 an mc container.
             Parts = fun(D) ->
@@ -125,6 +129,14 @@ read(Vhost, Name, Hold, MaxEntries, MaxBytes, MaxScan, Cursor, NotBefore) ->
     Out([<<"end">>]),
     ok.
 
+%% items/1: commit/4's Items from the values delayd passed after the
+%% expression (bound to _1, _2, ...): lines "TIMESTAMP REF REF ...".
+items(Values) ->
+    [begin
+         [Ts | Refs] = binary:split(Line, <<" ">>, [global, trim_all]),
+         {binary_to_integer(Ts), Refs}
+     end || V <- Values, Line <- binary:split(V, <<"\n">>, [global, trim_all])].
+
 commit(Vhost, Name, Items, Resume) ->
     Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
     Idx = list_to_atom(atom_to_list(Tab) ++ "_index"),
@@ -132,11 +144,7 @@ commit(Vhost, Name, Items, Resume) ->
     Out = fun(Fields) -> io:put_chars([<<"delayd-adopt">>, [[$\s, F] || F <- Fields], $\n]) end,
     Int = fun(N) -> integer_to_binary(N) end,
     P = whereis(rabbit_delayed_message),
-    WasHeld = is_pid(P) andalso
-        case sys:get_status(P, 60000) of
-            {status, _, _, [_, suspended | _]} -> true;
-            _ -> false
-        end,
+    WasHeld = is_pid(P) andalso suspended(P),
     Out([<<"was_held">>, Int(case WasHeld of true -> 1; false -> 0 end)]),
     KeysAt = fun KeysAt(K, Ts, Acc) ->
         case K of
@@ -173,3 +181,11 @@ commit(Vhost, Name, Items, Resume) ->
     Out([<<"missing">>, Int(M)]),
     Out([<<"end">>]),
     ok.
+
+%% Whether process P is suspended (sys:suspend): sys:get_status answers
+%% while it is.
+suspended(P) ->
+    case sys:get_status(P, 60000) of
+        {status, _, _, [_, suspended | _]} -> true;
+        _ -> false
+    end.

@@ -103,6 +103,83 @@ pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool) -> Strin
     )
 }
 
+/// [`commit`] for `rabbitmqctl eval`, whose refs travel as values after
+/// the expression (bound to `_1`, `_2`, ...: lines `TIMESTAMP REF REF ...`),
+/// each value at most `max_value` bytes and each call's values at most
+/// `max_call` bytes together; only the last call resumes the plugin (when
+/// `resume`). A chunk's refs can be far longer than one argument may be.
+/// A timestamp's refs may be split between two lines or calls (each
+/// deletes the index key once none of its entries is left). Always at
+/// least one call.
+pub fn commit_calls(
+    x: &Exchange,
+    items: &[(i64, Vec<String>)],
+    resume: bool,
+    max_value: usize,
+    max_call: usize,
+) -> Vec<(String, Vec<String>)> {
+    // Lines of at most max_value bytes.
+    let mut lines: Vec<String> = Vec::new();
+    for (ts, refs) in items {
+        let mut line = ts.to_string();
+        let mut has_ref = false;
+        for r in refs {
+            let r = only_base64(r);
+            if line.len() + 1 + r.len() + 1 > max_value && has_ref {
+                lines.push(std::mem::replace(&mut line, ts.to_string()));
+            }
+            line.push(' ');
+            line.push_str(r);
+            has_ref = true;
+        }
+        lines.push(line);
+    }
+    // Values of whole lines, calls of whole values.
+    let mut calls: Vec<Vec<String>> = vec![Vec::new()];
+    let mut value = String::new();
+    let mut used = 0;
+    let flush = |value: &mut String, calls: &mut Vec<Vec<String>>, used: &mut usize| {
+        if value.is_empty() {
+            return;
+        }
+        if *used + value.len() > max_call && *used > 0 {
+            calls.push(Vec::new());
+            *used = 0;
+        }
+        *used += value.len();
+        calls
+            .last_mut()
+            .expect("never empty")
+            .push(std::mem::take(value));
+    };
+    for line in lines {
+        if value.len() + line.len() + 1 > max_value {
+            flush(&mut value, &mut calls, &mut used);
+        }
+        value.push_str(&line);
+        value.push('\n');
+    }
+    flush(&mut value, &mut calls, &mut used);
+    let last = calls.len() - 1;
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, values)| {
+            let names: Vec<String> = (1..=values.len()).map(|n| format!("_{n}")).collect();
+            let items = format!("{}:items([{}])", module_name(), names.join(","));
+            let expr = fill(
+                COMMIT,
+                x,
+                &[
+                    ("@ITEMS@", items),
+                    ("@RESUME@", (resume && i == last).to_string()),
+                ],
+            );
+            (expr, values)
+        })
+        .collect()
+}
+
 /// The two-step form's first step, for an operator to run on the broker
 /// host: writes the exchange's entries on that node to `path` there, in
 /// the lines [`read`] prints, without holding the plugin. Entries due
@@ -128,10 +205,7 @@ pub fn export(x: &Exchange, path: &str, margin_ms: u64) -> String {
 /// `@LOAD@` compiles and loads `delayd_adopt.erl` on the node, under a name
 /// of its own per source text.
 fn fill(template: &str, x: &Exchange, extra: &[(&str, String)]) -> String {
-    let module = format!(
-        "delayd_adopt_{:016x}",
-        xxhash_rust::xxh3::xxh3_64(MODULE.as_bytes())
-    );
+    let module = module_name();
     let source = MODULE.replace("-module(delayd_adopt).", &format!("-module({module})."));
     let mut s = code(template)
         .replace("@LOAD@", &code(LOAD))
@@ -143,6 +217,14 @@ fn fill(template: &str, x: &Exchange, extra: &[(&str, String)]) -> String {
         s = s.replace(k, v);
     }
     s
+}
+
+/// The name `delayd_adopt.erl` is loaded under: one per source text.
+fn module_name() -> String {
+    format!(
+        "delayd_adopt_{:016x}",
+        xxhash_rust::xxh3::xxh3_64(MODULE.as_bytes())
+    )
 }
 
 /// Erlang text without its `%%` comment lines.
@@ -192,6 +274,55 @@ mod tests {
         assert!(e.contains(&B64.encode("orders\">>, halt().")));
         assert!(!e.contains('@'), "every placeholder filled");
         assert!(e.contains("10, 100, 0, <<\"\">>, 0)"), "{e}");
+    }
+
+    #[test]
+    fn commit_calls_fit_the_limits_keep_every_ref_once_and_only_the_last_resumes() {
+        let refs = |ts: i64, n: usize| -> (i64, Vec<String>) {
+            (
+                ts,
+                (0..n)
+                    .map(|i| format!("{:0>64}", ts * 10_000 + i as i64))
+                    .collect(),
+            )
+        };
+        let items = vec![refs(1, 1500), (2, vec![]), refs(3, 2500)];
+        let (max_value, max_call) = (20_000, 60_000);
+        let calls = commit_calls(&x(), &items, true, max_value, max_call);
+        assert!(calls.len() > 2, "{} calls", calls.len());
+        let mut seen = Vec::new();
+        let mut orphan = false;
+        for (i, (expr, values)) in calls.iter().enumerate() {
+            assert!(values.iter().all(|v| v.len() <= max_value), "call {i}");
+            assert!(values.iter().map(String::len).sum::<usize>() <= max_call);
+            let names: Vec<String> = (1..=values.len()).map(|n| format!("_{n}")).collect();
+            assert!(
+                expr.contains(&format!(":items([{}])", names.join(","))),
+                "{expr}"
+            );
+            let resumes = expr.trim_end().ends_with("true)\nend.");
+            assert_eq!(resumes, i == calls.len() - 1, "call {i}");
+            for line in values.iter().flat_map(|v| v.lines()) {
+                let mut words = line.split(' ');
+                let ts: i64 = words.next().unwrap().parse().unwrap();
+                let these: Vec<&str> = words.collect();
+                orphan |= ts == 2 && these.is_empty();
+                for r in these {
+                    assert_eq!(
+                        r.parse::<i64>().unwrap() / 10_000,
+                        ts,
+                        "under its timestamp"
+                    );
+                    seen.push(r.to_string());
+                }
+            }
+        }
+        assert!(orphan, "the orphan key too");
+        seen.sort();
+        let mut want: Vec<String> = items.iter().flat_map(|(_, r)| r.clone()).collect();
+        want.sort();
+        assert_eq!(seen, want);
+        assert_eq!(commit_calls(&x(), &[], false, max_value, max_call).len(), 1);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 %% export.erl: the two-step form's first step, for an operator to run with
-%% `rabbitmqctl eval` on a node delayd cannot reach: read.erl, without a
+%% `rabbitmqctl -n NODE eval_file FILE` on a node delayd cannot reach: read.erl, without a
 %% hold, writing its lines to a file on the broker host instead of standard
 %% output, for `delayd adopt --from FILE`.
 %% Placeholders (filled by src/adopt/erlang.rs):

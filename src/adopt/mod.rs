@@ -80,6 +80,14 @@ pub struct NodeReport {
     pub doubtful: u64,
     /// Whether the last pass still found new messages of the exchange.
     pub still_published: bool,
+    /// Whether the plugin was suspended when this run first read the node
+    /// (an interrupted run left it so); `None` before that read.
+    pub left_held: Option<bool>,
+    /// Messages found in Redis already (an interrupted run stored them)
+    /// while the plugin was not left held: it ran with them since (a
+    /// broker restart, or a resume by hand), and those of that run's chunk
+    /// that fell due meanwhile went out through it as well.
+    pub ran_with_stored: u64,
 }
 
 /// Why a node was not emptied.
@@ -147,6 +155,9 @@ impl Adoption<'_> {
             if !chunk.node.is_empty() {
                 report.node = chunk.node.clone();
             }
+            if report.left_held.is_none() && chunk.held {
+                report.left_held = Some(chunk.suspended_before);
+            }
             if !chunk.tables {
                 report.tables = false;
                 return Ok((0, Vec::new()));
@@ -196,6 +207,9 @@ impl Adoption<'_> {
                 Ok(m) => {
                     report.moved += m.stored;
                     report.already += m.already;
+                    if report.left_held == Some(false) {
+                        report.ran_with_stored += m.already;
+                    }
                     self.progress.add(m.stored + m.already);
                 }
                 Err(error) => {
@@ -212,17 +226,29 @@ impl Adoption<'_> {
             }
         }
         let items: Vec<(i64, Vec<String>)> = by_time.into_iter().collect();
-        let out = self
-            .ctl
-            .eval(node, &erlang::commit(&self.exchange, &items, true))
-            .await?;
-        let done = lines::committed(&out).map_err(|error| AdoptError::Output {
-            node: node.to_string(),
-            error,
-        })?;
-        report.doubtful += done.missing;
-        if chunk.held && !done.was_held {
-            report.doubtful += done.deleted;
+        let mut was_held = true;
+        let mut deleted = 0;
+        let calls = erlang::commit_calls(
+            &self.exchange,
+            &items,
+            true,
+            ctl::MAX_ARGUMENT,
+            ctl::MAX_ARGUMENTS - ctl::MAX_ARGUMENT,
+        );
+        for (i, (expr, values)) in calls.iter().enumerate() {
+            let out = self.ctl.eval_with(node, expr, values).await?;
+            let done = lines::committed(&out).map_err(|error| AdoptError::Output {
+                node: node.to_string(),
+                error,
+            })?;
+            report.doubtful += done.missing;
+            deleted += done.deleted;
+            if i == 0 {
+                was_held = done.was_held;
+            }
+        }
+        if chunk.held && !was_held {
+            report.doubtful += deleted;
             tracing::warn!(node, "the plugin was resumed while delayd held it (a broker restart?): messages of this chunk that fell due meanwhile may be delivered twice");
         }
         Ok(batch.len())

@@ -1,5 +1,5 @@
 %% read.erl: one chunk of what the delayed-message plugin holds on this node,
-%% run with `rabbitmqctl eval` (the expression on standard input).
+%% run with `rabbitmqctl -n NODE eval EXPRESSION` (src/adopt/ctl.rs).
 %% delayd_adopt:read/8 (src/adopt/delayd_adopt.erl, compiled on the node)
 %% walks the plugin's index (an ordered_set of #delay_key{timestamp,
 %% exchange}) from just after the cursor, key by key, never copying the
@@ -19,6 +19,7 @@
 %%                   before its delete can run to the plugin)
 %% Prints lines "delayd-adopt WORD FIELDS..." (binary fields in base64):
 %%   node NODE | notables | held 0|1
+%%   suspended_before 0|1   (whether the plugin was suspended already)
 %%   entry TIMESTAMP REF ROUTING_KEY PROPERTIES BODY   (ours, to move)
 %%   orphan TIMESTAMP      (an index key of ours whose entries are gone)
 %%   stats VHOST NAME COUNT BYTES EARLIEST LATEST   (per exchange seen)

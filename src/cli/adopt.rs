@@ -34,7 +34,7 @@ pub(super) struct AdoptArgs {
     #[arg(long = "node", value_name = "NODE")]
     nodes: Vec<String>,
     /// The command that reaches the nodes, with its arguments (split at
-    /// spaces); delayd appends `-n NODE eval`.
+    /// spaces); delayd appends `-n NODE eval EXPRESSION`.
     #[arg(long, value_name = "CMD", default_value = "rabbitmqctl")]
     rabbitmqctl: String,
     /// Only count what each node holds, per exchange; move nothing.
@@ -163,6 +163,12 @@ fn print_report(adoption: &Adoption<'_>, r: &NodeReport) -> bool {
             r.node, r.doubtful
         );
     }
+    if r.ran_with_stored > 0 {
+        println!(
+            "node {}: warning: {} messages were in Redis already and the plugin ran with them (a broker restart, or a resume by hand, since an interrupted adoption stored them): any message of that adoption's chunk that fell due in between was delivered by the plugin and is delivered by delayd too",
+            r.node, r.ran_with_stored
+        );
+    }
     if r.still_published {
         println!(
             "node {}: producers still publish to \"{}\" there: point them at the intake, then run adopt again",
@@ -269,7 +275,7 @@ async fn take_in(
     let held: u64 = chunk.held_by.iter().filter(ours).map(|h| h.count).sum();
     let soon = held.saturating_sub(chunk.entries.len() as u64);
     eprintln!(
-        "node {}: took in {} into business \"{}\", already there {}, left {soon} due within the margin (the plugin delivers them) and {left} for other exchanges; now run the expression printed on stdout on that node (rabbitmqctl -n {} eval < FILE) to delete what was taken in from the plugin",
+        "node {}: took in {} into business \"{}\", already there {}, left {soon} due within the margin (the plugin delivers them) and {left} for other exchanges; now save the expression printed on stdout to a file and run it on that node (rabbitmqctl -n {} eval_file FILE) to delete what was taken in from the plugin",
         chunk.node, moved.stored, b.name, moved.already, chunk.node
     );
     let items: Vec<(i64, Vec<String>)> = items.into_iter().collect();
