@@ -222,8 +222,8 @@ start_matrix() {
 # Seconds each test binary took in a whole run on a 2-core VM (those not
 # named here count as 10): only to balance the shards.
 declare -A test_secs=(
-	[intake_faults]=114 [rabbitmq_cluster]=110 [adopt]=105 [loss]=105
-	[redis_sentinel]=85 [redis_cluster]=80 [intake_nemesis]=69 [faults]=55
+	[adopt]=200 [redis_sentinel]=170 [intake_faults]=114 [rabbitmq_cluster]=110 [loss]=105
+	[redis_cluster]=80 [intake_nemesis]=69 [faults]=55
 	[recurring]=35 [rabbitmq_tls]=30 [intake]=30 [id_mode]=29
 	[console_browser]=26 [delivery]=21 [rate]=21 [cli]=17 [schedules_api]=14
 )
