@@ -97,7 +97,17 @@ pub struct Settings {
     pub user_id: UserId,
     /// The replicas a write waits for before its deliveries are acknowledged.
     pub replica_wait: ReplicaWait,
+    /// The header naming each message's tenant, on a business with tenants
+    /// (docs/tenants.md); without it every message goes to [`DEFAULT_TENANT`].
+    pub tenant_header: Option<String>,
 }
+
+/// The tenant of an intake message that names none, or names one that cannot
+/// be a tenant (empty, over [`TENANT_MAX_BYTES`], not text, not a string).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// The longest tenant name, in bytes: a tenant is part of a key name.
+pub const TENANT_MAX_BYTES: usize = 200;
 
 /// A problem for every intake queue two businesses name: each would take
 /// some of the other's messages.
