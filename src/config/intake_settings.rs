@@ -109,6 +109,15 @@ pub const DEFAULT_TENANT: &str = "default";
 /// The longest tenant name, in bytes: a tenant is part of a key name.
 pub const TENANT_MAX_BYTES: usize = 200;
 
+/// Whether `name` can name a tenant: 1 to [`TENANT_MAX_BYTES`] bytes of
+/// UTF-8 text without control characters, so it reads plainly wherever it
+/// is shown.
+pub fn names_a_tenant(name: &[u8]) -> bool {
+    std::str::from_utf8(name).is_ok_and(|t| {
+        !t.is_empty() && t.len() <= TENANT_MAX_BYTES && !t.chars().any(char::is_control)
+    })
+}
+
 /// A problem for every intake queue two businesses name: each would take
 /// some of the other's messages.
 pub fn shared_queues(businesses: &[crate::config::Business]) -> Vec<String> {

@@ -4,10 +4,9 @@
 
 use lapin::types::{AMQPValue, FieldTable};
 
-use crate::config::intake_settings::TENANT_MAX_BYTES;
+use crate::config::intake_settings::names_a_tenant;
 
-/// The tenant `header` names in `headers`: a string of 1 to
-/// [`TENANT_MAX_BYTES`] bytes of UTF-8 text without control characters.
+/// The tenant `header` names in `headers`: a string of 1 to 200 bytes of UTF-8 text without control characters.
 /// Anything else (missing, empty, too long, binary, another type) names
 /// none: the message is stored all the same, never refused for it.
 pub fn tenant_of(headers: Option<&FieldTable>, header: &str) -> Option<Vec<u8>> {
@@ -17,9 +16,7 @@ pub fn tenant_of(headers: Option<&FieldTable>, header: &str) -> Option<Vec<u8>> 
         AMQPValue::ShortString(s) => s.as_str().as_bytes(),
         _ => return None,
     };
-    let text = std::str::from_utf8(bytes).ok()?;
-    let fits = !text.is_empty() && text.len() <= TENANT_MAX_BYTES;
-    (fits && !text.chars().any(char::is_control)).then(|| bytes.to_vec())
+    names_a_tenant(bytes).then(|| bytes.to_vec())
 }
 
 #[cfg(test)]
