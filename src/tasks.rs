@@ -10,6 +10,7 @@ use crate::redis_conn::scripts;
 
 use redis::aio::ConnectionLike;
 
+use crate::config::intake_settings::DEFAULT_TENANT;
 use crate::config::{Business, MemberMode, ScoreUnit};
 use crate::store::{KeyFamily, StoreError};
 
@@ -136,13 +137,17 @@ pub async fn redis_now_ms<C: ConnectionLike>(conn: &mut C) -> Result<i64, StoreE
 }
 
 /// Schedules `member` due at `due_ms`; in id mode `body` is stored beside it
-/// in the same `MULTI`, so no claim ever sees the id without its body.
+/// in the same `MULTI`, so no claim ever sees the id without its body. On a
+/// business with tenants it goes into `tenant`'s set (the default tenant
+/// without one) and the tenant into the index, as producers write it
+/// (docs/tenants.md); the caller refuses a tenant for a business without.
 /// Returns the key written.
 pub async fn schedule<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
     member: &[u8],
     body: Option<&[u8]>,
+    tenant: Option<&[u8]>,
     due_ms: i64,
 ) -> Result<String, StoreError> {
     let keys = business.keys();
@@ -154,9 +159,32 @@ pub async fn schedule<C: ConnectionLike>(
     if let (MemberMode::Id { .. }, Some(body)) = (business.member, body) {
         pipe.hset(&fam.body, member, body).ignore();
     }
+    if business.tenants.is_some() {
+        let tenant = tenant.unwrap_or(DEFAULT_TENANT.as_bytes());
+        let set = fam.tenant_set(tenant);
+        pipe.zadd(&set, member, score).ignore();
+        pipe.cmd("ZADD")
+            .arg(fam.tenant_index())
+            .arg("LT")
+            .arg(score)
+            .arg(tenant)
+            .ignore();
+        pipe.query_async::<()>(conn).await?;
+        return Ok(String::from_utf8_lossy(&set).into_owned());
+    }
     pipe.zadd(&key, member, score).ignore();
     pipe.query_async::<()>(conn).await?;
     Ok(key)
+}
+
+/// Why `tenant` cannot be given for `business`, in one line: a business
+/// without tenants, or a name that cannot be a tenant's.
+pub fn tenant_refused(business: &Business, tenant: &[u8]) -> Option<String> {
+    if business.tenants.is_none() {
+        return Some(format!("business \"{}\" has no tenants (tenants = true in its config): schedule without a tenant", business.name));
+    }
+    (!crate::config::intake_settings::names_a_tenant(tenant))
+        .then(|| "a tenant is 1 to 200 bytes of text without control characters".to_string())
 }
 
 /// Where `member` is, looking in every shard (its hash shard first). With

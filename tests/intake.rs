@@ -1870,3 +1870,248 @@ async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
     }
     t.stop(d).await;
 }
+
+/// A business with tenants whose intake reads the tenant from `x-tenant`.
+const TENANT_HEADER: &str = "tenant_header = \"x-tenant\"";
+
+/// Properties for an intake message of `tenant` (none: no header) due
+/// `delay` ms after it is stored, with `id` as its `message_id`.
+fn of_tenant(tenant: Option<AMQPValue>, delay: i32, id: &str) -> BasicProperties {
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), AMQPValue::LongInt(delay));
+    if let Some(t) = tenant {
+        h.insert("x-tenant".into(), t);
+    }
+    BasicProperties::default()
+        .with_headers(h)
+        .with_delivery_mode(2)
+        .with_message_id(ShortString::from(id))
+}
+
+fn text(s: &str) -> Option<AMQPValue> {
+    Some(AMQPValue::LongString(LongString::from(s)))
+}
+
+/// Waits until every id is in its tenant's set: its score there.
+async fn stored_in_tenants(t: &Intake, ids: &[(&str, String)], d: &Daemon) -> Vec<f64> {
+    let f = family(&t.key);
+    let mut r = t.redis.clone();
+    let start = Instant::now();
+    loop {
+        let mut pipe = redis::pipe();
+        for (tenant, id) in ids {
+            pipe.zscore(f.tenant_set(tenant.as_bytes()), id);
+        }
+        let scores: Vec<Option<f64>> = pipe.query_async(&mut r).await.unwrap();
+        if scores.iter().all(Option::is_some) {
+            return scores.into_iter().flatten().collect();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not all in their tenants' sets within 10 s: {scores:?}; log:\n{}",
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With `tenant_header`, each intake message goes into the tenant its
+/// header names and the tenant into the index at its earliest due time,
+/// nothing into `K`; each is delivered once, not before its due time.
+#[tokio::test]
+async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its_due_time() {
+    let (t, d) =
+        Intake::started(ExchangeKind::Direct, &[""], "tenants = true", TENANT_HEADER).await;
+    let plan = [("acme", 1_500), ("acme", 1_200), ("zeta", 1_800)];
+    let ids: Vec<(&str, String)> = plan.iter().map(|(t, _)| (*t, unique("m"))).collect();
+    for ((tenant, delay), (_, id)) in plan.iter().zip(&ids) {
+        t.publish("", id.as_bytes(), of_tenant(text(tenant), *delay, id))
+            .await;
+    }
+    let dues = stored_in_tenants(&t, &ids, &d).await;
+    let f = family(&t.key);
+    let mut r = t.redis.clone();
+    let index: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(f.tenant_index())
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(
+        index,
+        vec![
+            ("acme".to_string(), dues[0].min(dues[1])),
+            ("zeta".to_string(), dues[2])
+        ],
+        "each tenant in the index at its earliest due time"
+    );
+    let in_k: i64 = redis::cmd("ZCARD")
+        .arg(&t.key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(in_k, 0, "nothing in K");
+
+    let want: std::collections::HashSet<Vec<u8>> =
+        ids.iter().map(|(_, id)| id.as_bytes().to_vec()).collect();
+    wait_n(&t.inbox, 3, Duration::from_secs(15), &d).await;
+    t.inbox.settle(Duration::from_millis(500)).await;
+    let got = t.inbox.assert_each_once(&want, "an intake with tenants");
+    for ((_, id), due) in ids.iter().zip(&dues) {
+        let r = got.iter().find(|r| r.body == id.as_bytes()).unwrap();
+        assert!(
+            r.at_ms >= *due as i64,
+            "{id} arrived {} ms before its due time",
+            *due as i64 - r.at_ms
+        );
+    }
+    t.stop(d).await;
+}
+
+/// A tenant header that cannot name a tenant (missing, empty, binary, 4 kB
+/// long, an integer, a table) never stops the intake nor loses the message:
+/// each goes to the "default" tenant and is delivered once.
+#[tokio::test]
+async fn hostile_tenant_headers_go_to_the_default_tenant_and_are_each_delivered_once() {
+    let (t, d) =
+        Intake::started(ExchangeKind::Direct, &[""], "tenants = true", TENANT_HEADER).await;
+    let mut table = FieldTable::default();
+    table.insert("x".into(), AMQPValue::LongInt(1));
+    let hostile = [
+        None,
+        text(""),
+        Some(AMQPValue::LongString(LongString::from(vec![0xff, 0xfe, 0]))),
+        Some(AMQPValue::LongString(LongString::from("t".repeat(4_000)))),
+        text(&"t".repeat(201)),
+        Some(AMQPValue::LongLongInt(42)),
+        Some(AMQPValue::FieldTable(table)),
+    ];
+    let ids: Vec<(&str, String)> = hostile.iter().map(|_| ("default", unique("h"))).collect();
+    for (value, (_, id)) in hostile.into_iter().zip(&ids) {
+        t.publish("", id.as_bytes(), of_tenant(value, 1_000, id))
+            .await;
+    }
+    let good = unique("good");
+    t.publish("", good.as_bytes(), of_tenant(text("acme"), 1_000, &good))
+        .await;
+    stored_in_tenants(&t, &ids, &d).await;
+    stored_in_tenants(&t, &[("acme", good.clone())], &d).await;
+    let mut want: std::collections::HashSet<Vec<u8>> =
+        ids.iter().map(|(_, id)| id.as_bytes().to_vec()).collect();
+    want.insert(good.into_bytes());
+    wait_n(&t.inbox, want.len(), Duration::from_secs(15), &d).await;
+    t.inbox.settle(Duration::from_millis(500)).await;
+    t.inbox.assert_each_once(&want, "hostile tenant headers");
+    assert_eq!(
+        d.logs().matches("consuming the intake queue").count(),
+        1,
+        "the intake kept its channel:\n{}",
+        d.tail()
+    );
+    t.stop(d).await;
+}
+
+/// A heavy tenant's burst through the intake (6,000 messages due at once
+/// behind max_rate = 2000, a 3 s drain) does not make light tenants'
+/// messages, due during that drain, late: in due order they would wait
+/// seconds behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_late() {
+    let (t, d) = Intake::started(
+        ExchangeKind::Direct,
+        &[""],
+        "tenants = true\nmax_rate = 2000",
+        TENANT_HEADER,
+    )
+    .await;
+    // The burst, published without waiting for each confirm.
+    let mut confirms = Vec::new();
+    for i in 0..6_000 {
+        let id = format!("heavy-{i}");
+        let c =
+            t.ch.basic_publish(
+                t.exchange.as_str().into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                id.as_bytes(),
+                of_tenant(text("heavy"), 2_500, &id),
+            )
+            .await
+            .unwrap();
+        confirms.push(c);
+    }
+    for c in confirms {
+        let ok = tokio::time::timeout(Duration::from_secs(30), c)
+            .await
+            .expect("no confirm within 30 s")
+            .unwrap();
+        assert!(ok.is_ack());
+    }
+    // Ten light tenants, one message each, due from 0.5 s to 1.85 s after
+    // the burst is.
+    let light: Vec<(String, String)> = (0..10)
+        .map(|i| (format!("light{i}"), unique("light")))
+        .collect();
+    for (i, (tenant, id)) in light.iter().enumerate() {
+        let delay = 3_000 + i as i32 * 150;
+        t.publish("", id.as_bytes(), of_tenant(text(tenant), delay, id))
+            .await;
+    }
+    let named: Vec<(&str, String)> = light
+        .iter()
+        .map(|(t, id)| (t.as_str(), id.clone()))
+        .collect();
+    let dues = stored_in_tenants(&t, &named, &d).await;
+    let mut want: std::collections::HashSet<Vec<u8>> = (0..6_000)
+        .map(|i| format!("heavy-{i}").into_bytes())
+        .collect();
+    want.extend(light.iter().map(|(_, id)| id.as_bytes().to_vec()));
+    let start = Instant::now();
+    while !want.is_subset(&t.inbox.bodies()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} of {} delivered within 60 s; log:\n{}",
+            t.inbox.len(),
+            want.len(),
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = t
+        .inbox
+        .assert_each_once(&want, "a burst through the intake");
+    let heavy_last = got
+        .iter()
+        .filter(|r| r.body.starts_with(b"heavy-"))
+        .map(|r| r.at_ms)
+        .max()
+        .unwrap();
+    let last_light_due = dues.iter().fold(0f64, |a, b| a.max(*b)) as i64;
+    assert!(
+        heavy_last > last_light_due + 300,
+        "the heavy drain ended before the light messages came due: the test shows nothing"
+    );
+    let mut late: Vec<i64> = light
+        .iter()
+        .zip(&dues)
+        .map(|((_, id), due)| {
+            let r = got.iter().find(|r| r.body == id.as_bytes()).unwrap();
+            assert!(r.at_ms >= *due as i64, "a light message arrived early");
+            r.at_ms - *due as i64
+        })
+        .collect();
+    late.sort();
+    let max = *late.last().unwrap();
+    eprintln!(
+        "light lateness ms: p50 {} max {max}; heavy's last {} ms after the last light due time",
+        late[late.len() / 2],
+        heavy_last - last_light_due
+    );
+    assert!(
+        max < 500,
+        "a light message was {max} ms late behind the heavy burst"
+    );
+    t.stop(d).await;
+}

@@ -236,3 +236,100 @@ async fn sigkill_mid_drain_then_restart_delivers_every_tenants_member() {
         Vec::<String>::new()
     );
 }
+
+/// `delayd schedule --tenant` on a business with tenants writes the task
+/// into that tenant's set (without `--tenant`, into "default") and the
+/// tenant into the index, nothing into `K`; each is delivered once, not
+/// before its due time. On a business without tenants `--tenant` is
+/// refused with one line and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_with_a_tenant_writes_into_its_set_and_is_delivered_once() {
+    let b = BusinessSpec::with_extra("tenants_cli", "tenants = true");
+    let plain = BusinessSpec::with_extra("plain_cli", "");
+    let s = Setup::new(&[&b, &plain]).await;
+    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let cfg = s.config.to_str().unwrap();
+    let acme = unique("acme-task");
+    let other = unique("default-task");
+    let (code, _, err) = delayd(&[
+        "schedule",
+        "-c",
+        cfg,
+        "tenants_cli",
+        "--tenant",
+        "acme",
+        "--in",
+        "1s",
+        &acme,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = delayd(&["schedule", "-c", cfg, "tenants_cli", "--in", "1s", &other]);
+    assert_eq!(code, 0, "{err}");
+    let f = family(&b.key);
+    let in_acme: Option<f64> = redis::cmd("ZSCORE")
+        .arg(f.tenant_set(b"acme"))
+        .arg(&acme)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let in_default: Option<f64> = redis::cmd("ZSCORE")
+        .arg(f.tenant_set(b"default"))
+        .arg(&other)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        in_acme.is_some() && in_default.is_some(),
+        "{in_acme:?} {in_default:?}"
+    );
+    let index: Vec<String> = redis::cmd("ZRANGE")
+        .arg(f.tenant_index())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut index = index;
+    index.sort();
+    assert_eq!(index, vec!["acme".to_string(), "default".to_string()]);
+    let in_k: i64 = redis::cmd("ZCARD")
+        .arg(&b.key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(in_k, 0, "nothing in K");
+
+    let (code, _, err) = delayd(&[
+        "schedule",
+        "-c",
+        cfg,
+        "plain_cli",
+        "--tenant",
+        "acme",
+        "--in",
+        "1s",
+        "x",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("has no tenants"), "{err}");
+    let plain_k: i64 = redis::cmd("ZCARD")
+        .arg(&plain.key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(plain_k, 0, "nothing written");
+
+    let d = Daemon::start(&s.config);
+    let want: HashSet<Vec<u8>> = [acme.clone().into_bytes(), other.clone().into_bytes()].into();
+    wait_all(&inbox, &want, Duration::from_secs(15), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    for r in inbox.assert_each_once(&want, "schedule --tenant") {
+        let due = if r.body == acme.as_bytes() {
+            in_acme
+        } else {
+            in_default
+        };
+        assert!(r.at_ms >= due.unwrap() as i64, "delivered early");
+    }
+}

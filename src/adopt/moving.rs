@@ -149,6 +149,7 @@ mod tests {
                 timeout: std::time::Duration::from_secs(1),
                 ack: ReplicaAck::Received,
             },
+            tenant_header: None,
         }
     }
 

@@ -60,6 +60,10 @@ pub(super) struct ScheduleArgs {
     /// The task id (businesses with member = "id"; required there).
     #[arg(long, value_name = "ID")]
     id: Option<String>,
+    /// The task's tenant, on a business with tenants = true (the tenant
+    /// "default" when omitted); refused on a business without.
+    #[arg(long, value_name = "TENANT")]
+    tenant: Option<String>,
     #[command(flatten)]
     when: When,
     /// The body; read from standard input when omitted.
@@ -186,6 +190,13 @@ fn print_json(v: &serde_json::Value) {
 
 pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
     let (cfg, b) = load(&a.config.config, &a.business)?;
+    if let Some(why) = a
+        .tenant
+        .as_deref()
+        .and_then(|t| tasks::tenant_refused(&b, t.as_bytes()))
+    {
+        return Err(Failure::usage(format!("--tenant: {why}")));
+    }
     let (member, body) = match (b.member, &a.id) {
         (MemberMode::Id { .. }, None) => {
             return Err(Failure::usage(format!(
@@ -204,7 +215,8 @@ pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
     };
     let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let due_ms = a.when.due_ms(now_ms)?;
-    let key = tasks::schedule(&mut conn, &b, &member, body.as_deref(), due_ms)
+    let tenant = a.tenant.as_deref().map(str::as_bytes);
+    let key = tasks::schedule(&mut conn, &b, &member, body.as_deref(), tenant, due_ms)
         .await
         .map_err(redis_err(&b.name))?;
     let bytes = body.as_ref().unwrap_or(&member).len();

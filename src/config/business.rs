@@ -242,10 +242,17 @@ pub(super) fn validate_business(
     let timing = timing(name, &mut rb, problems);
     problems.extend(lease_too_short(name, timing.lease));
     let (score_unit, properties) = formats(name, &rb, problems);
-    let intake = rb
-        .intake
-        .take()
-        .map(|raw| validate_intake(name, raw, rb.member.as_deref(), &exchange, mode, problems));
+    let intake = rb.intake.take().map(|raw| {
+        validate_intake(
+            name,
+            raw,
+            rb.member.as_deref(),
+            &exchange,
+            mode,
+            rb.tenants == Some(true),
+            problems,
+        )
+    });
     let recurring = rb.recurring.take().map_or_else(Vec::new, |raw| {
         let dir = path.parent().unwrap_or(Path::new("."));
         recurring_section::validate(name, raw, dir, problems)

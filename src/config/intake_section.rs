@@ -11,6 +11,7 @@ pub(super) fn validate_intake(
     member: Option<&str>,
     target: &str,
     mode: RedisMode,
+    tenants: bool,
     problems: &mut Vec<String>,
 ) -> Option<Settings> {
     let before = problems.len();
@@ -102,6 +103,22 @@ pub(super) fn validate_intake(
         mode,
         problems,
     );
+    let tenant_header = raw.tenant_header;
+    if let Some(h) = &tenant_header {
+        check_short_string(&place("tenant_header"), h, problems);
+        if h.is_empty() {
+            problems.push(format!(
+                "{} is empty; name the header that carries each message's tenant, or remove it",
+                place("tenant_header")
+            ));
+        }
+        if !tenants {
+            problems.push(format!(
+                "{} needs tenants = true on the business; add it or remove the header",
+                place("tenant_header")
+            ));
+        }
+    }
     (problems.len() == before).then(|| Settings {
         exchange,
         queue,
@@ -114,6 +131,7 @@ pub(super) fn validate_intake(
         x_delay,
         user_id,
         replica_wait,
+        tenant_header,
     })
 }
 

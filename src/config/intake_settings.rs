@@ -97,6 +97,25 @@ pub struct Settings {
     pub user_id: UserId,
     /// The replicas a write waits for before its deliveries are acknowledged.
     pub replica_wait: ReplicaWait,
+    /// The header naming each message's tenant, on a business with tenants
+    /// (docs/tenants.md); without it every message goes to [`DEFAULT_TENANT`].
+    pub tenant_header: Option<String>,
+}
+
+/// The tenant of an intake message that names none, or names one that cannot
+/// be a tenant (empty, over [`TENANT_MAX_BYTES`], not text, not a string).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// The longest tenant name, in bytes: a tenant is part of a key name.
+pub const TENANT_MAX_BYTES: usize = 200;
+
+/// Whether `name` can name a tenant: 1 to [`TENANT_MAX_BYTES`] bytes of
+/// UTF-8 text without control characters, so it reads plainly wherever it
+/// is shown.
+pub fn names_a_tenant(name: &[u8]) -> bool {
+    std::str::from_utf8(name).is_ok_and(|t| {
+        !t.is_empty() && t.len() <= TENANT_MAX_BYTES && !t.chars().any(char::is_control)
+    })
 }
 
 /// A problem for every intake queue two businesses name: each would take

@@ -103,6 +103,7 @@ pub(super) struct RawIntake {
     pub(super) replicas: Option<i64>,
     pub(super) replica_timeout: Option<String>,
     pub(super) replica_ack: Option<String>,
+    pub(super) tenant_header: Option<String>,
 }
 
 /// A node list: an array in the file, or one string from the environment

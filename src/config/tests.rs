@@ -941,3 +941,22 @@ fn tenant_weights_need_tenants_and_a_weight_from_1_to_1000() {
         &["tenant_weights.\"acme\" must be from 1 to 1000 (got 0)"],
     );
 }
+
+#[test]
+fn an_intake_tenant_header_needs_tenants_and_a_name() {
+    let intake = "[businesses.billing.intake]\nexchange = \"in\"\nqueue = \"in\"\n";
+    refused(
+        &business(&format!("{intake}tenant_header = \"x-tenant\"")),
+        &["field \"intake.tenant_header\" needs tenants = true"],
+    );
+    refused(
+        &business(&format!("tenants = true\n{intake}tenant_header = \"\"")),
+        &["field \"intake.tenant_header\" is empty"],
+    );
+    let c = load_str(&business(&format!(
+        "tenants = true\n{intake}tenant_header = \"x-tenant\""
+    )))
+    .unwrap();
+    let i = c.businesses[0].intake.as_ref().unwrap();
+    assert_eq!(i.tenant_header.as_deref(), Some("x-tenant"));
+}

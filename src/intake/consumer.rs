@@ -383,11 +383,17 @@ impl Intake {
                     continue;
                 }
             };
+            let tenant = self
+                .settings
+                .tenant_header
+                .as_deref()
+                .and_then(|h| super::tenant::tenant_of(d.properties.headers().as_ref(), h));
             batch.items.push(Item {
                 id,
                 due,
                 envelope,
                 dead,
+                tenant,
             });
             batch.tags.push(d.delivery_tag);
         }

@@ -11,11 +11,13 @@
 //! - [`topology`]: the intake exchange and queue, declared when missing;
 //! - `consumer`: consume, write in batches, then acknowledge;
 //! - the Redis side is `store::incoming` (`src/lua/intake.lua`), shared with adoption;
+//! - `tenant`: the tenant a message names in the business's `tenant_header`;
 //! - `depth`: whether the queue is consumed, and how deep it is;
 //! - [`waitaof`]: whether the server can wait as `replica_ack = "fsynced"` asks.
 
 mod consumer;
 mod depth;
+mod tenant;
 pub mod topology;
 pub mod waitaof;
 

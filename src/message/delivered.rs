@@ -120,6 +120,7 @@ mod tests {
                 timeout: std::time::Duration::from_secs(1),
                 ack: crate::config::intake_settings::ReplicaAck::Received,
             },
+            tenant_header: None,
         }
     }
 

@@ -24,7 +24,7 @@ use crate::config::{Business, ScoreUnit};
 use crate::redis_conn::RedisConn;
 use crate::store::{KeyFamily, StoreError};
 
-use crate::config::intake_settings::{ReplicaAck, ReplicaWait};
+use crate::config::intake_settings::{ReplicaAck, ReplicaWait, DEFAULT_TENANT};
 
 /// Most message bytes in one script call, far below Redis's query buffer
 /// limit; a larger message goes in a call of its own.
@@ -59,6 +59,9 @@ pub struct Item {
     /// Why it goes straight to the dead set (it can never be published as
     /// it is), if it does.
     pub dead: Option<String>,
+    /// Its tenant, on a business with tenants (docs/tenants.md); ignored
+    /// by a business without.
+    pub tenant: Option<Vec<u8>>,
 }
 
 /// What one call stored.
@@ -109,6 +112,7 @@ pub struct Writer {
     keys: Vec<String>,
     unit: ScoreUnit,
     wait: ReplicaWait,
+    tenants: bool,
 }
 
 impl Writer {
@@ -119,6 +123,7 @@ impl Writer {
             conn,
             keys: business.keys(),
             unit: business.score_unit,
+            tenants: business.tenants.is_some(),
             wait: business
                 .intake
                 .as_ref()
@@ -151,13 +156,25 @@ impl Writer {
     ) -> Result<Stored, WriteError> {
         let keys = KeyFamily::new(&self.keys[shard]);
         let waits = self.wait.replicas > 0;
+        let (tenants, slots) = self.tenants_of(items, batch);
+        let tenant_keys = if tenants.is_empty() {
+            0
+        } else {
+            1 + tenants.len()
+        };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(scripts::INTAKE.get_hash())
-            .arg(if waits { 5 } else { 4 })
+            .arg(4 + tenant_keys + usize::from(waits))
             .arg(&keys.pending)
             .arg(&keys.body)
             .arg(&keys.dead)
             .arg(&keys.reasons);
+        if !tenants.is_empty() {
+            cmd.arg(keys.tenant_index());
+            for t in &tenants {
+                cmd.arg(keys.tenant_set(t));
+            }
+        }
         if waits {
             cmd.arg(crate::keys::helper_key(
                 &keys.pending,
@@ -165,12 +182,17 @@ impl Writer {
             ));
         }
         cmd.arg(self.unit.millis())
-            .arg(self.marker_ttl().as_millis() as u64);
-        for &i in items {
+            .arg(self.marker_ttl().as_millis() as u64)
+            .arg(tenants.len());
+        for t in &tenants {
+            cmd.arg(t.as_slice());
+        }
+        for (&i, slot) in items.iter().zip(slots) {
             let item = &batch[i];
             cmd.arg(item.id.as_slice())
                 .arg(item.when())
-                .arg(item.envelope.as_slice());
+                .arg(item.envelope.as_slice())
+                .arg(slot);
         }
         let (at_ms, absorbed, renamed) = self.run(cmd).await?;
         Ok(Stored {
@@ -178,6 +200,31 @@ impl Writer {
             absorbed,
             renamed,
         })
+    }
+
+    /// On a business with tenants, the distinct tenants `items` name (an
+    /// item naming none goes to [`DEFAULT_TENANT`]) and each item's place
+    /// among them, from 1; without tenants none, and 0 (`K`) for each.
+    fn tenants_of(&self, items: &[usize], batch: &[Item]) -> (Vec<Vec<u8>>, Vec<usize>) {
+        if !self.tenants {
+            return (Vec::new(), vec![0; items.len()]);
+        }
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        let mut place = std::collections::HashMap::new();
+        let slots = items
+            .iter()
+            .map(|&i| {
+                let t = batch[i]
+                    .tenant
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_TENANT.as_bytes().to_vec());
+                *place.entry(t.clone()).or_insert_with(|| {
+                    names.push(t);
+                    names.len()
+                })
+            })
+            .collect();
+        (names, slots)
     }
 
     /// The keys this writer stores to, one per shard.
@@ -331,6 +378,7 @@ mod tests {
             due: Due::Now,
             envelope: vec![0; size],
             dead: None,
+            tenant: None,
         }
     }
 

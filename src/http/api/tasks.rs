@@ -249,6 +249,9 @@ pub struct ScheduleBody {
     id: Option<String>,
     /// The message body, UTF-8 text.
     body: String,
+    /// Its tenant, on a business with tenants (the default tenant when
+    /// absent); refused on a business without.
+    tenant: Option<String>,
     #[serde(flatten)]
     when: When,
 }
@@ -263,6 +266,13 @@ pub async fn schedule(
     let role = require_admin(&state, &headers, &name)?;
     let b = state.business(&name)?;
     let Json(req) = req?;
+    if let Some(why) = req
+        .tenant
+        .as_deref()
+        .and_then(|t| tasks::tenant_refused(b, t.as_bytes()))
+    {
+        return Err(ApiError::bad(format!("\"tenant\": {why}")));
+    }
     let (member, body) = match (b.member, req.id) {
         (MemberMode::Id { .. }, None) => {
             return Err(ApiError::bad(format!(
@@ -287,7 +297,14 @@ pub async fn schedule(
     let due_ms = req.when.due_ms(now_ms)?;
     let key = bounded(
         &b.name,
-        tasks::schedule(&mut conn, b, &member, body.as_deref(), due_ms),
+        tasks::schedule(
+            &mut conn,
+            b,
+            &member,
+            body.as_deref(),
+            req.tenant.as_deref().map(str::as_bytes),
+            due_ms,
+        ),
     )
     .await?;
     let mut v = json!({
