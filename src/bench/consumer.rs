@@ -9,6 +9,9 @@ pub(super) struct Counter {
     pub(super) received: Arc<AtomicU64>,
     pub(super) lateness_ms: Arc<Mutex<Vec<f64>>>,
     pub(super) record: Arc<std::sync::atomic::AtomicBool>,
+    /// Lateness of the bodies that name a class (`late<due>-<letter>-...`,
+    /// see [`class_in_body`]), with the class, for `--fair`.
+    pub(super) classed_ms: Arc<Mutex<Vec<(u8, f64)>>>,
 }
 
 pub(super) fn wall_ms_f() -> f64 {
@@ -24,6 +27,15 @@ pub(super) fn due_in_body(body: &[u8]) -> Option<i64> {
     let rest = body.strip_prefix(b"late")?;
     let end = rest.iter().position(|b| *b == b'-')?;
     std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+/// The class letter of a body `late<due>-<letter>-...`, if it names one:
+/// which tenant class of `--fair` the member belongs to.
+pub(super) fn class_in_body(body: &[u8]) -> Option<u8> {
+    let rest = body.strip_prefix(b"late")?;
+    let dash = rest.iter().position(|b| *b == b'-')?;
+    let class = *rest.get(dash + 1)?;
+    (class.is_ascii_alphabetic() && rest.get(dash + 2) == Some(&b'-')).then_some(class)
 }
 
 /// Consumes the bench queue without acks, counting deliveries and, while
@@ -62,7 +74,11 @@ pub(super) async fn start_consumer(
                 };
                 if let Some(due) = due {
                     let late = wall_ms_f() - due as f64;
-                    if let Ok(mut v) = c.lateness_ms.lock() {
+                    if let Some(class) = class_in_body(&d.data) {
+                        if let Ok(mut v) = c.classed_ms.lock() {
+                            v.push((class, late));
+                        }
+                    } else if let Ok(mut v) = c.lateness_ms.lock() {
                         v.push(late);
                     }
                 }
@@ -127,4 +143,18 @@ pub(super) async fn declare_bench_queue(
     .await
     .map_err(|e| fail("declare exchange and queue")(e.to_string()))?;
     Ok(ch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_class_is_one_letter_after_the_due_time() {
+        assert_eq!(class_in_body(b"late1700-h-000000001-xx"), Some(b'h'));
+        assert_eq!(due_in_body(b"late1700-h-000000001-xx"), Some(1700));
+        // The drain bench's lateness bodies name no class.
+        assert_eq!(class_in_body(b"late1700-000000001-xx"), None);
+        assert_eq!(class_in_body(b"r1-000000001-xx"), None);
+    }
 }

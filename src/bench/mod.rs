@@ -13,6 +13,9 @@ mod ceiling;
 mod consumer;
 mod daemon;
 mod drain;
+mod fair;
+mod fair_load;
+mod fair_report;
 mod far_writes;
 mod full;
 mod idle;
@@ -104,6 +107,13 @@ pub struct BenchArgs {
     /// business of this many shards on the same servers, and compare them.
     #[arg(long, value_name = "SHARDS", conflicts_with_all = ["intake", "scale"], value_parser = clap::value_parser!(u16).range(2..=64))]
     pub compare_shards: Option<u16>,
+    /// Measure fair release among tenants instead of the drain: a heavy
+    /// tenant's burst beside light tenants, with and without tenants and
+    /// `max_rate`, then weighted shares (docs/tenants.md).
+    #[arg(long, conflicts_with_all = ["intake", "scale", "compare_shards"])]
+    pub fair: bool,
+    #[command(flatten)]
+    pub fair_sizes: fair::FairSizes,
 }
 
 /// Why the bench could not run or finish.
@@ -207,6 +217,8 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let run = async {
         if args.intake {
             intake::bench(&ctx, &mut redis, &mut state).await
+        } else if args.fair {
+            fair::bench(&ctx, &mut redis, &mut state).await
         } else if !args.scale.is_empty() {
             scale::bench(&ctx, &mut redis, &mut state).await
         } else {
@@ -252,6 +264,9 @@ async fn clean_up(state: &mut BenchState, names: &Names, amqp: &Connection, redi
             .arg(crate::keys::helper_key(key, "recipe"))
             .query_async(redis)
             .await;
+    }
+    for key in std::mem::take(&mut state.extra_keys) {
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(key).query_async(redis).await;
     }
     if let Some(path) = state.config_path.take() {
         let _ = std::fs::remove_file(path);
@@ -359,6 +374,9 @@ struct BenchState {
     keys: Vec<String>,
     /// The intake bench's exchanges and queues (exchange, queue).
     intake_names: Vec<(String, String)>,
+    /// Keys outside the families that the run wrote (the tenants' sets,
+    /// indexes and virtual times of `--fair`).
+    extra_keys: Vec<Vec<u8>>,
 }
 
 /// An empty `ZADD` on `fam`'s pending set and `HSET` on its body hash, for

@@ -1,0 +1,195 @@
+//! The figures of `--fair` and its table: each class's lateness, the heavy
+//! tenant's drain with tenants against without, and the weighted share.
+
+use super::fair::FairSizes;
+use super::report::{heading, percentile, row};
+
+/// What one burst pass measured. Lateness is receipt at the bench consumer
+/// minus due time, ms on Redis's clock, sorted.
+pub(super) struct Burst {
+    pub heavy: Vec<f64>,
+    pub light: Vec<f64>,
+    /// Light members written (all due as written).
+    pub light_written: usize,
+    /// Heavy members still pending at the end of the window, cancelled.
+    pub cancelled: u64,
+    /// How long after its due time the burst was in place (0 when staged
+    /// ahead, as it should be).
+    pub staged_late: i64,
+    /// The window, seconds from the burst's due time.
+    pub secs: u64,
+}
+
+impl Burst {
+    /// The heavy tenant's members per second from its due time: all of them
+    /// over its last receipt when it drained within the window, else those
+    /// received within the window over the window.
+    pub fn drain(&self) -> f64 {
+        rate_until(&self.heavy, self.secs as f64 * 1000.0)
+    }
+}
+
+/// Members received by `end_ms` after their due time, per second of it;
+/// `end_ms` is cut to the last receipt when every member came before it.
+fn rate_until(sorted: &[f64], end_ms: f64) -> f64 {
+    let end = sorted.last().map_or(end_ms, |last| last.min(end_ms));
+    let n = sorted.partition_point(|l| *l <= end);
+    if end <= 0.0 {
+        return 0.0;
+    }
+    n as f64 * 1000.0 / end
+}
+
+/// One burst pass and the business it ran on.
+pub(super) struct Pass {
+    pub tenants: bool,
+    pub max_rate: Option<u32>,
+    pub burst: Burst,
+}
+
+/// Two saturated tenants' shares while both had due members.
+pub(super) struct Share {
+    pub weights: (u32, u32),
+    /// Members of each received while both were backlogged.
+    pub counts: (usize, usize),
+    /// How long both were backlogged, ms from the due time.
+    pub both_ms: f64,
+}
+
+impl Share {
+    /// The shares of `a` and `b` (lateness, sorted) until the first of them
+    /// drained, or the window of `secs` ended.
+    pub fn new(a: Vec<f64>, b: Vec<f64>, weights: (u32, u32), secs: u64) -> Self {
+        let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+        let both_ms = last(&a).min(last(&b)).min(secs as f64 * 1000.0);
+        let upto = |v: &[f64]| v.partition_point(|l| *l <= both_ms);
+        Share {
+            weights,
+            counts: (upto(&a), upto(&b)),
+            both_ms,
+        }
+    }
+
+    /// The measured share of `a` over `b`.
+    pub fn ratio(&self) -> f64 {
+        self.counts.0 as f64 / self.counts.1.max(1) as f64
+    }
+
+    /// The measured ratio against the configured one, minus 1.
+    pub fn error(&self) -> f64 {
+        self.ratio() / (self.weights.0 as f64 / self.weights.1 as f64) - 1.0
+    }
+}
+
+/// Prints the table: each pair of passes, then the shares.
+pub(super) fn print(sizes: &FairSizes, size: usize, passes: &[Pass], share: &Share) {
+    heading(&format!(
+        "delayd bench --fair: a heavy tenant's {} members due at once, {} light tenants at {}/s due as written, {} s windows, {size}-byte bodies, one consumer",
+        sizes.heavy, sizes.light_tenants, sizes.light_rate, sizes.secs
+    ));
+    for pass in passes {
+        pass_rows(pass);
+    }
+    for pair in passes.chunks(2) {
+        if let [plain, tenants] = pair {
+            let ratio = tenants.burst.drain() / plain.burst.drain().max(1.0);
+            row(
+                &format!("heavy drain, tenants / none, {}", rate_label(tenants)),
+                &format!("{ratio:.3}"),
+                "goal >= 0.9",
+            );
+        }
+    }
+    row(
+        &format!(
+            "weights {}:{}, measured share",
+            share.weights.0, share.weights.1
+        ),
+        &format!("{:.2}:1", share.ratio()),
+        &format!(
+            "{:+.1}% off; {} and {} members over {:.0} ms, both backlogged; goal within 10%",
+            share.error() * 100.0,
+            share.counts.0,
+            share.counts.1,
+            share.both_ms
+        ),
+    );
+}
+
+fn rate_label(pass: &Pass) -> String {
+    match pass.max_rate {
+        Some(r) => format!("max_rate {r}"),
+        None => "no max_rate".into(),
+    }
+}
+
+/// A pass's rows: light and heavy lateness, the heavy drain.
+fn pass_rows(pass: &Pass) {
+    let b = &pass.burst;
+    let on = format!(
+        "{}, {}",
+        if pass.tenants {
+            "tenants"
+        } else {
+            "no tenants"
+        },
+        rate_label(pass)
+    );
+    lateness_row(&format!("{on}: light"), &b.light, b.light_written);
+    lateness_row(&format!("{on}: heavy"), &b.heavy, b.heavy.len());
+    let mut note = format!(
+        "heavy members/s; {} cancelled after the window",
+        b.cancelled
+    );
+    if b.staged_late > 0 {
+        note.push_str(&format!(
+            "; the burst was staged {} ms after its due time",
+            b.staged_late
+        ));
+    }
+    row(
+        &format!("{on}: heavy drain"),
+        &format!("{:.0} /s", b.drain()),
+        &note,
+    );
+}
+
+fn lateness_row(label: &str, sorted: &[f64], sent: usize) {
+    if sorted.is_empty() {
+        row(label, "no samples", "");
+        return;
+    }
+    row(
+        label,
+        &format!("p99 {:.1} ms", percentile(sorted, 0.99)),
+        &format!(
+            "p50 {:.1} ms, max {:.1} ms; {} of {sent} received",
+            percentile(sorted, 0.50),
+            sorted.last().copied().unwrap_or(0.0),
+            sorted.len()
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_counts_the_window_or_the_whole_burst() {
+        // Drained within the window: all members over the last receipt.
+        assert_eq!(rate_until(&[100.0, 500.0, 1000.0], 5000.0), 3.0);
+        // Not drained: only the window's members, over the window.
+        assert_eq!(rate_until(&[100.0, 500.0, 1000.0, 6000.0], 2000.0), 1.5);
+    }
+
+    #[test]
+    fn shares_count_only_while_both_are_backlogged() {
+        let a: Vec<f64> = (1..=300).map(|i| i as f64).collect();
+        let b: Vec<f64> = (1..=200).map(|i| i as f64 * 3.0).collect();
+        let s = Share::new(a, b, (3, 1), 10);
+        // a drained at 300 ms: b had 100 members by then.
+        assert_eq!(s.counts, (300, 100));
+        assert!(s.error().abs() < 1e-9);
+    }
+}
