@@ -4,35 +4,10 @@
 //! two saturated tenants weighted 3:1. One delayd serves every business of
 //! the run, each pass writing into one of them while the others idle.
 
-use clap::Args;
-
 use super::fair_load::{self, Target};
 use super::fair_report::{self, Burst, Pass, Share};
+use super::fair_sizes::FairSizes;
 use super::*;
-
-/// The sizes of `--fair`; the defaults are issue 39's load.
-#[derive(Debug, Clone, Args)]
-pub struct FairSizes {
-    /// `--fair`: members of the heavy tenant's burst, all due at once.
-    #[arg(long = "fair-heavy", default_value_t = 200_000)]
-    pub heavy: usize,
-    /// `--fair`: light tenants writing during the burst.
-    #[arg(long = "fair-light-tenants", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
-    pub light_tenants: u32,
-    /// `--fair`: light members per second, in all, each due as written.
-    #[arg(long = "fair-light-rate", default_value_t = 200)]
-    pub light_rate: u32,
-    /// `--fair`: seconds each pass measures (the light tenants write for
-    /// as long; what is left of a burst then is cancelled).
-    #[arg(long = "fair-secs", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub secs: u64,
-    /// `--fair`: the business `max_rate` of the second pair of passes.
-    #[arg(long = "fair-max-rate", default_value_t = 2000)]
-    pub max_rate: u32,
-    /// `--fair`: members of each saturated tenant in the weights pass.
-    #[arg(long = "fair-saturated", default_value_t = 60_000)]
-    pub saturated: usize,
-}
 
 /// The run's businesses, in the order the config lists them.
 const BUSINESSES: [(&str, bool, bool); 5] = [

@@ -1,7 +1,7 @@
 //! The figures of `--fair` and its table: each class's lateness, the heavy
 //! tenant's drain with tenants against without, and the weighted share.
 
-use super::fair::FairSizes;
+use super::fair_sizes::FairSizes;
 use super::report::{heading, percentile, row};
 
 /// What one burst pass measured. Lateness is receipt at the bench consumer

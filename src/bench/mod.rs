@@ -16,6 +16,7 @@ mod drain;
 mod fair;
 mod fair_load;
 mod fair_report;
+mod fair_sizes;
 mod far_writes;
 mod full;
 mod idle;
@@ -113,7 +114,7 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["intake", "scale", "compare_shards"])]
     pub fair: bool,
     #[command(flatten)]
-    pub fair_sizes: fair::FairSizes,
+    pub fair_sizes: fair_sizes::FairSizes,
 }
 
 /// Why the bench could not run or finish.
