@@ -234,6 +234,13 @@ use_release_daemon() {
 	export DELAYD_TEST_BIN="$DELAYD_LOCAL_DIR/delayd-under-test"
 }
 
+# LOWEST_PRIORITY CMD...: runs CMD at the lowest CPU priority, including
+# towards other sessions. With scheduler autogroups (Debian's default) each
+# session (setsid) shares the CPU as one group and a nice value counts only
+# inside its own group, so the group is niced as well.
+# shellcheck disable=SC2034,SC2016 # used by the scripts that source this file
+LOWEST_PRIORITY=(bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' lowest-priority)
+
 # usage: prints the usage lines of the running script's header (those that
 # start with "#   deploy/.../<its name> ") to stderr and exits 2, so a header
 # can grow without a line number to keep in step.

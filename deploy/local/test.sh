@@ -16,10 +16,10 @@
 #    promtool's check and unit tests of deploy/prometheus/alerts.yml, then,
 #    all at once: cargo test (with DELAYD_TEST_SHARDS=N and no extra args,
 #    N cargo runs over a share of the binaries each, balanced by their
-#    usual times),
-#    step 4's sets, and at the lowest CPU priority cargo clippy -D warnings
-#    and the container image's build; after the tests, the container test
-#    (deploy/container/test.sh) with that image;
+#    usual times) and step 4's sets; after the tests, the container test
+#    (deploy/container/test.sh) with the image built meanwhile (cargo clippy
+#    -D warnings and the image's build start first, at the lowest CPU
+#    priority, and run beside everything else);
 # 4. for each server set in DELAYD_MATRIX (space-separated, e.g.
 #    "rabbitmq4-redis8 rabbitmq4-valkey8"; none by default, CI names two), runs
 #    the test binaries in DELAYD_MATRIX_TESTS (those that exercise the servers)
@@ -281,6 +281,18 @@ wait_packages() {
 	results+=("packages: ok (waited $(($(date +%s) - t0))s after the build)")
 }
 
+# The lints and the image build need the CPU only, not the clock: started
+# first at the lowest priority, they take what the builds and tests leave
+# (a build's serial stretches, the tests' waits). Clippy checks into a
+# target directory of its own, so it never waits on the build's lock. The
+# image is built as root or where podman is; its checks run after the tests.
+bg_step "clippy" "$DELAYD_LOCAL_DIR/clippy.log" \
+	env CARGO_TARGET_DIR="$DELAYD_REPO_ROOT/target/clippy" "${LOWEST_PRIORITY[@]}" cargo clippy --all-targets -- -D warnings
+image=0
+if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
+	image=1
+	bg_step "image build" "$DELAYD_LOCAL_DIR/image-build.log" "${LOWEST_PRIORITY[@]}" deploy/container/test.sh --build-only
+fi
 step "format" cargo fmt --all -- --check
 log "==> cargo build --release --bin delayd (the daemon the tests run)"
 daemon_t0="$(date +%s)"
@@ -297,15 +309,6 @@ export DELAYD_TEST_RABBITMQ_NODE_SCRIPT="$DELAYD_REPO_ROOT/deploy/local/rabbitmq
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL"
 log "DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
-# The lints and the image build need the CPU only, not the clock: at the
-# lowest priority they take what the tests leave. The image is built as root
-# or where podman is; its checks run after the tests.
-bg_step "clippy" "$DELAYD_LOCAL_DIR/clippy.log" nice -n 19 cargo clippy --all-targets -- -D warnings
-image=0
-if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
-	image=1
-	bg_step "image build" "$DELAYD_LOCAL_DIR/image-build.log" nice -n 19 deploy/container/test.sh --build-only
-fi
 # Beside the suite: their tests mostly wait on servers and timers, and after
 # it they would add some 7 minutes. (Their Sentinel failover once ran past its
 # bound here: the sentinels were holding back after an aborted try, which

@@ -137,13 +137,19 @@ pub async fn by_prefix<C: ConnectionLike>(
     })
 }
 
+/// The `COUNT` hint of a body search's `HSCAN`: Redis copies every body a
+/// step looks at into Lua, so a step over large bodies must look at few
+/// (one step over 150 bodies of 1 MiB ran past the API's 5 s bound on a
+/// loaded 2-core VM).
+pub const BODY_SCAN_COUNT: usize = 64;
+
 /// Longest one page of a body search keeps starting `HSCAN` steps.
 pub const BODY_PAGE_TIME: Duration = Duration::from_millis(500);
 
 /// Most bytes of each matching body a body search brings out of Redis:
 /// the 4 KiB an answer shows, and as much again for an intake message's
 /// routing key and properties, which come before its body. A page thus
-/// holds at most (`limit` + [`SCAN_COUNT`]) × (this + the id) bytes,
+/// holds at most (`limit` + [`BODY_SCAN_COUNT`]) × (this + the id) bytes,
 /// however large the bodies are.
 pub const BODY_HEAD: usize = 8192;
 
@@ -173,7 +179,7 @@ pub struct BodyPage {
 
 /// Up to about `limit` ids (id mode) whose body contains `text`, from where
 /// `cursor` left off (the same `SHARD:CURSOR` form as [`by_prefix`]'s),
-/// making at most [`CALLS_PER_PAGE`] `HSCAN` steps of [`SCAN_COUNT`] and
+/// making at most [`CALLS_PER_PAGE`] `HSCAN` steps of [`BODY_SCAN_COUNT`] and
 /// starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis, each
 /// body cut to [`BODY_HEAD`] bytes there.
 pub async fn by_body<C: ConnectionLike>(
@@ -192,7 +198,7 @@ pub async fn by_body<C: ConnectionLike>(
         let reply: Vec<redis::Value> = BODY_SEARCH
             .key(&fam.body)
             .arg(at)
-            .arg(SCAN_COUNT)
+            .arg(BODY_SCAN_COUNT)
             .arg(text)
             .arg(BODY_HEAD)
             .invoke_async(conn)

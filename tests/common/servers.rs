@@ -12,8 +12,43 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// Claims `port` for this process among every test process on the machine
+/// (a file naming its pid), so another test binary or matrix set does not
+/// take it while a server here is down between a stop and its restart.
+/// A claim whose process has ended is taken over.
+fn reserve_port(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("delayd-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(port.to_string());
+    let me = std::process::id().to_string();
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut f) => return f.write_all(me.as_bytes()).is_ok(),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let owner = std::fs::read_to_string(&path).unwrap_or_default();
+                let owner = owner.trim();
+                if owner == me {
+                    return true;
+                }
+                if !owner.is_empty() && Path::new("/proc").join(owner).exists() {
+                    return false;
+                }
+                // Ended (or still writing its pid: then create_new loses).
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
 /// A random port in `range` on which nothing listens, nor on `port + offset`
-/// for each of `also` (RabbitMQ's Erlang distribution port, for one).
+/// for each of `also` (RabbitMQ's Erlang distribution port, for one), and
+/// which no other test process has claimed.
 pub fn free_port(range: std::ops::Range<u16>, also: &[u16]) -> u16 {
     let mut taken = TAKEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
@@ -24,7 +59,7 @@ pub fn free_port(range: std::ops::Range<u16>, also: &[u16]) -> u16 {
         if all.iter().any(|q| taken.contains(q)) {
             continue;
         }
-        if all.iter().all(|q| port_free(*q)) {
+        if all.iter().all(|q| port_free(*q)) && all.iter().all(|q| reserve_port(*q)) {
             taken.extend(all);
             return p;
         }
