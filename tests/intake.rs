@@ -2018,7 +2018,6 @@ async fn hostile_tenant_headers_go_to_the_default_tenant_and_are_each_delivered_
 /// messages, due during that drain, late: in due order they would wait
 /// seconds behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "light tenants go out 250-500 ms late behind max_rate (a claim serves a tenant only after the previous claim reported it due; docs/tenants.md, Measuring it): near this bound, it failed under load; run with --include-ignored"]
 async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_late() {
     let (t, d) = Intake::started(
         ExchangeKind::Direct,
@@ -2110,8 +2109,10 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
         late[late.len() / 2],
         heavy_last - last_light_due
     );
+    // Before claims served newly due tenants at once: 250-500 ms; now
+    // about 25 ms on an idle 2-core VM.
     assert!(
-        max < 500,
+        max < 200,
         "a light message was {max} ms late behind the heavy burst"
     );
     t.stop(d).await;

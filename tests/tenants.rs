@@ -124,7 +124,6 @@ async fn each_tenants_members_are_delivered_once_and_never_early() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "light tenants go out 250-500 ms late behind max_rate (a claim serves a tenant only after the previous claim reported it due; docs/tenants.md, Measuring it): near this bound, it failed under load; run with --include-ignored"]
 async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
     // max_rate makes the heavy tenant's 20,000 members a 5 s drain, so a
     // release in due order would hold every light member behind them for
@@ -187,9 +186,13 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
         late[late.len() * 99 / 100],
         heavy_last - (now + 500)
     );
+    // Before claims served newly due tenants at once, light members went
+    // out 150 ms (idle) to 500 ms (loaded) late here; now about 30 ms on
+    // an idle 2-core VM.
+    let p99 = late[late.len() * 99 / 100];
     assert!(
-        max < 500,
-        "a light member was {max} ms late behind the heavy backlog"
+        p99 < 120 && max < 300,
+        "light members were late behind the heavy backlog: p99 {p99} ms, max {max} ms"
     );
 }
 

@@ -20,8 +20,10 @@
 -- vtime1 or '', tenant2, ...} for the first ARGV[11] tenants in the index
 -- whose earliest member is due, each with its count of due members. Its
 -- next due time (out[2]) is the earlier of K's and the index's heads.
--- Members move at most until K holds ARGV[1] due members, never early, in
--- due order within a tenant; a moved member keeps its score, so claim.lua
+-- Tenants due but not named in ARGV (due since the last report) first move
+-- one member each, then the named ones their counts. Members move at most
+-- until K holds ARGV[1] due members, never early, in due order within a
+-- tenant; a moved member keeps its score, so claim.lua
 -- leases it exactly as a member written to K. Index entries of tenants left
 -- with no member (claimed, cancelled) are removed, others set to their head.
 
@@ -46,33 +48,56 @@ local function fair_claim(claim)
     end
   end
 
+  -- Moves up to `want` of the tenant's due members into K, charging its
+  -- virtual time n / weight; the number moved.
+  local function move(set, tenant, want, weight)
+    local items = redis.call('ZRANGEBYSCORE', set, '-inf', top, 'WITHSCORES', 'LIMIT', 0, want)
+    local n = #items / 2
+    if n > 0 then
+      local adds = {}
+      for j = 1, #items, 2 do
+        adds[#adds + 1] = items[j + 1]
+        adds[#adds + 1] = items[j]
+      end
+      for j = 1, #adds, 2000 do
+        redis.call('ZADD', KEYS[1], unpack(adds, j, math.min(#adds, j + 1999)))
+      end
+      -- The moved members are exactly ranks 0..n-1 of the tenant's set.
+      redis.call('ZREMRANGEBYRANK', set, 0, n - 1)
+      local v = tonumber(redis.call('HGET', KEYS[11], tenant)) or floor
+      if v < floor then v = floor end
+      redis.call('HSET', KEYS[11], tenant, string.format('%.17g', v + n / weight))
+    end
+    repair(set, tenant)
+    return n
+  end
+
   if redis.call('EXISTS', KEYS[9]) == 0 then
     local room = tonumber(ARGV[1]) - redis.call('ZCOUNT', KEYS[1], '-inf', top)
+    -- Tenants that fell due since the last report are not in the request;
+    -- fair queueing would serve them first (they start from the floor),
+    -- so each gets one member now rather than a claim later, in the order
+    -- of their earliest member. Their fair share follows from the report.
+    local asked = {}
+    for i = 13, #ARGV, 3 do asked[ARGV[i]] = true end
+    if room > 0 then
+      local due = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0, tonumber(ARGV[11]))
+      for _, tenant in ipairs(due) do
+        if room <= 0 then break end
+        if not asked[tenant] then
+          local set = ARGV[10] .. tenant
+          local err = wrong_type(set)
+          if err then return err end
+          room = room - move(set, tenant, 1, 1)
+        end
+      end
+    end
     for i = 13, #ARGV, 3 do
       if room <= 0 then break end
       local set, tenant = KEYS[12 + (i - 13) / 3], ARGV[i]
       local err = wrong_type(set)
       if err then return err end
-      local want = math.min(tonumber(ARGV[i + 1]), room)
-      local items = redis.call('ZRANGEBYSCORE', set, '-inf', top, 'WITHSCORES', 'LIMIT', 0, want)
-      local n = #items / 2
-      if n > 0 then
-        local adds = {}
-        for j = 1, #items, 2 do
-          adds[#adds + 1] = items[j + 1]
-          adds[#adds + 1] = items[j]
-        end
-        for j = 1, #adds, 2000 do
-          redis.call('ZADD', KEYS[1], unpack(adds, j, math.min(#adds, j + 1999)))
-        end
-        -- The moved members are exactly ranks 0..n-1 of the tenant's set.
-        redis.call('ZREMRANGEBYRANK', set, 0, n - 1)
-        local v = tonumber(redis.call('HGET', KEYS[11], tenant)) or floor
-        if v < floor then v = floor end
-        redis.call('HSET', KEYS[11], tenant, string.format('%.17g', v + n / tonumber(ARGV[i + 2])))
-        room = room - n
-      end
-      repair(set, tenant)
+      room = room - move(set, tenant, math.min(tonumber(ARGV[i + 1]), room), tonumber(ARGV[i + 2]))
     end
   end
 
