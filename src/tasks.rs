@@ -20,6 +20,7 @@ pub mod dead;
 mod merge;
 pub mod pause;
 pub mod search;
+pub mod tenant_sets;
 pub mod when;
 
 pub use crate::keys::shard_of;
@@ -200,7 +201,17 @@ pub async fn get<C: ConnectionLike>(
     let keys = business.keys();
     let order = search_order(&keys, member);
     for key in &order {
-        let mut found = get_in(conn, business, key, member).await?;
+        let mut found = match in_tenant(conn, business, key, member).await? {
+            Some(t) => Lookup {
+                key: String::from_utf8_lossy(&t.set).into_owned(),
+                state: TaskState::Pending {
+                    due_ms: to_ms(t.score, business.score_unit),
+                },
+                body: None,
+                body_size: 0,
+            },
+            None => get_in(conn, business, key, member).await?,
+        };
         if business.member.is_id() && found.state != TaskState::NotFound {
             (found.body, found.body_size) = body_of(conn, key, member, cut).await?;
         }
@@ -293,6 +304,20 @@ async fn get_in<C: ConnectionLike>(
     })
 }
 
+/// `member` in one of the tenants' sets under `key`, on a business with
+/// tenants (docs/tenants.md).
+async fn in_tenant<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    key: &str,
+    member: &[u8],
+) -> Result<Option<tenant_sets::InTenant>, StoreError> {
+    if business.tenants.is_none() {
+        return Ok(None);
+    }
+    tenant_sets::find(conn, key, member).await
+}
+
 /// The attempt count a dead reason ends with ("... after 5 attempts").
 fn attempts_in(reason: &str) -> Option<u32> {
     let rest = reason.rsplit_once(" after ")?.1;
@@ -315,6 +340,26 @@ pub async fn cancel<C: ConnectionLike>(
     let mut seen = (order[0].clone(), Cancelled::NotFound);
     for key in &order {
         let fam = KeyFamily::new(key);
+        // A task still in its tenant's set is cancelled there, exactly as
+        // in K (a claim that took it meanwhile leaves K's turn below).
+        let tenant_set = in_tenant(conn, business, key, member).await?.map(|t| t.set);
+        for pending in tenant_set.iter().map(Vec::as_slice) {
+            let (state, _removed): (String, i64) = scripts::CANCEL
+                .key(pending)
+                .key(&fam.inflight)
+                .key(&fam.dead)
+                .key(&fam.body)
+                .arg(member)
+                .arg(if business.member.is_id() { "1" } else { "0" })
+                .invoke_async(conn)
+                .await?;
+            if state == "cancelled" {
+                return Ok((
+                    String::from_utf8_lossy(pending).into_owned(),
+                    Cancelled::Cancelled,
+                ));
+            }
+        }
         let (state, _removed): (String, i64) = scripts::CANCEL
             .key(&fam.pending)
             .key(&fam.inflight)
@@ -351,6 +396,11 @@ pub async fn reschedule<C: ConnectionLike>(
 ) -> Result<Option<String>, StoreError> {
     let score = score_of(due_ms, business.score_unit);
     for key in search_order(&business.keys(), member) {
+        if let Some(t) = in_tenant(conn, business, &key, member).await? {
+            if tenant_sets::reschedule(conn, &key, &t, member, score).await? {
+                return Ok(Some(String::from_utf8_lossy(&t.set).into_owned()));
+            }
+        }
         let (_, now): (i64, Option<f64>) = redis::pipe()
             .atomic()
             .cmd("ZADD")

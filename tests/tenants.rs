@@ -337,3 +337,63 @@ async fn schedule_with_a_tenant_writes_into_its_set_and_is_delivered_once() {
         assert!(r.at_ms >= due.unwrap() as i64, "delivered early");
     }
 }
+
+/// By id, a task still in its tenant's set is found, moved and cancelled
+/// as one in `K` is: `get` shows it pending, `reschedule` moves it (it is
+/// delivered once, not before its new time), `cancel` removes it (it is
+/// never delivered, and a second cancel finds nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_id_get_reschedule_and_cancel_reach_a_task_in_its_tenants_set() {
+    let b = BusinessSpec::with_extra("tenants_by_id", "tenants = true");
+    let s = Setup::new(&[&b]).await;
+    let inbox = s.inbox().clone();
+    let cfg = s.config.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let (code, out, err) = delayd(args);
+        (code, format!("{out}{err}"))
+    };
+    let (kept, gone) = (unique("kept"), unique("gone"));
+    for m in [&kept, &gone] {
+        let (code, out) = run(&[
+            "schedule",
+            "-c",
+            cfg,
+            "tenants_by_id",
+            "--tenant",
+            "acme",
+            "--in",
+            "1h",
+            m,
+        ]);
+        assert_eq!(code, 0, "{out}");
+    }
+    let (code, out) = run(&["get", "-c", cfg, "tenants_by_id", &kept]);
+    assert_eq!(code, 0, "a task in its tenant's set is found: {out}");
+    assert!(out.contains("pending"), "{out}");
+    let (code, out) = run(&[
+        "reschedule",
+        "-c",
+        cfg,
+        "tenants_by_id",
+        &kept,
+        "--in",
+        "2s",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let moved_at = redis_now_ms(&mut s.redis.clone()).await;
+    let (code, out) = run(&["cancel", "-c", cfg, "tenants_by_id", &gone]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run(&["cancel", "-c", cfg, "tenants_by_id", &gone]);
+    assert_eq!(code, 4, "a second cancel finds nothing pending: {out}");
+
+    let d = Daemon::start(&s.config);
+    let want: HashSet<Vec<u8>> = [kept.clone().into_bytes()].into();
+    wait_all(&inbox, &want, Duration::from_secs(15), &d).await;
+    inbox.settle(Duration::from_millis(1500)).await;
+    for r in inbox.assert_each_once(&want, "a rescheduled task, and no cancelled one") {
+        assert!(
+            r.at_ms >= moved_at + 1900,
+            "delivered before its new due time"
+        );
+    }
+}
