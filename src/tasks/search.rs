@@ -137,11 +137,26 @@ pub async fn by_prefix<C: ConnectionLike>(
     })
 }
 
-/// The `COUNT` hint of a body search's `HSCAN`: Redis copies every body a
-/// step looks at into Lua, so a step over large bodies must look at few
-/// (one step over 150 bodies of 1 MiB ran past the API's 5 s bound on a
-/// loaded 2-core VM).
-pub const BODY_SCAN_COUNT: usize = 64;
+/// The `COUNT` hint of a body search's first `HSCAN` step. Redis copies
+/// every body a step looks at into Lua, so the next steps look at as many
+/// as [`BODY_STEP_BYTES`] of bodies of the sizes seen so far, up to
+/// [`SCAN_COUNT`] (one step over 150 bodies of 1 MiB ran past the API's 5 s
+/// bound on a loaded 2-core VM; 64 bodies a step left 1,500 small ones
+/// beyond one page).
+pub const BODY_FIRST_COUNT: usize = 16;
+
+/// Bytes of bodies one body search step aims to look at.
+pub const BODY_STEP_BYTES: usize = 8 << 20;
+
+/// The next step's `COUNT` after one that looked at `members` bodies of
+/// `bytes` in all.
+fn next_body_count(members: usize, bytes: usize) -> usize {
+    if members == 0 {
+        return SCAN_COUNT;
+    }
+    let average = (bytes / members).max(1);
+    (BODY_STEP_BYTES / average).clamp(MIN_SCAN_COUNT, SCAN_COUNT)
+}
 
 /// Longest one page of a body search keeps starting `HSCAN` steps.
 pub const BODY_PAGE_TIME: Duration = Duration::from_millis(500);
@@ -149,7 +164,7 @@ pub const BODY_PAGE_TIME: Duration = Duration::from_millis(500);
 /// Most bytes of each matching body a body search brings out of Redis:
 /// the 4 KiB an answer shows, and as much again for an intake message's
 /// routing key and properties, which come before its body. A page thus
-/// holds at most (`limit` + [`BODY_SCAN_COUNT`]) × (this + the id) bytes,
+/// holds at most (`limit` + [`SCAN_COUNT`]) × (this + the id) bytes,
 /// however large the bodies are.
 pub const BODY_HEAD: usize = 8192;
 
@@ -179,8 +194,8 @@ pub struct BodyPage {
 
 /// Up to about `limit` ids (id mode) whose body contains `text`, from where
 /// `cursor` left off (the same `SHARD:CURSOR` form as [`by_prefix`]'s),
-/// making at most [`CALLS_PER_PAGE`] `HSCAN` steps of [`BODY_SCAN_COUNT`] and
-/// starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis, each
+/// making at most [`CALLS_PER_PAGE`] `HSCAN` steps (each over about
+/// [`BODY_STEP_BYTES`] of bodies) and starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis, each
 /// body cut to [`BODY_HEAD`] bytes there.
 pub async fn by_body<C: ConnectionLike>(
     conn: &mut C,
@@ -193,19 +208,23 @@ pub async fn by_body<C: ConnectionLike>(
     let (mut shard, mut at) = start_at(cursor, keys.len())?;
     let started = Instant::now();
     let mut found = Vec::new();
+    let mut count = BODY_FIRST_COUNT;
     for _ in 0..CALLS_PER_PAGE {
         let fam = KeyFamily::new(&keys[shard]);
         let reply: Vec<redis::Value> = BODY_SEARCH
             .key(&fam.body)
             .arg(at)
-            .arg(BODY_SCAN_COUNT)
+            .arg(count)
             .arg(text)
             .arg(BODY_HEAD)
             .invoke_async(conn)
             .await?;
         let next = crate::store::int_of(reply.first().cloned())?;
+        let looked = crate::store::int_of(reply.get(1).cloned())?.max(0) as usize;
+        let bytes = crate::store::int_of(reply.get(2).cloned())?.max(0) as usize;
+        count = next_body_count(looked, bytes);
         let mut matches = Vec::new();
-        for m in reply.get(1..).unwrap_or_default().chunks(3) {
+        for m in reply.get(3..).unwrap_or_default().chunks(3) {
             if let [id, size, head] = m {
                 matches.push(BodyMatch {
                     id: crate::store::bytes_of(id)?,
@@ -259,6 +278,14 @@ async fn due_of<C: ConnectionLike>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_search_step_looks_at_about_8_mib_of_bodies() {
+        assert_eq!(next_body_count(16, 16 * 60), SCAN_COUNT, "small bodies");
+        assert_eq!(next_body_count(16, 16 << 19), 16, "512 KiB bodies");
+        assert_eq!(next_body_count(8, 8 << 26), MIN_SCAN_COUNT, "64 MiB bodies");
+        assert_eq!(next_body_count(0, 0), SCAN_COUNT, "an empty step");
+    }
 
     #[test]
     fn glob_characters_in_a_prefix_match_themselves() {
