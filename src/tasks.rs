@@ -201,7 +201,7 @@ pub async fn get<C: ConnectionLike>(
     let keys = business.keys();
     let order = search_order(&keys, member);
     for key in &order {
-        let mut found = match in_tenant(conn, business, key, member).await? {
+        let mut found = match tenant_sets::find_for(conn, business, key, member).await? {
             Some(t) => Lookup {
                 key: String::from_utf8_lossy(&t.set).into_owned(),
                 state: TaskState::Pending {
@@ -304,20 +304,6 @@ async fn get_in<C: ConnectionLike>(
     })
 }
 
-/// `member` in one of the tenants' sets under `key`, on a business with
-/// tenants (docs/tenants.md).
-async fn in_tenant<C: ConnectionLike>(
-    conn: &mut C,
-    business: &Business,
-    key: &str,
-    member: &[u8],
-) -> Result<Option<tenant_sets::InTenant>, StoreError> {
-    if business.tenants.is_none() {
-        return Ok(None);
-    }
-    tenant_sets::find(conn, key, member).await
-}
-
 /// The attempt count a dead reason ends with ("... after 5 attempts").
 fn attempts_in(reason: &str) -> Option<u32> {
     let rest = reason.rsplit_once(" after ")?.1;
@@ -342,33 +328,13 @@ pub async fn cancel<C: ConnectionLike>(
         let fam = KeyFamily::new(key);
         // A task still in its tenant's set is cancelled there, exactly as
         // in K (a claim that took it meanwhile leaves K's turn below).
-        let tenant_set = in_tenant(conn, business, key, member).await?.map(|t| t.set);
-        for pending in tenant_set.iter().map(Vec::as_slice) {
-            let (state, _removed): (String, i64) = scripts::CANCEL
-                .key(pending)
-                .key(&fam.inflight)
-                .key(&fam.dead)
-                .key(&fam.body)
-                .arg(member)
-                .arg(if business.member.is_id() { "1" } else { "0" })
-                .invoke_async(conn)
-                .await?;
-            if state == "cancelled" {
-                return Ok((
-                    String::from_utf8_lossy(pending).into_owned(),
-                    Cancelled::Cancelled,
-                ));
+        if let Some(t) = tenant_sets::find_for(conn, business, key, member).await? {
+            if cancel_in(conn, business, &fam, &t.set, member).await? == "cancelled" {
+                let set = String::from_utf8_lossy(&t.set).into_owned();
+                return Ok((set, Cancelled::Cancelled));
             }
         }
-        let (state, _removed): (String, i64) = scripts::CANCEL
-            .key(&fam.pending)
-            .key(&fam.inflight)
-            .key(&fam.dead)
-            .key(&fam.body)
-            .arg(member)
-            .arg(if business.member.is_id() { "1" } else { "0" })
-            .invoke_async(conn)
-            .await?;
+        let state = cancel_in(conn, business, &fam, fam.pending.as_bytes(), member).await?;
         let outcome = match state.as_str() {
             "cancelled" => Cancelled::Cancelled,
             "in_flight" => Cancelled::InFlight,
@@ -386,6 +352,27 @@ pub async fn cancel<C: ConnectionLike>(
     Ok(seen)
 }
 
+/// `cancel.lua` on `pending` (K, or a tenant's set) and `fam`'s other
+/// keys: "cancelled", "in_flight", "dead" or "not_found".
+async fn cancel_in<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    fam: &KeyFamily,
+    pending: &[u8],
+    member: &[u8],
+) -> Result<String, StoreError> {
+    let (state, _removed): (String, i64) = scripts::CANCEL
+        .key(pending)
+        .key(&fam.inflight)
+        .key(&fam.dead)
+        .key(&fam.body)
+        .arg(member)
+        .arg(if business.member.is_id() { "1" } else { "0" })
+        .invoke_async(conn)
+        .await?;
+    Ok(state)
+}
+
 /// Moves a pending task to `due_ms` (`ZADD XX`): a task in flight, dead or
 /// gone is not re-added. Returns the key it moved on, or `None`.
 pub async fn reschedule<C: ConnectionLike>(
@@ -396,7 +383,7 @@ pub async fn reschedule<C: ConnectionLike>(
 ) -> Result<Option<String>, StoreError> {
     let score = score_of(due_ms, business.score_unit);
     for key in search_order(&business.keys(), member) {
-        if let Some(t) = in_tenant(conn, business, &key, member).await? {
+        if let Some(t) = tenant_sets::find_for(conn, business, &key, member).await? {
             if tenant_sets::reschedule(conn, &key, &t, member, score).await? {
                 return Ok(Some(String::from_utf8_lossy(&t.set).into_owned()));
             }

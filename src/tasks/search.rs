@@ -195,8 +195,9 @@ pub struct BodyPage {
 /// Up to about `limit` ids (id mode) whose body contains `text`, from where
 /// `cursor` left off (the same `SHARD:CURSOR` form as [`by_prefix`]'s),
 /// making at most [`CALLS_PER_PAGE`] `HSCAN` steps (each over about
-/// [`BODY_STEP_BYTES`] of bodies) and starting none after [`BODY_PAGE_TIME`]. Only matches leave Redis, each
-/// body cut to [`BODY_HEAD`] bytes there.
+/// [`BODY_STEP_BYTES`] of bodies) and starting none after
+/// [`BODY_PAGE_TIME`]. Only matches leave Redis, each body cut to
+/// [`BODY_HEAD`] bytes there.
 pub async fn by_body<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,

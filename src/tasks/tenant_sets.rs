@@ -5,6 +5,7 @@
 
 use redis::aio::ConnectionLike;
 
+use crate::config::Business;
 use crate::keys::KeyFamily;
 use crate::store::StoreError;
 
@@ -26,6 +27,19 @@ pub struct InTenant {
     pub set: Vec<u8>,
     /// The task's score there.
     pub score: f64,
+}
+
+/// [`find`] on a business with tenants; nothing on one without.
+pub async fn find_for<C: ConnectionLike>(
+    conn: &mut C,
+    business: &Business,
+    key: &str,
+    member: &[u8],
+) -> Result<Option<InTenant>, StoreError> {
+    if business.tenants.is_none() {
+        return Ok(None);
+    }
+    find(conn, key, member).await
 }
 
 /// The tenant set of `key`'s family that holds `member`, if any, among the
