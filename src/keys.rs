@@ -145,6 +145,9 @@ pub struct KeyFamily {
     /// Adoption: plugin entry -> the id it was stored under, so a rerun of
     /// `delayd adopt` knows what it already moved, even once delivered.
     pub adopted: String,
+    /// Adoption: plugin entry -> the message read from it, not yet pending
+    /// (until its plugin entry is deleted).
+    pub staged: String,
 }
 
 impl KeyFamily {
@@ -165,6 +168,7 @@ impl KeyFamily {
             occurrences: format!("{base}:occurrences"),
             paused: format!("{base}:paused"),
             adopted: format!("{base}:adopted"),
+            staged: format!("{base}:staged"),
         }
     }
 
@@ -219,6 +223,7 @@ impl KeyFamily {
             &self.occurrences,
             &self.paused,
             &self.adopted,
+            &self.staged,
         ]
     }
 }

@@ -462,8 +462,9 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
         "{out}"
     );
 
-    // delayd runs throughout: what a killed adoption stored is delivered
-    // while the plugin still holds it, and a rerun must not store it again.
+    // delayd runs throughout: what a killed adoption moved is delivered
+    // while the plugin still holds what it only staged, and a rerun must
+    // neither store a moved message again nor lose a staged one.
     let amqp = amqp_at(&url).await;
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
@@ -494,7 +495,7 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
         "the plugin stays held until a rerun"
     );
     // Held, the plugin delivers nothing: the short ones fall overdue, and
-    // delayd delivers those of the killed run's chunks.
+    // delayd delivers those of the chunks the killed run finished.
     let overdue = (sent[0].at_ms + 46_000 - wall_ms()).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(overdue)).await;
     // Killed with the first chunk read and the plugin held again.
@@ -807,14 +808,15 @@ async fn the_two_step_form_moves_the_export_and_deletes_exactly_it() {
 }
 
 /// A broker node restarted in the middle of an adoption: delayd killed
-/// with a chunk in Redis and still in the plugin (which it holds), the node
-/// stopped and started. The restart loses none of the plugin's messages and
-/// leaves it running (not held); the rerun moves the rest, says that the
-/// plugin ran with messages already in Redis (those due meanwhile would
-/// have gone out twice), and leaves nothing of the exchange in the
-/// plugin's tables. Each message is delivered once, by delayd or the plugin.
+/// with a chunk staged in Redis and still in the plugin (which it holds),
+/// the node stopped and started. The restarted plugin runs again and
+/// delivers the chunk's message that falls due before the rerun; the rerun
+/// drops delayd's copy of it (it says so), moves the rest and leaves
+/// nothing of the exchange in the plugin's tables. Each message is
+/// delivered once, by delayd or by the plugin, none by both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_restarted_mid_adoption_loses_nothing_and_the_rerun_finishes_the_move() {
+async fn a_node_restarted_mid_adoption_delivers_each_message_once_and_the_rerun_finishes_the_move()
+{
     start_all_node_sets();
     let nodes = restarted_node();
     let dir = tempfile::tempdir().unwrap();
@@ -827,14 +829,15 @@ async fn a_node_restarted_mid_adoption_loses_nothing_and_the_rerun_finishes_the_
     let mut raw = RawAmqp::connect(&url).await;
     let none = Table::default();
     let x = t.plugin.as_str();
-    // Index order is due order: with --chunk 2 the first chunk holds the
-    // soon one and h1, the second (stored, then the node restarts) h2 and
-    // d1, the third d2 and d30. None of the second falls due before the
-    // rerun, so none can go out through both.
-    let mut sent = vec![send(&mut raw, x, "soon", 45_000, None, &none).await];
+    // Index order is due order: with --chunk 2 the first chunk holds s1
+    // and s2 (moved), the second s3 and d1 (staged, then the node
+    // restarts: its plugin delivers s3 before the rerun), the third d2
+    // and d30.
+    let mut sent = Vec::new();
     for (body, delay) in [
-        ("h1", 3_600_000),
-        ("h2", 7_200_000),
+        ("s1", 20_000),
+        ("s2", 21_000),
+        ("s3", 30_000),
         ("d1", 86_400_000),
         ("d2", 2 * 86_400_000),
         ("d30", 30 * 86_400_000),
@@ -861,23 +864,41 @@ async fn a_node_restarted_mid_adoption_loses_nothing_and_the_rerun_finishes_the_
         !nodes.suspended(&ctl, 0),
         "a restarted node runs the plugin again"
     );
-    assert_eq!(
-        nodes.held(&ctl, 0, x),
-        4,
-        "the restart keeps what the first chunk's delete left"
-    );
     assert_eq!(nodes.held(&ctl, 0, &t.other), 1);
 
     let amqp = amqp_at(&url).await;
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
+    assert!(
+        eventually(Duration::from_secs(90), || async {
+            plugin_inbox.find(b"s3").is_some()
+        })
+        .await,
+        "the restarted plugin delivers s3"
+    );
     let _d = Daemon::start(&cfg);
     let (code, out, err) = run(None);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("already there 2"), "{out}");
+
+    // Each message once: s1 and s2 by delayd, s3 by the plugin, the
+    // others wait in Redis.
     assert!(
-        out.contains("the plugin ran") && out.contains("2 messages"),
-        "the rerun says the plugin ran with stored messages: {out}{err}"
+        eventually(Duration::from_secs(30), || async { inbox.len() >= 2 }).await,
+        "s1 and s2 delivered"
+    );
+    inbox.settle(Duration::from_secs(3)).await;
+    let mut bodies: Vec<Vec<u8>> = inbox
+        .all()
+        .into_iter()
+        .chain(plugin_inbox.all())
+        .map(|r| r.body)
+        .collect();
+    bodies.sort();
+    assert_eq!(bodies, vec![b"s1".to_vec(), b"s2".to_vec(), b"s3".to_vec()]);
+    assert!(
+        out.contains("moved 3")
+            && out.contains("1 messages read from the plugin were delivered by the plugin itself"),
+        "the rerun moves d1, d2 and d30 and says it dropped s3: {out}{err}"
     );
     assert!(!nodes.suspended(&ctl, 0), "released");
     assert_eq!(nodes.held(&ctl, 0, x), 0, "no entry of the exchange left");
@@ -887,32 +908,13 @@ async fn a_node_restarted_mid_adoption_loses_nothing_and_the_rerun_finishes_the_
         1,
         "the other exchange's stays"
     );
-
-    // Each message once: the soon one by delayd (or by the plugin, had a
-    // slow broker let it fall due first), the others wait in Redis.
-    let both = || inbox.len() + plugin_inbox.len();
-    assert!(
-        eventually(Duration::from_secs(90), || async { both() >= 1 }).await,
-        "the soon one delivered"
-    );
-    inbox.settle(Duration::from_secs(2)).await;
-    let mut bodies: Vec<Vec<u8>> = inbox
-        .all()
-        .into_iter()
-        .chain(plugin_inbox.all())
-        .map(|r| r.body)
-        .collect();
-    bodies.sort();
-    assert_eq!(bodies, vec![b"soon".to_vec()]);
     let mut conn = redis().await;
     let family = family(&b.key);
     let adopted: i64 = hlen(&mut conn, &family.adopted).await;
-    assert_eq!(
-        adopted as usize,
-        6 - plugin_inbox.len(),
-        "each entry recorded once"
-    );
-    for s in &sent[1..] {
+    assert_eq!(adopted, 5, "each entry delayd moved recorded once");
+    let staged: i64 = hlen(&mut conn, &family.staged).await;
+    assert_eq!(staged, 0, "nothing left staged");
+    for s in &sent[3..] {
         let due = s.at_ms + s.delay_ms;
         let ids: Vec<(String, f64)> = query(
             &mut conn,

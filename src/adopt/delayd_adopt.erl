@@ -10,7 +10,7 @@
 %% exchange}) from just after Cursor, key by key, never copying the table:
 %% each key's entries come from the bag table by ets:lookup. With Hold,
 %% first suspends the plugin's process (sys:suspend): no timer delivers and
-%% no publish to a delayed exchange is stored until commit/4 resumes it.
+%% no publish to a delayed exchange is stored until commit/5 resumes it.
 %% Prints lines "delayd-adopt WORD FIELDS..." (binary fields in base64):
 %%   node NODE | notables | held 0|1
 %%   suspended_before 0|1   (the plugin was suspended when the read began:
@@ -21,15 +21,26 @@
 %%   cursor KEY | done
 %%   end
 %%
-%% commit/4: deletes exactly the entries a chunk moved (by their refs), then
-%% resumes the plugin's process when Resume. An index key of the exchange
+%% commit/5: deletes exactly the entries a chunk moved (by their refs), then
+%% resumes the plugin's process when Resume. Before deleting, it records
+%% the refs it is about to delete in a file beside the node's Mnesia tables
+%% (synced to disk; Fresh: the chunk's first call, which starts the file
+%% anew), so that a rerun can tell an entry delayd deleted from one the
+%% plugin delivered, even across a broker restart (check/3). An index key of the exchange
 %% is deleted once none of its entries is left (up to 3.11, an index key
 %% without entries makes the plugin's timer loop). Entries it does not find
-%% are counted, not an error: a rerun after a crash may commit a chunk twice.
+%% are counted and named, not an error: the plugin delivered them after a
+%% broker restart or a resume by hand since the read.
 %% Prints: was_held 0|1 (0 after a broker restart or a resume by hand since
-%% the read), deleted COUNT, missing COUNT, end.
+%% the read), gone TIMESTAMP REF for each entry not found, deleted COUNT,
+%% missing COUNT, end.
+%%
+%% check/3: where each entry Items names is: present TIMESTAMP REF (still
+%% in the plugin), deleted TIMESTAMP REF (not there, and the last commit
+%% recorded it: delayd deleted it), nothing when the plugin delivered it;
+%% then end.
 -module(delayd_adopt).
--export([read/8, commit/4, items/1]).
+-export([read/8, commit/5, check/3, items/1]).
 
 read(Vhost, Name, Hold, MaxEntries, MaxBytes, MaxScan, Cursor, NotBefore) ->
     Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
@@ -129,7 +140,7 @@ read(Vhost, Name, Hold, MaxEntries, MaxBytes, MaxScan, Cursor, NotBefore) ->
     Out([<<"end">>]),
     ok.
 
-%% items/1: commit/4's Items from the values delayd passed after the
+%% items/1: commit/5's and check/3's Items from the values delayd passed after the
 %% expression (bound to _1, _2, ...): lines "TIMESTAMP REF REF ...".
 items(Values) ->
     [begin
@@ -137,7 +148,9 @@ items(Values) ->
          {binary_to_integer(Ts), Refs}
      end || V <- Values, Line <- binary:split(V, <<"\n">>, [global, trim_all])].
 
-commit(Vhost, Name, Items, Resume) ->
+commit(Vhost, Name, Items, Resume, Fresh) ->
+    Record = [[int(Ts), $\s, T, $\n] || {Ts, Tokens} <- Items, T <- Tokens],
+    ok = file:write_file(record_file(), Record, case Fresh of true -> [sync]; false -> [append, sync] end),
     Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
     Idx = list_to_atom(atom_to_list(Tab) ++ "_index"),
     Ours = {resource, Vhost, exchange, Name},
@@ -146,32 +159,29 @@ commit(Vhost, Name, Items, Resume) ->
     P = whereis(rabbit_delayed_message),
     WasHeld = is_pid(P) andalso suspended(P),
     Out([<<"was_held">>, Int(case WasHeld of true -> 1; false -> 0 end)]),
-    KeysAt = fun KeysAt(K, Ts, Acc) ->
-        case K of
-            {delay_key, Ts, Ex} when element(2, Ex) =:= Ours -> KeysAt(ets:next(Idx, K), Ts, [K | Acc]);
-            {delay_key, Ts, _} -> KeysAt(ets:next(Idx, K), Ts, Acc);
-            _ -> Acc
-        end
-    end,
     Delete = fun({Ts, Tokens}, {Deleted, Missing}) ->
         Refs = [binary_to_term(base64:decode(T)) || T <- Tokens],
-        Keys = KeysAt(ets:next(Idx, {delay_key, Ts, 0}), Ts, []),
-        Gone = lists:foldl(
-            fun(K, G) ->
+        Keys = keys_at(Idx, Ours, Ts),
+        Found = lists:foldl(
+            fun(K, F) ->
                 Es = [E || E <- ets:lookup(Tab, K), lists:member(element(4, E), Refs)],
                 [ok = mnesia:dirty_delete_object(Tab, E) || E <- Es],
                 case ets:lookup(Tab, K) of
                     [] -> ok = mnesia:dirty_delete(Idx, K);
                     _ -> ok
                 end,
-                G + length(Es)
-            end, 0, Keys),
-        {Deleted + Gone, Missing + length(Refs) - Gone}
+                [element(4, E) || E <- Es] ++ F
+            end, [], Keys),
+        Lost = [T || {T, R} <- lists:zip(Tokens, Refs), not lists:member(R, Found)],
+        [Out([<<"gone">>, Int(Ts), T]) || T <- Lost],
+        {Deleted + length(Found), Missing + length(Lost)}
     end,
     Tables = ets:info(Tab, size) =/= undefined andalso ets:info(Idx, size) =/= undefined,
     {D, M} = case Tables of
                  true -> lists:foldl(Delete, {0, 0}, Items);
-                 false -> {0, lists:sum([length(R) || {_, R} <- Items])}
+                 false ->
+                     [Out([<<"gone">>, Int(Ts), T]) || {Ts, Tokens} <- Items, T <- Tokens],
+                     {0, lists:sum([length(R) || {_, R} <- Items])}
              end,
     case Resume andalso is_pid(P) of
         true -> ok = sys:resume(P, 60000);
@@ -181,6 +191,49 @@ commit(Vhost, Name, Items, Resume) ->
     Out([<<"missing">>, Int(M)]),
     Out([<<"end">>]),
     ok.
+
+check(Vhost, Name, Items) ->
+    Tab = list_to_atom("rabbit_delayed_message" ++ atom_to_list(node())),
+    Idx = list_to_atom(atom_to_list(Tab) ++ "_index"),
+    Ours = {resource, Vhost, exchange, Name},
+    Out = fun(Fields) -> io:put_chars([<<"delayd-adopt">>, [[$\s, F] || F <- Fields], $\n]) end,
+    Recorded = case file:read_file(record_file()) of
+                   {ok, Bin} -> sets:from_list(binary:split(Bin, <<"\n">>, [global, trim_all]));
+                   {error, enoent} -> sets:new()
+               end,
+    Tables = ets:info(Tab, size) =/= undefined andalso ets:info(Idx, size) =/= undefined,
+    [begin
+         Ref = binary_to_term(base64:decode(T)),
+         Here = Tables andalso lists:any(
+                  fun(E) -> element(4, E) =:= Ref end,
+                  lists:append([ets:lookup(Tab, K) || K <- keys_at(Idx, Ours, Ts)])),
+         Line = [int(Ts), T],
+         case {Here, sets:is_element(iolist_to_binary([int(Ts), $\s, T]), Recorded)} of
+             {true, _} -> Out([<<"present">> | Line]);
+             {false, true} -> Out([<<"deleted">> | Line]);
+             {false, false} -> ok
+         end
+     end || {Ts, Tokens} <- Items, T <- Tokens],
+    Out([<<"end">>]),
+    ok.
+
+%% The index keys of exchange Ours at timestamp Ts.
+keys_at(Idx, Ours, Ts) ->
+    keys_from(Idx, Ours, Ts, ets:next(Idx, {delay_key, Ts, 0}), []).
+
+keys_from(Idx, Ours, Ts, K, Acc) ->
+    case K of
+        {delay_key, Ts, Ex} when element(2, Ex) =:= Ours -> keys_from(Idx, Ours, Ts, ets:next(Idx, K), [K | Acc]);
+        {delay_key, Ts, _} -> keys_from(Idx, Ours, Ts, ets:next(Idx, K), Acc);
+        _ -> Acc
+    end.
+
+%% Where commit/5 records what it deletes: beside this node's Mnesia
+%% tables, so it outlives a broker restart as they do.
+record_file() ->
+    filename:join(mnesia:system_info(directory), "delayd-adopt-deleting").
+
+int(N) -> integer_to_binary(N).
 
 %% Whether process P is suspended (sys:suspend): sys:get_status answers
 %% while it is.

@@ -10,6 +10,7 @@ const READ: &str = include_str!("read.erl");
 const LOAD: &str = include_str!("load.erl");
 const MODULE: &str = include_str!("delayd_adopt.erl");
 const COMMIT: &str = include_str!("commit.erl");
+const CHECK: &str = include_str!("check.erl");
 const EXPORT: &str = include_str!("export.erl");
 
 /// The plugin exchange whose messages move: its vhost and name.
@@ -78,8 +79,10 @@ pub fn survey(x: &Exchange) -> String {
 }
 
 /// Deletes the entries `items` names (`(timestamp, [ref])`, each ref as
-/// `read` printed it), then resumes the plugin when `resume`.
-pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool) -> String {
+/// `read` printed it), then resumes the plugin when `resume`. Their refs
+/// are recorded first, anew when `fresh`, else added to what the record
+/// holds (see [`check_calls`]).
+pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool, fresh: bool) -> String {
     let mut list = String::from("[");
     for (i, (ts, refs)) in items.iter().enumerate() {
         if i > 0 {
@@ -99,7 +102,11 @@ pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool) -> Strin
     fill(
         COMMIT,
         x,
-        &[("@ITEMS@", list), ("@RESUME@", resume.to_string())],
+        &[
+            ("@ITEMS@", list),
+            ("@RESUME@", resume.to_string()),
+            ("@FRESH@", fresh.to_string()),
+        ],
     )
 }
 
@@ -107,7 +114,8 @@ pub fn commit(x: &Exchange, items: &[(i64, Vec<String>)], resume: bool) -> Strin
 /// the expression (bound to `_1`, `_2`, ...: lines `TIMESTAMP REF REF ...`),
 /// each value at most `max_value` bytes and each call's values at most
 /// `max_call` bytes together; only the last call resumes the plugin (when
-/// `resume`). A chunk's refs can be far longer than one argument may be.
+/// `resume`), and only the first starts the record of what is deleted
+/// anew. A chunk's refs can be far longer than one argument may be.
 /// A timestamp's refs may be split between two lines or calls (each
 /// deletes the index key once none of its entries is left). Always at
 /// least one call.
@@ -118,6 +126,51 @@ pub fn commit_calls(
     max_value: usize,
     max_call: usize,
 ) -> Vec<(String, Vec<String>)> {
+    let calls = value_calls(items, max_value, max_call);
+    let last = calls.len() - 1;
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, values)| {
+            let expr = fill(
+                COMMIT,
+                x,
+                &[
+                    ("@ITEMS@", items_of(values.len())),
+                    ("@RESUME@", (resume && i == last).to_string()),
+                    ("@FRESH@", (i == 0).to_string()),
+                ],
+            );
+            (expr, values)
+        })
+        .collect()
+}
+
+/// Where each entry `items` names is now (check.erl): still in the plugin,
+/// deleted by the last chunk's commit, or neither (the plugin delivered
+/// it); split into calls as [`commit_calls`].
+pub fn check_calls(
+    x: &Exchange,
+    items: &[(i64, Vec<String>)],
+    max_value: usize,
+    max_call: usize,
+) -> Vec<(String, Vec<String>)> {
+    value_calls(items, max_value, max_call)
+        .into_iter()
+        .map(|values| {
+            let expr = fill(CHECK, x, &[("@ITEMS@", items_of(values.len()))]);
+            (expr, values)
+        })
+        .collect()
+}
+
+/// `items` as values of lines `TIMESTAMP REF REF ...` (see
+/// [`commit_calls`]), grouped into calls; always at least one call.
+fn value_calls(
+    items: &[(i64, Vec<String>)],
+    max_value: usize,
+    max_call: usize,
+) -> Vec<Vec<String>> {
     // Lines of at most max_value bytes.
     let mut lines: Vec<String> = Vec::new();
     for (ts, refs) in items {
@@ -160,24 +213,13 @@ pub fn commit_calls(
         value.push('\n');
     }
     flush(&mut value, &mut calls, &mut used);
-    let last = calls.len() - 1;
     calls
-        .into_iter()
-        .enumerate()
-        .map(|(i, values)| {
-            let names: Vec<String> = (1..=values.len()).map(|n| format!("_{n}")).collect();
-            let items = format!("{}:items([{}])", module_name(), names.join(","));
-            let expr = fill(
-                COMMIT,
-                x,
-                &[
-                    ("@ITEMS@", items),
-                    ("@RESUME@", (resume && i == last).to_string()),
-                ],
-            );
-            (expr, values)
-        })
-        .collect()
+}
+
+/// The `@ITEMS@` of an expression given `n` values.
+fn items_of(n: usize) -> String {
+    let names: Vec<String> = (1..=n).map(|n| format!("_{n}")).collect();
+    format!("{}:items([{}])", module_name(), names.join(","))
 }
 
 /// The two-step form's first step, for an operator to run on the broker
@@ -300,8 +342,12 @@ mod tests {
                 expr.contains(&format!(":items([{}])", names.join(","))),
                 "{expr}"
             );
-            let resumes = expr.trim_end().ends_with("true)\nend.");
-            assert_eq!(resumes, i == calls.len() - 1, "call {i}");
+            let last = i == calls.len() - 1;
+            let tail = format!("{}, {})\nend.", last, i == 0);
+            assert!(
+                expr.trim_end().ends_with(&tail),
+                "call {i}: resumes only last, fresh only first"
+            );
             for line in values.iter().flat_map(|v| v.lines()) {
                 let mut words = line.split(' ');
                 let ts: i64 = words.next().unwrap().parse().unwrap();
@@ -331,9 +377,9 @@ mod tests {
             (5, vec!["QUJD".to_string(), "\">>, halt()".to_string()]),
             (7, vec![]),
         ];
-        let e = commit(&x(), &items, true);
+        let e = commit(&x(), &items, true, true);
         assert!(
-            e.contains(r#", [{5,[<<"QUJD">>,<<"">>]},{7,[]}], true)"#),
+            e.contains(r#", [{5,[<<"QUJD">>,<<"">>]},{7,[]}], true, true)"#),
             "{e}"
         );
         assert!(!e.contains('@'));

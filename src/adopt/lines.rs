@@ -66,7 +66,7 @@ pub struct Chunk {
 }
 
 /// What one commit did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Committed {
     /// Whether the plugin was still suspended when it ran.
     pub was_held: bool,
@@ -74,6 +74,18 @@ pub struct Committed {
     pub deleted: u64,
     /// Entries of the chunk not found.
     pub missing: u64,
+    /// Those entries, each as (due time, ref as read.erl printed it).
+    pub gone: Vec<(i64, String)>,
+}
+
+/// Where check.erl found the entries it was asked about; those in neither
+/// list the plugin delivered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// Still in the plugin: (due time, ref).
+    pub present: Vec<(i64, String)>,
+    /// Deleted by the last commit: (due time, ref).
+    pub deleted: Vec<(i64, String)>,
 }
 
 /// Why a broker's output cannot be read.
@@ -139,6 +151,32 @@ pub fn committed(text: &str) -> Result<Committed, LineError> {
             ["was_held", h] => c.was_held = *h == "1",
             ["deleted", d] => c.deleted = d.parse().map_err(|_| bad("deleted"))?,
             ["missing", m] => c.missing = m.parse().map_err(|_| bad("missing"))?,
+            ["gone", t, r] => c
+                .gone
+                .push((t.parse().map_err(|_| bad("gone"))?, r.to_string())),
+            ["end"] => ended = true,
+            _ => return Err(bad("unknown line")),
+        }
+    }
+    if !ended {
+        return Err(LineError::Unfinished);
+    }
+    Ok(c)
+}
+
+/// Reads what check.erl printed.
+pub fn checked(text: &str) -> Result<Checked, LineError> {
+    let mut c = Checked::default();
+    let mut ended = false;
+    for (n, fields) in ours(text) {
+        let bad = |what: &str| LineError::Malformed(n, what.to_string());
+        match fields.as_slice() {
+            ["present", t, r] => c
+                .present
+                .push((t.parse().map_err(|_| bad("present"))?, r.to_string())),
+            ["deleted", t, r] => c
+                .deleted
+                .push((t.parse().map_err(|_| bad("deleted"))?, r.to_string())),
             ["end"] => ended = true,
             _ => return Err(bad("unknown line")),
         }
@@ -216,17 +254,32 @@ mod tests {
     }
 
     #[test]
+    fn a_check_reads_back() {
+        let c = checked(
+            "delayd-adopt present 5 QUJD\ndelayd-adopt deleted 7 RUZH\ndelayd-adopt end\nok\n",
+        )
+        .unwrap();
+        assert_eq!(c.present, vec![(5, "QUJD".to_string())]);
+        assert_eq!(c.deleted, vec![(7, "RUZH".to_string())]);
+        assert!(matches!(
+            checked("delayd-adopt present 5 QUJD\n"),
+            Err(LineError::Unfinished)
+        ));
+    }
+
+    #[test]
     fn a_commit_reads_back() {
         let c = committed(
-            "delayd-adopt was_held 1\ndelayd-adopt deleted 3\ndelayd-adopt missing 0\ndelayd-adopt end\nok\n",
+            "delayd-adopt was_held 0\ndelayd-adopt gone 17 g1oAAw==\ndelayd-adopt deleted 3\ndelayd-adopt missing 1\ndelayd-adopt end\nok\n",
         )
         .unwrap();
         assert_eq!(
             c,
             Committed {
-                was_held: true,
+                was_held: false,
                 deleted: 3,
-                missing: 0
+                missing: 1,
+                gone: vec![(17, "g1oAAw==".into())],
             }
         );
     }

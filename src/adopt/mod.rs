@@ -5,24 +5,29 @@
 //!
 //! A node is emptied chunk by chunk: [`erlang::read`] suspends the plugin's
 //! process (no timer fires, no publish is stored) and prints one chunk; the
-//! chunk is written to Redis, each message with a record of the plugin entry
-//! it came from (`{K}:adopted`), and the replica wait the intake uses;
-//! [`erlang::commit`] then deletes exactly those entries and resumes the
-//! plugin. A crash anywhere leaves the plugin suspended with the chunk
-//! still in it, and a rerun reads it again, finds the records and skips what
-//! is already in Redis (delivered or not) before deleting it.
+//! chunk is staged in Redis, where nothing delivers it; [`erlang::commit`]
+//! records the chunk's refs on the node's disk, deletes exactly those
+//! entries and resumes the plugin; then what it deleted becomes pending,
+//! each message with a record of the plugin entry it came from
+//! (`{K}:adopted`). Each write has the intake's replica wait. A crash
+//! anywhere leaves the chunk staged and, unless the broker restarts, the
+//! plugin suspended with the chunk still in it; a rerun settles what is
+//! staged by where the node says each entry is ([`staging`]), then moves
+//! the rest.
 //!
 //! - [`erlang`]: the expressions (`src/adopt/*.erl`);
 //! - [`lines`]: what they print, parsed;
 //! - [`ctl`]: `rabbitmqctl eval` on a node;
-//! - [`moving`]: plugin entries to stored messages (`src/lua/adopt.lua`).
+//! - [`moving`]: plugin entries to stored messages;
+//! - [`staging`]: the Redis side (`src/lua/adopt_*.lua`).
 
 pub mod ctl;
 pub mod erlang;
 pub mod lines;
 pub mod moving;
+pub mod staging;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::config::intake_settings::Settings;
 use crate::config::Business;
@@ -32,6 +37,7 @@ use crate::store::incoming::Writer;
 use ctl::Ctl;
 use erlang::{Exchange, Limits};
 use lines::{Chunk, Held};
+use staging::Leftover;
 
 /// Passes over a node's index at most: the second picks up what producers
 /// published to the plugin while the first ran; a third that still finds
@@ -74,20 +80,12 @@ pub struct NodeReport {
     pub unmovable: Vec<String>,
     /// Messages of other exchanges, left with the plugin.
     pub others: Vec<Held>,
-    /// Entries of a chunk the commit did not find, or committed after the
-    /// plugin had been resumed behind delayd's back (a broker restart):
-    /// the plugin may have delivered them too.
-    pub doubtful: u64,
+    /// Staged messages whose plugin entries were gone when delayd went to
+    /// delete them: the plugin delivered them itself (it ran again after a
+    /// broker restart or a resume by hand), so delayd dropped them.
+    pub by_plugin: u64,
     /// Whether the last pass still found new messages of the exchange.
     pub still_published: bool,
-    /// Whether the plugin was suspended when this run first read the node
-    /// (an interrupted run left it so); `None` before that read.
-    pub left_held: Option<bool>,
-    /// Messages found in Redis already (an interrupted run stored them)
-    /// while the plugin was not left held: it ran with them since (a
-    /// broker restart, or a resume by hand), and those of that run's chunk
-    /// that fell due meanwhile went out through it as well.
-    pub ran_with_stored: u64,
 }
 
 /// Why a node was not emptied.
@@ -105,7 +103,7 @@ pub enum AdoptError {
         error: lines::LineError,
     },
     /// Redis did not store a chunk; the plugin was resumed with the chunk
-    /// still in it.
+    /// still in it (or, after its delete, a rerun settles it).
     #[error("node {node}: Redis did not store a chunk (the plugin keeps it; rerun once Redis is back): {error}")]
     Redis {
         /// The node.
@@ -125,7 +123,7 @@ impl Adoption<'_> {
         };
         for pass in 0..PASSES {
             report.unmovable.clear();
-            let (found, others) = self.pass(node, &mut report).await?;
+            let (found, others) = self.pass(node, pass == 0, &mut report).await?;
             report.others = others;
             report.still_published = pass == PASSES - 1 && found > 0;
             if found == 0 || !report.tables {
@@ -135,11 +133,72 @@ impl Adoption<'_> {
         Ok(report)
     }
 
+    /// Settles what an interrupted run left staged for this node, before
+    /// any commit of this run replaces the node's record of what that run
+    /// deleted: promotes what it deleted, drops what the plugin delivered,
+    /// and leaves staged what the plugin still holds (this run moves it).
+    /// `name` is the node's own name, as its reads print it.
+    async fn settle_leftovers(
+        &self,
+        node: &str,
+        name: &str,
+        report: &mut NodeReport,
+    ) -> Result<(), AdoptError> {
+        let redis = |error| AdoptError::Redis {
+            node: node.to_string(),
+            error,
+        };
+        let left = staging::leftovers(&self.writer, name)
+            .await
+            .map_err(redis)?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        let mut by_time: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+        for l in &left {
+            by_time
+                .entry(l.due_ms)
+                .or_default()
+                .push(l.reference.clone());
+        }
+        let items: Vec<(i64, Vec<String>)> = by_time.into_iter().collect();
+        let mut present = HashSet::new();
+        let mut deleted = HashSet::new();
+        for (expr, values) in erlang::check_calls(
+            &self.exchange,
+            &items,
+            ctl::MAX_ARGUMENT,
+            ctl::MAX_ARGUMENTS - ctl::MAX_ARGUMENT,
+        ) {
+            let out = self.ctl.eval_with(node, &expr, &values).await?;
+            let c = lines::checked(&out).map_err(|error| AdoptError::Output {
+                node: node.to_string(),
+                error,
+            })?;
+            present.extend(c.present);
+            deleted.extend(c.deleted);
+        }
+        let at = |l: &Leftover| (l.due_ms, l.reference.clone());
+        let promote: Vec<&Leftover> = left.iter().filter(|l| deleted.contains(&at(l))).collect();
+        let drop: Vec<&Leftover> = left
+            .iter()
+            .filter(|l| !deleted.contains(&at(l)) && !present.contains(&at(l)))
+            .collect();
+        let done = staging::settle_leftovers(&self.writer, self.business, &promote, &drop)
+            .await
+            .map_err(redis)?;
+        report.moved += done.promoted;
+        report.by_plugin += done.dropped;
+        Ok(())
+    }
+
     /// One walk over the node's whole index: the entries of the exchange it
-    /// moved, and what other exchanges hold.
+    /// moved, and what other exchanges hold. The `first` pass settles what
+    /// an interrupted run left staged once its first read names the node.
     async fn pass(
         &self,
         node: &str,
+        first: bool,
         report: &mut NodeReport,
     ) -> Result<(u64, Vec<Held>), AdoptError> {
         let mut cursor: Option<String> = None;
@@ -155,12 +214,12 @@ impl Adoption<'_> {
             if !chunk.node.is_empty() {
                 report.node = chunk.node.clone();
             }
-            if report.left_held.is_none() && chunk.held {
-                report.left_held = Some(chunk.suspended_before);
-            }
             if !chunk.tables {
                 report.tables = false;
                 return Ok((0, Vec::new()));
+            }
+            if first && cursor.is_none() {
+                self.settle_leftovers(node, &chunk.node, report).await?;
             }
             for h in chunk.held_by.iter().filter(|h| !self.is_ours(h)) {
                 merge(&mut others, h);
@@ -174,9 +233,10 @@ impl Adoption<'_> {
         Ok((found, others.into_values().collect()))
     }
 
-    /// Stores one chunk, then deletes what is stored from the plugin and
-    /// resumes it; on a Redis failure only resumes it. Returns the entries
-    /// it took from the plugin (what it cannot carry stays there).
+    /// Stages one chunk, deletes it from the plugin and resumes the plugin,
+    /// then settles the chunk; on a Redis failure before the delete only
+    /// resumes the plugin. Returns the entries it took from the plugin
+    /// (what it cannot carry stays there).
     async fn move_chunk(
         &self,
         node: &str,
@@ -185,12 +245,15 @@ impl Adoption<'_> {
     ) -> Result<usize, AdoptError> {
         let mut batch = Vec::with_capacity(chunk.entries.len());
         let mut by_time: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+        // The commit names what it did not find by due time and ref.
+        let mut names: HashMap<(i64, &str), String> = HashMap::new();
         for t in &chunk.orphans {
             by_time.entry(*t).or_default();
         }
         for e in &chunk.entries {
             match moving::prepare(&chunk.node, e, self.settings, self.own_user) {
                 Ok(m) => {
+                    names.insert((e.due_ms, e.reference.as_str()), m.name.clone());
                     batch.push(m);
                     by_time
                         .entry(e.due_ms)
@@ -203,20 +266,13 @@ impl Adoption<'_> {
             }
         }
         if !batch.is_empty() {
-            match moving::store(&self.writer, self.business, &batch).await {
-                Ok(m) => {
-                    report.moved += m.stored;
-                    report.already += m.already;
-                    if report.left_held == Some(false) {
-                        report.ran_with_stored += m.already;
-                    }
-                    self.progress.add(m.stored + m.already);
-                }
+            match staging::stage(&self.writer, &batch).await {
+                Ok(s) => report.already += s.already,
                 Err(error) => {
                     // Release the plugin with the chunk still in it.
                     let _ = self
                         .ctl
-                        .eval(node, &erlang::commit(&self.exchange, &[], true))
+                        .eval(node, &erlang::commit(&self.exchange, &[], true, false))
                         .await;
                     return Err(AdoptError::Redis {
                         node: node.to_string(),
@@ -226,8 +282,6 @@ impl Adoption<'_> {
             }
         }
         let items: Vec<(i64, Vec<String>)> = by_time.into_iter().collect();
-        let mut was_held = true;
-        let mut deleted = 0;
         let calls = erlang::commit_calls(
             &self.exchange,
             &items,
@@ -235,22 +289,34 @@ impl Adoption<'_> {
             ctl::MAX_ARGUMENT,
             ctl::MAX_ARGUMENTS - ctl::MAX_ARGUMENT,
         );
-        for (i, (expr, values)) in calls.iter().enumerate() {
+        let mut gone = HashSet::new();
+        for (expr, values) in &calls {
             let out = self.ctl.eval_with(node, expr, values).await?;
             let done = lines::committed(&out).map_err(|error| AdoptError::Output {
                 node: node.to_string(),
                 error,
             })?;
-            report.doubtful += done.missing;
-            deleted += done.deleted;
-            if i == 0 {
-                was_held = done.was_held;
-            }
+            gone.extend(
+                done.gone
+                    .iter()
+                    .filter_map(|(t, r)| names.get(&(*t, r.as_str())).cloned()),
+            );
         }
-        if chunk.held && !was_held {
-            report.doubtful += deleted;
-            tracing::warn!(node, "the plugin was resumed while delayd held it (a broker restart?): messages of this chunk that fell due meanwhile may be delivered twice");
+        if batch.is_empty() {
+            return Ok(0);
         }
+        let done = staging::settle(&self.writer, self.business, &batch, &gone)
+            .await
+            .map_err(|error| AdoptError::Redis {
+                node: node.to_string(),
+                error,
+            })?;
+        report.moved += done.promoted;
+        report.by_plugin += done.dropped;
+        if done.dropped > 0 {
+            tracing::warn!(node, dropped = done.dropped, "the plugin ran again while delayd held it (a broker restart?) and delivered messages of this chunk itself: delayd dropped its copies");
+        }
+        self.progress.add(batch.len() as u64);
         Ok(batch.len())
     }
 

@@ -1,24 +1,13 @@
 //! From a plugin entry to a stored message: the envelope the intake would
 //! have stored for the same publish, and the ids that make a rerun safe.
-//! Written with `adopt.lua` through the intake's writer, so the intake's
-//! replica wait applies.
+//! [`super::staging`] writes it to Redis.
 
 use lapin::protocol::basic::parse_properties;
 
 use crate::config::intake_settings::Settings;
-use crate::config::Business;
-use crate::keys::shard_of;
 use crate::message::{delay, delivered, envelope};
-use crate::redis_conn::scripts;
-use crate::store::incoming::{WriteError, Writer};
-use crate::store::KeyFamily;
 
 use super::lines::Entry;
-
-/// How long `{K}:adopted` outlives the last adoption into K: beyond the
-/// plugin's longest delay (2^32 − 1 ms, 49.7 days), so a rerun at any time
-/// an entry could still be in the plugin knows it was moved.
-const KEEP_ADOPTED_MS: u64 = 60 * 24 * 3600 * 1000;
 
 /// One entry, ready to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,19 +17,14 @@ pub struct Moving {
     pub name: String,
     /// The id it is stored under: its `message_id`, or `name`.
     pub id: Vec<u8>,
+    /// The node whose plugin holds it.
+    pub node: String,
+    /// Its ref there, as read.erl printed it.
+    pub reference: String,
     /// Its due time, epoch ms.
     pub due_ms: i64,
     /// What `{K}:body` holds for it.
     pub envelope: Vec<u8>,
-}
-
-/// What storing a chunk did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Moved {
-    /// Stored now.
-    pub stored: u64,
-    /// Stored by an earlier run (recorded in `{K}:adopted`).
-    pub already: u64,
 }
 
 /// The entry's stable name on `node` (see [`Moving::name`]).
@@ -80,48 +64,11 @@ pub fn prepare(
     Ok(Moving {
         name,
         id,
+        node: node.to_string(),
+        reference: entry.reference.clone(),
         due_ms: entry.due_ms,
         envelope,
     })
-}
-
-/// Stores `batch` in `business`'s keys, each on the shard of its id, one
-/// `adopt.lua` call per shard, with the intake's replica wait.
-pub async fn store(
-    writer: &Writer,
-    business: &Business,
-    batch: &[Moving],
-) -> Result<Moved, WriteError> {
-    let keys = writer.keys();
-    let mut moved = Moved::default();
-    for key in keys {
-        let mine: Vec<&Moving> = batch
-            .iter()
-            .filter(|m| shard_of(keys, &m.id) == key)
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let family = KeyFamily::new(key);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(scripts::ADOPT.get_hash())
-            .arg(3)
-            .arg(&family.pending)
-            .arg(&family.body)
-            .arg(&family.adopted)
-            .arg(business.score_unit.millis())
-            .arg(KEEP_ADOPTED_MS);
-        for m in mine {
-            cmd.arg(&m.name)
-                .arg(m.id.as_slice())
-                .arg(m.due_ms)
-                .arg(m.envelope.as_slice());
-        }
-        let (_, stored, already) = writer.run(cmd).await?;
-        moved.stored += stored;
-        moved.already += already;
-    }
-    Ok(moved)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::{redis_conn, ConfigArg, Failure};
 use crate::adopt::ctl::Ctl;
 use crate::adopt::erlang::{self, Exchange, Limits};
 use crate::adopt::lines::{self, Held};
-use crate::adopt::{self as adoption, moving, Adoption, NodeReport};
+use crate::adopt::{self as adoption, moving, staging, Adoption, NodeReport};
 use crate::config::{self, Business, Config};
 use crate::progress::Progress;
 use crate::store::incoming::Writer;
@@ -157,16 +157,10 @@ fn print_report(adoption: &Adoption<'_>, r: &NodeReport) -> bool {
         "node {}: moved {} into business \"{}\", already there {}, left {} for other exchanges{}",
         r.node, r.moved, adoption.business.name, r.already, left, list
     );
-    if r.doubtful > 0 {
+    if r.by_plugin > 0 {
         println!(
-            "node {}: warning: {} messages of a chunk were committed after the plugin had been resumed behind delayd's back (a broker restart?), or were gone: any of them that fell due in between may be delivered twice",
-            r.node, r.doubtful
-        );
-    }
-    if r.ran_with_stored > 0 {
-        println!(
-            "node {}: warning: {} messages were in Redis already and the plugin ran with them (a broker restart, or a resume by hand, since an interrupted adoption stored them): any message of that adoption's chunk that fell due in between was delivered by the plugin and is delivered by delayd too",
-            r.node, r.ran_with_stored
+            "node {}: {} messages read from the plugin were delivered by the plugin itself before delayd deleted them (it ran again: a broker restart, or a resume by hand): delayd dropped its copies, so each went out once",
+            r.node, r.by_plugin
         );
     }
     if r.still_published {
@@ -253,15 +247,19 @@ async fn take_in(
             }
         }
     }
-    let mut moved = moving::Moved::default();
+    let (mut stored, mut already) = (0, 0);
     let what = format!("take in \"{}\"", b.name);
     let progress = Progress::new(&what, Some(batch.len() as u64));
+    let failed = |e| Failure::runtime(format!("redis: {e} (nothing is lost: rerun adopt --from)"));
+    // Nothing deletes these from the plugin until the operator runs the
+    // printed expression, so each part is promoted as soon as it is staged.
     for part in batch.chunks(2000) {
-        let m = moving::store(&writer, b, part).await.map_err(|e| {
-            Failure::runtime(format!("redis: {e} (nothing is lost: rerun adopt --from)"))
-        })?;
-        moved.stored += m.stored;
-        moved.already += m.already;
+        let s = staging::stage(&writer, part).await.map_err(failed)?;
+        let done = staging::settle(&writer, b, part, &Default::default())
+            .await
+            .map_err(failed)?;
+        stored += done.promoted;
+        already += s.already;
         progress.add(part.len() as u64);
     }
     progress.finish();
@@ -276,10 +274,10 @@ async fn take_in(
     let soon = held.saturating_sub(chunk.entries.len() as u64);
     eprintln!(
         "node {}: took in {} into business \"{}\", already there {}, left {soon} due within the margin (the plugin delivers them) and {left} for other exchanges; now save the expression printed on stdout to a file and run it on that node (rabbitmqctl -n {} eval_file FILE) to delete what was taken in from the plugin",
-        chunk.node, moved.stored, b.name, moved.already, chunk.node
+        chunk.node, stored, b.name, already, chunk.node
     );
     let items: Vec<(i64, Vec<String>)> = items.into_iter().collect();
-    print!("{}", erlang::commit(exchange, &items, false));
+    print!("{}", erlang::commit(exchange, &items, false, true));
     if unmovable > 0 {
         return Err(Failure::status(1));
     }

@@ -80,8 +80,10 @@ pub static LIST: LazyLock<Script> = lua!("list");
 pub static RATE: LazyLock<Script> = lua!("rate");
 /// Stores intake messages (`intake.lua`).
 pub static INTAKE: LazyLock<Script> = lua!("intake");
-/// Stores messages moved out of the delayed-message plugin (`adopt.lua`).
-pub static ADOPT: LazyLock<Script> = lua!("adopt");
+/// Stages messages read from the delayed-message plugin (`adopt_stage.lua`).
+pub static ADOPT_STAGE: LazyLock<Script> = lua!("adopt_stage");
+/// Makes staged messages pending, or drops them (`adopt_promote.lua`).
+pub static ADOPT_PROMOTE: LazyLock<Script> = lua!("adopt_promote");
 /// Writes recurring occurrences ahead (`recurring.lua`).
 pub static RECURRING: LazyLock<Script> = lua!("recurring");
 /// Pauses or resumes one recurring schedule (`schedule_pause.lua`).

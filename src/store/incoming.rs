@@ -1,7 +1,7 @@
 //! Writing messages taken in from outside to Redis (id mode): intake
 //! messages, one `intake.lua` call per shard per batch (more only for very
 //! large messages), and what `delayd adopt` moves out of the plugin
-//! (`adopt.lua`), each followed, when the intake's settings ask for
+//! (`adopt_*.lua`), each followed, when the intake's settings ask for
 //! replicas, by `WAIT` (or `WAITAOF`) in the same pipeline.
 //!
 //! `WAIT` counts the replicas that hold the replication offset of the
@@ -232,9 +232,14 @@ impl Writer {
         &self.keys
     }
 
+    /// Its connection, for reads beside its writes.
+    pub fn conn(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
     /// Runs one storing script (an `EVALSHA` whose reply is three
     /// integers), then waits for replicas as the settings ask: the reply.
-    /// Shared by the intake (`intake.lua`) and adoption (`adopt.lua`).
+    /// Shared by the intake (`intake.lua`) and adoption (`adopt_*.lua`).
     pub async fn run(&self, cmd: Cmd) -> Result<(i64, u64, u64), WriteError> {
         let mut conn = self.conn.clone();
         if self.wait.replicas == 0 {
