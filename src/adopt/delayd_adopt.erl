@@ -13,8 +13,6 @@
 %% no publish to a delayed exchange is stored until commit/5 resumes it.
 %% Prints lines "delayd-adopt WORD FIELDS..." (binary fields in base64):
 %%   node NODE | notables | held 0|1
-%%   suspended_before 0|1   (the plugin was suspended when the read began:
-%%                           left so by an interrupted run)
 %%   entry TIMESTAMP REF ROUTING_KEY PROPERTIES BODY   (ours, to move)
 %%   orphan TIMESTAMP      (an index key of ours whose entries are gone)
 %%   stats VHOST NAME COUNT BYTES EARLIEST LATEST   (per exchange seen)
@@ -56,14 +54,12 @@ read(Vhost, Name, Hold, MaxEntries, MaxBytes, MaxScan, Cursor, NotBefore) ->
             Out([<<"notables">>]);
         true ->
             P = whereis(rabbit_delayed_message),
-            Before = is_pid(P) andalso suspended(P),
             Held = Hold andalso is_pid(P),
             case Held of
                 true -> ok = sys:suspend(P, 60000);
                 false -> ok
             end,
             Out([<<"held">>, Int(case Held of true -> 1; false -> 0 end)]),
-            Out([<<"suspended_before">>, Int(case Before of true -> 1; false -> 0 end)]),
             %% Up to 3.12 an entry holds a #delivery{} around a
             %% #basic_message{}; from 3.13 an mc container.
             Parts = fun(D) ->

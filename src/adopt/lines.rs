@@ -51,10 +51,6 @@ pub struct Chunk {
     pub tables: bool,
     /// Whether the plugin's process is now suspended.
     pub held: bool,
-    /// Whether it was suspended already when the read began: nothing but
-    /// an interrupted adoption leaves it so, and a broker restart (or a
-    /// resume by hand) ends that.
-    pub suspended_before: bool,
     /// The exchange's entries to move.
     pub entries: Vec<Entry>,
     /// Timestamps of the exchange's index keys left without entries.
@@ -112,7 +108,6 @@ pub fn chunk(text: &str) -> Result<Chunk, LineError> {
             ["node", node] => c.node = text_of(node).ok_or_else(|| bad("node"))?,
             ["notables"] => c.tables = false,
             ["held", h] => c.held = *h == "1",
-            ["suspended_before", s] => c.suspended_before = *s == "1",
             ["entry", ts, reference, rk, props, body] => c.entries.push(Entry {
                 due_ms: ts.parse().map_err(|_| bad("timestamp"))?,
                 reference: reference.to_string(),

@@ -37,7 +37,6 @@ use crate::store::incoming::Writer;
 use ctl::Ctl;
 use erlang::{Exchange, Limits};
 use lines::{Chunk, Held};
-use staging::Leftover;
 
 /// Passes over a node's index at most: the second picks up what producers
 /// published to the plugin while the first ran; a third that still finds
@@ -178,13 +177,17 @@ impl Adoption<'_> {
             present.extend(c.present);
             deleted.extend(c.deleted);
         }
-        let at = |l: &Leftover| (l.due_ms, l.reference.clone());
-        let promote: Vec<&Leftover> = left.iter().filter(|l| deleted.contains(&at(l))).collect();
-        let drop: Vec<&Leftover> = left
-            .iter()
-            .filter(|l| !deleted.contains(&at(l)) && !present.contains(&at(l)))
-            .collect();
-        let done = staging::settle_leftovers(&self.writer, self.business, &promote, &drop)
+        // Deleted: promote; still in the plugin: leave; neither: drop.
+        let each = left.iter().filter_map(|l| {
+            let at = (l.due_ms, l.reference.clone());
+            let deleted = deleted.contains(&at);
+            (deleted || !present.contains(&at)).then_some((
+                l.key.as_str(),
+                l.name.as_str(),
+                deleted,
+            ))
+        });
+        let done = staging::settle_each(&self.writer, self.business, each)
             .await
             .map_err(redis)?;
         report.moved += done.promoted;
@@ -267,7 +270,7 @@ impl Adoption<'_> {
         }
         if !batch.is_empty() {
             match staging::stage(&self.writer, &batch).await {
-                Ok(s) => report.already += s.already,
+                Ok(already) => report.already += already,
                 Err(error) => {
                     // Release the plugin with the chunk still in it.
                     let _ = self

@@ -19,7 +19,6 @@
 %%                   before its delete can run to the plugin)
 %% Prints lines "delayd-adopt WORD FIELDS..." (binary fields in base64):
 %%   node NODE | notables | held 0|1
-%%   suspended_before 0|1   (whether the plugin was suspended already)
 %%   entry TIMESTAMP REF ROUTING_KEY PROPERTIES BODY   (ours, to move)
 %%   orphan TIMESTAMP      (an index key of ours whose entries are gone)
 %%   stats VHOST NAME COUNT BYTES EARLIEST LATEST   (per exchange seen)

@@ -33,15 +33,6 @@ use super::moving::Moving;
 /// keys are kept as long, for a rerun long after a crash.
 const KEEP_MS: u64 = 60 * 24 * 3600 * 1000;
 
-/// What staging a chunk did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Staged {
-    /// Staged now.
-    pub staged: u64,
-    /// Moved by an earlier run (recorded in `{K}:adopted`).
-    pub already: u64,
-}
-
 /// What settling did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
@@ -64,9 +55,11 @@ pub struct Leftover {
     pub reference: String,
 }
 
-/// Stages `batch`, each message on the shard of its id.
-pub async fn stage(writer: &Writer, batch: &[Moving]) -> Result<Staged, WriteError> {
-    let mut done = Staged::default();
+/// Stages `batch`, each message on the shard of its id. Returns how many
+/// an earlier run had moved already (recorded in `{K}:adopted`): those are
+/// not staged again.
+pub async fn stage(writer: &Writer, batch: &[Moving]) -> Result<u64, WriteError> {
+    let mut already = 0;
     for (key, mine) in by_shard(writer.keys(), batch) {
         let f = KeyFamily::new(key);
         let mut cmd = redis::cmd("EVALSHA");
@@ -78,11 +71,10 @@ pub async fn stage(writer: &Writer, batch: &[Moving]) -> Result<Staged, WriteErr
         for m in mine {
             cmd.arg(&m.name).arg(pack(m));
         }
-        let (_, staged, already) = writer.run(cmd).await?;
-        done.staged += staged;
-        done.already += already;
+        let (_, _, seen) = writer.run(cmd).await?;
+        already += seen;
     }
-    Ok(done)
+    Ok(already)
 }
 
 /// Promotes the staged entries of `batch` whose names are not in `gone`,
@@ -93,43 +85,33 @@ pub async fn settle(
     batch: &[Moving],
     gone: &HashSet<String>,
 ) -> Result<Settled, WriteError> {
+    let keys = writer.keys();
+    let each = batch.iter().map(|m| {
+        (
+            shard_of(keys, &m.id),
+            m.name.as_str(),
+            !gone.contains(&m.name),
+        )
+    });
+    settle_each(writer, business, each).await
+}
+
+/// Promotes (`true`) or drops (`false`) each staged entry, named with the
+/// key whose staging holds it: one `adopt_promote.lua` call per key.
+pub async fn settle_each<'a>(
+    writer: &Writer,
+    business: &Business,
+    each: impl IntoIterator<Item = (&'a str, &'a str, bool)>,
+) -> Result<Settled, WriteError> {
     let mut names: BTreeMap<&str, (Vec<&str>, Vec<&str>)> = BTreeMap::new();
-    for (key, mine) in by_shard(writer.keys(), batch) {
-        let (promote, drop) = names.entry(key).or_default();
-        for m in mine {
-            if gone.contains(&m.name) {
-                drop.push(&m.name);
-            } else {
-                promote.push(&m.name);
-            }
+    for (key, name, promote) in each {
+        let (promoted, dropped) = names.entry(key).or_default();
+        if promote {
+            promoted.push(name);
+        } else {
+            dropped.push(name);
         }
     }
-    settle_names(writer, business, names).await
-}
-
-/// Promotes `promote` and drops `drop`, what [`leftovers`] found.
-pub async fn settle_leftovers(
-    writer: &Writer,
-    business: &Business,
-    promote: &[&Leftover],
-    drop: &[&Leftover],
-) -> Result<Settled, WriteError> {
-    let mut names: BTreeMap<&str, (Vec<&str>, Vec<&str>)> = BTreeMap::new();
-    for l in promote {
-        names.entry(&l.key).or_default().0.push(&l.name);
-    }
-    for l in drop {
-        names.entry(&l.key).or_default().1.push(&l.name);
-    }
-    settle_names(writer, business, names).await
-}
-
-/// One `adopt_promote.lua` call per shard.
-async fn settle_names(
-    writer: &Writer,
-    business: &Business,
-    names: BTreeMap<&str, (Vec<&str>, Vec<&str>)>,
-) -> Result<Settled, WriteError> {
     let mut done = Settled::default();
     for (key, (promote, drop)) in names {
         let f = KeyFamily::new(key);

@@ -254,12 +254,11 @@ async fn take_in(
     // Nothing deletes these from the plugin until the operator runs the
     // printed expression, so each part is promoted as soon as it is staged.
     for part in batch.chunks(2000) {
-        let s = staging::stage(&writer, part).await.map_err(failed)?;
+        already += staging::stage(&writer, part).await.map_err(failed)?;
         let done = staging::settle(&writer, b, part, &Default::default())
             .await
             .map_err(failed)?;
         stored += done.promoted;
-        already += s.already;
         progress.add(part.len() as u64);
     }
     progress.finish();
