@@ -9,7 +9,9 @@
 -- another message already, under the id followed by '#' and the first 16
 -- hex digits of the entry's name, so two plugin entries with one
 -- message_id are both delivered, as the plugin would have. An entry not
--- staged (promoted or dropped before) is left alone.
+-- staged (promoted or dropped before) is left alone, and so is one whose
+-- staged value is not a packed message (written by something else), as
+-- staging.rs's reads skip it.
 -- KEYS[1] pending ZSET K (score = due, in score units)
 -- KEYS[2] body HASH (task id -> envelope)
 -- KEYS[3] adopted HASH {K}:adopted (plugin entry name -> task id)
@@ -31,25 +33,24 @@ local promoted, dropped = 0, 0
 
 for i = 4, #ARGV do
   local entry = ARGV[i]
-  local packed = redis.call('HGET', KEYS[4], entry)
-  if packed then
+  local packed = redis.call('HGET', KEYS[4], entry) or ''
+  local due, id_len, node_len, ref_len, at =
+    string.match(packed, '^(%d+) (%d+) (%d+) (%d+) ()')
+  if due and i > last then
     redis.call('HDEL', KEYS[4], entry)
-    if i > last then
-      dropped = dropped + 1
-    else
-      local due, id_len, node_len, ref_len, at =
-        string.match(packed, '^(%d+) (%d+) (%d+) (%d+) ()')
-      local id = string.sub(packed, at, at + id_len - 1)
-      local envelope = string.sub(packed, at + id_len + node_len + ref_len)
-      if redis.call('HSETNX', KEYS[2], id, envelope) == 0 then
-        id = id .. '#' .. string.sub(entry, 1, 16)
-        redis.call('HSET', KEYS[2], id, envelope)
-      end
-      due = math.min(math.max(now, tonumber(due)), LATEST)
-      redis.call('ZADD', KEYS[1], score_of(due, unit), id)
-      redis.call('HSET', KEYS[3], entry, id)
-      promoted = promoted + 1
+    dropped = dropped + 1
+  elseif due then
+    redis.call('HDEL', KEYS[4], entry)
+    local id = string.sub(packed, at, at + id_len - 1)
+    local envelope = string.sub(packed, at + id_len + node_len + ref_len)
+    if redis.call('HSETNX', KEYS[2], id, envelope) == 0 then
+      id = id .. '#' .. string.sub(entry, 1, 16)
+      redis.call('HSET', KEYS[2], id, envelope)
     end
+    due = math.min(math.max(now, tonumber(due)), LATEST)
+    redis.call('ZADD', KEYS[1], score_of(due, unit), id)
+    redis.call('HSET', KEYS[3], entry, id)
+    promoted = promoted + 1
   end
 end
 if promoted > 0 then
