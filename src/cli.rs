@@ -20,6 +20,7 @@ mod pause;
 mod recurring;
 mod recurring_control;
 mod search;
+mod tenants;
 
 /// Command-line interface of `delayd`.
 #[derive(Debug, Parser)]
@@ -88,6 +89,9 @@ enum Command {
         #[command(subcommand)]
         action: bulk::BulkAction,
     },
+    /// List a business's tenants with their counts; pause, resume or
+    /// weigh one tenant on every instance.
+    Tenants(tenants::TenantsArgs),
     /// Stop claims of a business on every instance; pending work stays.
     Pause(pause::PauseArgs),
     /// Let a paused business's claims run again.
@@ -213,6 +217,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Pause(a) => pause::run(a, true).await,
         Command::Resume(a) => pause::run(a, false).await,
         Command::Recurring(a) => recurring::recurring(a).await,
+        Command::Tenants(a) => tenants::run(a).await,
         Command::Adopt(a) => adopt::run(a).await,
         Command::Bench(args) => crate::bench::run(args).await.map_err(|e| Failure {
             code: e.exit_code(),

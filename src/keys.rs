@@ -195,6 +195,18 @@ impl KeyFamily {
         format!("{}:tenants:vtime", self.base())
     }
 
+    /// A business with tenants: the tenants an operator paused (tenant ->
+    /// "<since ms> <by>"), whose members no claim moves until resumed.
+    pub fn tenant_paused(&self) -> String {
+        format!("{}:tenants:paused", self.base())
+    }
+
+    /// A business with tenants: weights set at run time (tenant -> weight),
+    /// each in place of the config's weight for that tenant.
+    pub fn tenant_weights(&self) -> String {
+        format!("{}:tenants:weight", self.base())
+    }
+
     /// What a tenant's sorted set is named: this prefix, then the tenant.
     pub fn tenant_prefix(&self) -> String {
         format!("{}:tenant:", self.base())
@@ -264,7 +276,13 @@ mod tests {
         for key in ["delay:jobs", "delay:jobs:{s0.3}"] {
             let f = KeyFamily::new(key);
             let set = String::from_utf8(f.tenant_set(b"acme")).unwrap();
-            for k in [f.tenant_index(), f.tenant_clock(), set] {
+            for k in [
+                f.tenant_index(),
+                f.tenant_clock(),
+                f.tenant_paused(),
+                f.tenant_weights(),
+                set,
+            ] {
                 assert_eq!(slot(&k), slot(key), "{k}");
             }
         }

@@ -71,10 +71,12 @@ mod dead;
 mod forecast;
 pub mod incoming;
 mod pause;
+mod tenant_control;
 mod tenants;
 mod totals;
 pub use bulk::{Scored, Set};
 pub use forecast::DueCounts;
+pub use tenant_control::{TenantPage, TenantRow};
 pub use tenants::{TenantDue, TenantTake};
 pub use totals::Totals;
 

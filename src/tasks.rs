@@ -21,6 +21,7 @@ mod merge;
 pub mod pause;
 pub mod search;
 pub mod tenant_sets;
+pub mod tenants;
 pub mod when;
 
 pub use crate::keys::shard_of;

@@ -83,6 +83,10 @@ const ROUTES: &[(&str, &str, &str, [u16; 7], bool)] = &[
     ("POST", "/api/v1/businesses/{A}/dead/purge", r#"{"member":"{A}_data-none"}"#, WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/bulk/cancel", r#"{"prefix":"{A}_data","dry_run":true}"#, READ_A, false),
     ("POST", "/api/v1/businesses/{A}/bulk/cancel", r#"{"prefix":"{A}_data-none","confirm":1}"#, WRITE_A, false),
+    ("GET", "/api/v1/businesses/{A}/tenants", "", READ_A, false),
+    ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/pause", "", WRITE_A, false),
+    ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/resume", "", WRITE_A, false),
+    ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/weight", r#"{"weight":2}"#, WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/pause", "", WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/resume", "", WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/schedules/{A}_data/pause", "", WRITE_A, false),
@@ -127,7 +131,7 @@ async fn seed(r: &mut redis::aio::MultiplexedConnection, b: &BusinessSpec, id: &
 async fn every_route_answers_each_caller_only_with_the_businesses_it_may_read() {
     let a = business(
         "first",
-        &format!("read_token = \"{A_READ}\"\nadmin_token = \"{A_ADMIN}\""),
+        &format!("read_token = \"{A_READ}\"\nadmin_token = \"{A_ADMIN}\"\ntenants = true"),
     );
     let a = BusinessSpec {
         extra: format!(

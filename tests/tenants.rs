@@ -397,3 +397,223 @@ async fn by_id_get_reschedule_and_cancel_reach_a_task_in_its_tenants_set() {
         );
     }
 }
+
+const ADMIN: &str = "tok-tenants-admin-61c0de";
+
+/// `delayd tenants` with `args` on `cfg`'s business, asserting it succeeds;
+/// its output.
+fn tenants_cli(cfg: &std::path::Path, business: &str, args: &[&str]) -> String {
+    let mut all = vec!["tenants", "-c", cfg.to_str().unwrap(), business];
+    all.extend_from_slice(args);
+    let (code, out, err) = delayd(&all);
+    assert_eq!(code, 0, "delayd {all:?}: {err}");
+    out
+}
+
+/// One tenant's row of `GET …/tenants`.
+async fn tenant_row(port: u16, business: &str, tenant: &str) -> serde_json::Value {
+    let path = format!("/api/v1/businesses/{business}/tenants?limit=1000");
+    let a = call(port, "GET", &path, None, None).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    a.json["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["tenant"] == tenant)
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// A paused tenant's members stay in its set, due, while every other
+/// tenant's are delivered; the listing shows it paused and overdue; once
+/// resumed each is delivered once. From the API and from the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tenant_is_held_while_the_others_are_delivered_then_resume_releases_it() {
+    let b = BusinessSpec::with_extra("tenants_pause", "tenants = true");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let base = format!("/api/v1/businesses/{}/tenants", b.name);
+
+    let a = call(c.port, "POST", &format!("{base}/held/pause"), None, None).await;
+    assert_eq!(a.status, 401, "a pause needs the admin token: {}", a.text);
+    let a = call(
+        c.port,
+        "POST",
+        &format!("{base}/held/pause"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(a.json["result"], "paused", "{}", a.text);
+    let a = call(
+        c.port,
+        "POST",
+        &format!("{base}/held/pause"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(a.json["result"], "paused_already", "{}", a.text);
+    tenants_cli(&c.setup.config, &b.name, &["--pause", "cli-held"]);
+
+    let now = redis_now_ms(&mut redis).await;
+    let held = members("held", 50, now + 200, 2);
+    let cli_held = members("cli-held", 20, now + 200, 2);
+    let free = members("free", 50, now + 200, 2);
+    for (t, items) in [("held", &held), ("cli-held", &cli_held), ("free", &free)] {
+        schedule(&mut redis, &b.key, t, items).await;
+    }
+    wait_all(&inbox, &bodies(&free), Duration::from_secs(20), &c.daemon).await;
+    // Well past their due time, the paused tenants' members are all still
+    // in their sets, and none was delivered.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let f = family(&b.key);
+    for (t, n) in [("held", 50), ("cli-held", 20)] {
+        let left: i64 = query(&mut redis, "ZCARD", f.tenant_set(t.as_bytes())).await;
+        assert_eq!(left, n, "tenant {t}'s members left its set while paused");
+    }
+    assert!(
+        inbox
+            .all()
+            .iter()
+            .all(|r| !r.body.starts_with(b"held-") && !r.body.starts_with(b"cli-held-")),
+        "a paused tenant's member was delivered"
+    );
+    let row = tenant_row(c.port, &b.name, "held").await;
+    assert_eq!(row["pending"], 50, "{row}");
+    assert_eq!(row["due"], 50, "{row}");
+    assert_eq!(row["paused"]["by"], "admin_token", "{row}");
+    assert!(row["oldest_overdue_ms"].as_u64().unwrap() >= 1000, "{row}");
+    let listed: serde_json::Value =
+        serde_json::from_str(&tenants_cli(&c.setup.config, &b.name, &["--json"])).unwrap();
+    let cli_row = listed["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["tenant"] == "cli-held")
+        .cloned()
+        .unwrap();
+    assert_eq!(cli_row["paused"]["by"], "cli", "{listed}");
+    assert_eq!(listed["paused"], 2, "{listed}");
+
+    let a = call(
+        c.port,
+        "POST",
+        &format!("{base}/held/resume"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(a.json["result"], "resumed", "{}", a.text);
+    let out = tenants_cli(&c.setup.config, &b.name, &["--resume", "cli-held"]);
+    assert!(out.contains("resumed"), "{out}");
+    let mut want = bodies(&free);
+    want.extend(bodies(&held));
+    want.extend(bodies(&cli_held));
+    wait_all(&inbox, &want, Duration::from_secs(20), &c.daemon).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    inbox.assert_each_once(&want, "a tenant paused, then resumed");
+    let a = call(
+        c.port,
+        "POST",
+        &format!("{base}/held/resume"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(a.json["result"], "not_paused", "{}", a.text);
+    let audit = call(c.port, "GET", "/api/v1/audit?limit=1000", None, None).await;
+    let actions: Vec<&str> = audit.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["business"] == b.name.as_str())
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    for want in ["tenant_pause", "tenant_resume"] {
+        assert!(
+            actions.contains(&want),
+            "no {want} in the audit log: {actions:?}"
+        );
+    }
+}
+
+/// Two saturated tenants share a `max_rate` by the weight set at run time,
+/// from the API and then from the CLI, with no restart: 3:1 one way, then
+/// 3:1 the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_set_at_run_time_changes_the_shares_of_two_saturated_tenants() {
+    let b = BusinessSpec::with_extra("tenants_weight", "tenants = true\nmax_rate = 1000");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let path = format!("/api/v1/businesses/{}/tenants/a/weight", b.name);
+    let a = api_post(
+        c.port,
+        &path,
+        Some(ADMIN),
+        &serde_json::json!({"weight": 1001}),
+    )
+    .await;
+    assert_eq!(a.status, 400, "{}", a.text);
+    assert!(a.error_line().contains("from 1 to 1000"), "{}", a.text);
+    let a = api_post(
+        c.port,
+        &path,
+        Some(ADMIN),
+        &serde_json::json!({"weight": 3}),
+    )
+    .await;
+    assert_eq!(a.json["weight"], 3, "{}", a.text);
+    assert_eq!(a.json["before"], 1, "{}", a.text);
+
+    let now = redis_now_ms(&mut redis).await;
+    for t in ["a", "b"] {
+        schedule(&mut redis, &b.key, t, &members(t, 4000, now, 0)).await;
+    }
+    // The share of `a` among `n` deliveries after `from` (epoch ms).
+    let share_of_a = |from: i64, n: usize| {
+        let got: Vec<Received> = inbox
+            .all()
+            .into_iter()
+            .filter(|r| r.at_ms > from)
+            .take(n)
+            .collect();
+        (
+            got.len(),
+            got.iter().filter(|r| r.body.starts_with(b"a-")).count() as f64
+                / got.len().max(1) as f64,
+        )
+    };
+    let enough = |from: i64| {
+        let inbox = inbox.clone();
+        async move { inbox.all().iter().filter(|r| r.at_ms > from).count() >= 1000 }
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || enough(now + 300)).await,
+        "too slow"
+    );
+    let (n, first) = share_of_a(now + 300, 1000);
+    assert_eq!(n, 1000);
+
+    tenants_cli(&c.setup.config, &b.name, &["--weight", "a=default"]);
+    tenants_cli(&c.setup.config, &b.name, &["--weight", "b=3"]);
+    let changed = redis_now_ms(&mut redis).await;
+    let row = tenant_row(c.port, &b.name, "b").await;
+    assert_eq!(row["weight"], 3, "{row}");
+    assert_eq!(row["weight_set_at_run_time"], true, "{row}");
+    assert!(
+        eventually(Duration::from_secs(20), || enough(changed + 300)).await,
+        "too slow"
+    );
+    let (n, second) = share_of_a(changed + 300, 1000);
+    assert_eq!(n, 1000);
+    eprintln!("share of a: {first:.3} at 3:1, {second:.3} at 1:3");
+    assert!(
+        (0.675..=0.825).contains(&first),
+        "a's share at 3:1 was {first:.3}"
+    );
+    assert!(
+        (0.175..=0.325).contains(&second),
+        "a's share at 1:3 was {second:.3}"
+    );
+}

@@ -8,7 +8,11 @@
 --          dead, dead-reason, paused)
 -- KEYS[10] tenant index ZSET (tenant -> due score of its earliest member)
 -- KEYS[11] virtual time HASH (tenant -> virtual time, while backlogged)
--- KEYS[12..] the sets of the tenants named in ARGV[13..], in that order
+-- KEYS[12] paused tenants HASH (tenant -> "<since ms> <by>"): none of their
+--          members moves, and they are neither reported nor a next due time
+-- KEYS[13] weights set at run time HASH (tenant -> weight, 1 to 1000):
+--          each replaces the weight ARGV or the config gives
+-- KEYS[14..] the sets of the tenants named in ARGV[13..], in that order
 -- ARGV[1..9] as claim.lua
 -- ARGV[10] the prefix of tenant set names ("{K}:tenant:"): the tenants
 --          reported are read under it (same cluster slot as K)
@@ -17,9 +21,11 @@
 --          one below it, starts from it (no credit is banked while idle)
 -- ARGV[13..] triples: tenant, most members to move, weight (>= 1)
 -- Returns claim.lua's reply with one array appended: {tenant1, due1,
--- vtime1 or '', tenant2, ...} for the first ARGV[11] tenants in the index
--- whose earliest member is due, each with its count of due members. Its
--- next due time (out[2]) is the earlier of K's and the index's heads.
+-- vtime1 or '', weight1 or '', tenant2, ...} for the first ARGV[11]
+-- tenants in the index, not paused, whose earliest member is due, each
+-- with its count of due members and its run-time weight. Its next due
+-- time (out[2]) is the earlier of K's head and the earliest head of a
+-- tenant not paused.
 -- Tenants due but not named in ARGV (due since the last report) first move
 -- one member each, then the named ones their counts. Members move at most
 -- until K holds ARGV[1] due members, never early, in due order within a
@@ -31,6 +37,15 @@ local function fair_claim(claim)
   for _, key in ipairs({KEYS[1], KEYS[10]}) do
     local err = wrong_type(key)
     if err then return err end
+  end
+  -- Paused tenants and run-time weights cost nothing while there are none.
+  local paused_count = redis.call('HLEN', KEYS[12])
+  local function paused(tenant)
+    return paused_count > 0 and redis.call('HEXISTS', KEYS[12], tenant) == 1
+  end
+  local weighted = redis.call('EXISTS', KEYS[13]) == 1
+  local function set_weight(tenant)
+    return weighted and redis.call('HGET', KEYS[13], tenant) or false
   end
   local now = now_ms()
   local unit = tonumber(ARGV[3])
@@ -51,6 +66,7 @@ local function fair_claim(claim)
   -- Moves up to `want` of the tenant's due members into K, charging its
   -- virtual time n / weight; the number moved.
   local function move(set, tenant, want, weight)
+    weight = tonumber(set_weight(tenant)) or weight
     local items = redis.call('ZRANGEBYSCORE', set, '-inf', top, 'WITHSCORES', 'LIMIT', 0, want)
     local n = #items / 2
     if n > 0 then
@@ -84,7 +100,7 @@ local function fair_claim(claim)
       local due = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0, tonumber(ARGV[11]))
       for _, tenant in ipairs(due) do
         if room <= 0 then break end
-        if not asked[tenant] then
+        if not asked[tenant] and not paused(tenant) then
           local set = ARGV[10] .. tenant
           local err = wrong_type(set)
           if err then return err end
@@ -94,33 +110,51 @@ local function fair_claim(claim)
     end
     for i = 13, #ARGV, 3 do
       if room <= 0 then break end
-      local set, tenant = KEYS[12 + (i - 13) / 3], ARGV[i]
-      local err = wrong_type(set)
-      if err then return err end
-      room = room - move(set, tenant, math.min(tonumber(ARGV[i + 1]), room), tonumber(ARGV[i + 2]))
+      local set, tenant = KEYS[14 + (i - 13) / 3], ARGV[i]
+      if not paused(tenant) then
+        local err = wrong_type(set)
+        if err then return err end
+        room = room - move(set, tenant, math.min(tonumber(ARGV[i + 1]), room), tonumber(ARGV[i + 2]))
+      end
     end
   end
 
   local out = claim()
   if out.err then return out end
 
+  -- Read past the paused tenants, which stay in the index (producers go on
+  -- writing it) but are never reported.
   local state = {}
-  local tenants = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0, tonumber(ARGV[11]))
+  local tenants = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0,
+    tonumber(ARGV[11]) + paused_count)
+  local reported = 0
   for _, tenant in ipairs(tenants) do
-    local set = ARGV[10] .. tenant
-    local due = redis.call('ZCOUNT', set, '-inf', top)
-    if due == 0 then
-      -- Stale: its members were cancelled or rescheduled later.
-      repair(set, tenant)
-    else
-      state[#state + 1] = tenant
-      state[#state + 1] = due
-      state[#state + 1] = redis.call('HGET', KEYS[11], tenant) or ''
+    if reported >= tonumber(ARGV[11]) then break end
+    if not paused(tenant) then
+      local set = ARGV[10] .. tenant
+      local due = redis.call('ZCOUNT', set, '-inf', top)
+      if due == 0 then
+        -- Stale: its members were cancelled or rescheduled later.
+        repair(set, tenant)
+      else
+        reported = reported + 1
+        state[#state + 1] = tenant
+        state[#state + 1] = due
+        state[#state + 1] = redis.call('HGET', KEYS[11], tenant) or ''
+        state[#state + 1] = set_weight(tenant) or ''
+      end
     end
   end
-  local head = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')
-  if #head > 0 then
-    local next_due = tonumber(head[2]) * unit
+  local head = redis.call('ZRANGE', KEYS[10], 0, paused_count, 'WITHSCORES')
+  local first
+  for j = 1, #head, 2 do
+    if not paused(head[j]) then
+      first = head[j + 1]
+      break
+    end
+  end
+  if first then
+    local next_due = tonumber(first) * unit
     if next_due > 9e15 then next_due = 9e15 end
     if next_due < -9e15 then next_due = -9e15 end
     next_due = math.ceil(next_due)

@@ -89,6 +89,13 @@ pub static RECURRING: LazyLock<Script> = lua!("recurring");
 /// Pauses or resumes one recurring schedule (`schedule_pause.lua`).
 pub static SCHEDULE_PAUSE: LazyLock<Script> = lua!("schedule_pause");
 
+/// The earliest head among tenants not paused (`tenants_head.lua`).
+pub static TENANTS_HEAD: LazyLock<Script> = lua!("tenants_head");
+/// Resumes one paused tenant (`tenant_resume.lua`).
+pub static TENANT_RESUME: LazyLock<Script> = lua!("tenant_resume");
+/// A page of a business's tenants with their counts (`tenants_list.lua`).
+pub static TENANTS_LIST: LazyLock<Script> = lua!("tenants_list");
+
 /// The `EVAL` equivalent of an `EVALSHA` command whose script is known.
 pub(crate) fn eval_for(cmd: &Cmd) -> Option<Cmd> {
     let mut args = cmd.args_iter().map(|a| match a {

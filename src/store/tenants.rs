@@ -17,6 +17,8 @@ pub struct TenantDue {
     /// Its virtual time, shared by every instance; `None` until it is first
     /// served after an idle spell.
     pub vtime: Option<f64>,
+    /// Its weight set at run time, in place of the config's.
+    pub weight: Option<u32>,
 }
 
 /// How many due members to move out of one tenant's set in a claim.
@@ -46,7 +48,9 @@ impl Store {
         let mut conn = self.conn.clone();
         let mut inv = self.claim_call(&scripts::CLAIM_TENANTS, limit, lease);
         inv.key(self.keys.tenant_index())
-            .key(self.keys.tenant_clock());
+            .key(self.keys.tenant_clock())
+            .key(self.keys.tenant_paused())
+            .key(self.keys.tenant_weights());
         for t in takes {
             inv.key(self.keys.tenant_set(&t.tenant));
         }
@@ -64,24 +68,20 @@ impl Store {
         Ok((parse_claim(reply, self.member.is_id())?, state))
     }
 
-    /// Due time of the earliest member in any tenant's set, epoch ms, from
-    /// the index: what a wake-up hint compares with besides `K`'s head.
+    /// Due time of the earliest member of a tenant not paused, epoch ms,
+    /// from the index: what a wake-up hint compares with besides `K`'s head.
     pub async fn tenants_head_due_ms(&self) -> Result<Option<i64>, StoreError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(self.keys.tenant_index())
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut conn)
+        let score: Option<f64> = scripts::TENANTS_HEAD
+            .key(self.keys.tenant_index())
+            .key(self.keys.tenant_paused())
+            .invoke_async(&mut conn)
             .await?;
-        Ok(reply
-            .first()
-            .map(|(_, score)| (score * self.unit.millis() as f64) as i64))
+        Ok(score.map(|s| (s * self.unit.millis() as f64) as i64))
     }
 }
 
-/// `{tenant, due, vtime or '', ...}` as the script reports it.
+/// `{tenant, due, vtime or '', weight or '', ...}` as the script reports it.
 fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
     let mut out = Vec::with_capacity(a.len() / 3);
     let mut it = a.into_iter();
@@ -90,13 +90,27 @@ fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
             return Err(StoreError::Reply(format!("tenant {t:?}")));
         };
         let due = int_of(it.next())?.max(0) as u64;
-        let vtime = match it.next() {
-            Some(redis::Value::BulkString(b)) => std::str::from_utf8(&b)
-                .ok()
-                .and_then(|s| s.parse::<f64>().ok()),
-            other => return Err(StoreError::Reply(format!("vtime {other:?}"))),
-        };
-        out.push(TenantDue { tenant, due, vtime });
+        let vtime = parsed(it.next(), "vtime")?;
+        let weight = parsed(it.next(), "weight")?;
+        out.push(TenantDue {
+            tenant,
+            due,
+            vtime,
+            weight,
+        });
     }
     Ok(out)
+}
+
+/// A number the script returns as text, `''` for none.
+fn parsed<T: std::str::FromStr>(
+    v: Option<redis::Value>,
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    match v {
+        Some(redis::Value::BulkString(b)) => Ok(std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse::<T>().ok())),
+        other => Err(StoreError::Reply(format!("{what} {other:?}"))),
+    }
 }

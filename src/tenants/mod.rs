@@ -82,7 +82,7 @@ impl Fair {
                 tenant: &t.tenant,
                 due: t.due,
                 vtime: t.vtime,
-                weight: self.settings.weight(&t.tenant),
+                weight: t.weight.unwrap_or_else(|| self.settings.weight(&t.tenant)),
             })
             .collect();
         let s = share::shares(&backlogs, limit as u64);
@@ -92,6 +92,7 @@ impl Fair {
             .map(|(tenant, count)| TenantTake {
                 tenant: tenant.to_vec(),
                 count,
+                // The script charges a weight set at run time in its place.
                 weight: self.settings.weight(tenant),
             })
             .collect();

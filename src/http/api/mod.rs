@@ -28,6 +28,7 @@ mod overview;
 mod pause;
 mod schedules;
 mod tasks;
+mod tenants;
 
 /// Longest a request waits on Redis before it answers 503.
 const REDIS_BOUND: Duration = Duration::from_secs(5);
@@ -66,6 +67,19 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/businesses/{business}/bulk/{action}", post(bulk::act))
         .route("/businesses/{business}/pause", post(pause::pause))
         .route("/businesses/{business}/resume", post(pause::resume))
+        .route("/businesses/{business}/tenants", get(tenants::list))
+        .route(
+            "/businesses/{business}/tenants/{tenant}/pause",
+            post(tenants::pause),
+        )
+        .route(
+            "/businesses/{business}/tenants/{tenant}/resume",
+            post(tenants::resume),
+        )
+        .route(
+            "/businesses/{business}/tenants/{tenant}/weight",
+            post(tenants::weight),
+        )
         .route("/businesses/{business}/schedules", get(schedules::list))
         .route(
             "/businesses/{business}/schedules/{schedule}/pause",

@@ -1,0 +1,169 @@
+//! `GET /businesses/{business}/tenants` (each tenant with pending, due now,
+//! oldest overdue, weight and pause) and `POST …/tenants/{tenant}/pause`,
+//! `/resume` and `/weight` (admin token), on a business with tenants.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query};
+use axum::http::HeaderMap;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{bounded, ApiError, Shared};
+use crate::config::Business;
+use crate::http::auth::require_admin;
+use crate::tasks::audit::Write;
+use crate::tasks::tenants::{self, MOST_LISTED};
+
+/// What these answer: JSON, or why not.
+type Reply = Result<Json<Value>, ApiError>;
+
+/// Query of `GET …/tenants`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantsQuery {
+    /// Tenants per page (1 to 1000; 100 unless set).
+    limit: Option<u64>,
+    /// Rank in the index of the page's first tenant (0 unless set).
+    offset: Option<u64>,
+}
+
+/// The business's tenants, the earliest head first.
+pub async fn list(
+    state: Shared,
+    Path(name): Path<String>,
+    q: Result<Query<TenantsQuery>, QueryRejection>,
+) -> Reply {
+    let Query(q) = q?;
+    let limit = match q.limit.unwrap_or(100) {
+        n @ 1..=MOST_LISTED => n,
+        n => {
+            return Err(ApiError::bad(format!(
+                "\"limit\" must be between 1 and {MOST_LISTED} (got {n})"
+            )))
+        }
+    };
+    let b = state.business(&name)?;
+    with_tenants(b)?;
+    let stores = state.stores_of(&b.name)?;
+    let offset = q.offset.unwrap_or(0);
+    let l = bounded(&b.name, tenants::list(b, &stores, offset, limit)).await?;
+    Ok(Json(json!({
+        "business": b.name,
+        "now_ms": l.now_ms,
+        "tenants": l.tenants,
+        "paused": l.paused,
+        "offset": offset,
+        "rows": l.rows,
+    })))
+}
+
+/// Pauses one tenant on every instance: none of its members is claimed
+/// until it resumes; its members stay and producers go on writing.
+pub async fn pause(state: Shared, headers: HeaderMap, Path(p): Path<(String, String)>) -> Reply {
+    let (role, b, tenant) = target(&state, &headers, &p)?;
+    let stores = state.stores_of(&b.name)?;
+    let n = bounded(
+        &b.name,
+        tenants::pause(&stores, tenant.as_bytes(), role.name()),
+    )
+    .await?;
+    audit(&state, role.name(), b, "tenant_pause", &tenant, n).await;
+    let result = if n > 0 { "paused" } else { "paused_already" };
+    Ok(Json(
+        json!({ "business": b.name, "tenant": tenant, "result": result }),
+    ))
+}
+
+/// Lets a paused tenant's members be claimed again.
+pub async fn resume(state: Shared, headers: HeaderMap, Path(p): Path<(String, String)>) -> Reply {
+    let (role, b, tenant) = target(&state, &headers, &p)?;
+    let stores = state.stores_of(&b.name)?;
+    let n = bounded(&b.name, tenants::resume(&stores, tenant.as_bytes())).await?;
+    audit(&state, role.name(), b, "tenant_resume", &tenant, n).await;
+    let result = if n > 0 { "resumed" } else { "not_paused" };
+    Ok(Json(
+        json!({ "business": b.name, "tenant": tenant, "result": result }),
+    ))
+}
+
+/// Body of `POST …/tenants/{tenant}/weight`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightBody {
+    /// 1 to 1000, or `null` for the config's weight again.
+    weight: Option<u32>,
+}
+
+/// Sets one tenant's weight on every instance from the next claim on, or
+/// with `null` returns it to the config's.
+pub async fn weight(
+    state: Shared,
+    headers: HeaderMap,
+    Path(p): Path<(String, String)>,
+    body: Result<Json<WeightBody>, JsonRejection>,
+) -> Reply {
+    let (role, b, tenant) = target(&state, &headers, &p)?;
+    let Json(body) = body?;
+    if let Some(w) = body.weight.filter(|w| !(1..=1000).contains(w)) {
+        return Err(ApiError::bad(format!(
+            "\"weight\" must be from 1 to 1000, or null for the config's (got {w})"
+        )));
+    }
+    let stores = state.stores_of(&b.name)?;
+    let before = bounded(
+        &b.name,
+        tenants::set_weight(&stores, tenant.as_bytes(), body.weight),
+    )
+    .await?;
+    let config = b
+        .tenants
+        .as_ref()
+        .map_or(1, |t| t.weight(tenant.as_bytes()));
+    audit(&state, role.name(), b, "tenant_weight", &tenant, 1).await;
+    Ok(Json(json!({
+        "business": b.name,
+        "tenant": tenant,
+        "weight": body.weight.unwrap_or(config),
+        "set_at_run_time": body.weight.is_some(),
+        "before": before.unwrap_or(config),
+    })))
+}
+
+/// The caller (admin of the business), the business, and the tenant named
+/// in the path, or why not.
+fn target<'a>(
+    state: &'a Shared,
+    headers: &HeaderMap,
+    (name, tenant): &(String, String),
+) -> Result<(crate::http::auth::Role, &'a Business, String), ApiError> {
+    let role = require_admin(state, headers, name)?;
+    let b = state.business(name)?;
+    with_tenants(b)?;
+    if let Some(why) = crate::tasks::tenant_refused(b, tenant.as_bytes()) {
+        return Err(ApiError::bad(format!("tenant \"{tenant}\": {why}")));
+    }
+    Ok((role, b, tenant.clone()))
+}
+
+/// A 400 for a business without tenants.
+fn with_tenants(b: &Business) -> Result<(), ApiError> {
+    match b.tenants {
+        Some(_) => Ok(()),
+        None => Err(ApiError::bad(format!(
+            "business \"{}\" has no tenants (tenants = true in its config)",
+            b.name
+        ))),
+    }
+}
+
+async fn audit(state: &Shared, by: &str, b: &Business, action: &str, tenant: &str, n: usize) {
+    state
+        .audit(Write {
+            by,
+            business: &b.name,
+            action,
+            what: tenant,
+            count: n as u64,
+        })
+        .await;
+}
