@@ -260,6 +260,19 @@ async fn audit(conn: &RedisConn, write: &crate::tasks::audit::Write<'_>) {
     }
 }
 
+/// Records a write of a command in the audit log, by `cli`, as the API
+/// records its own.
+async fn audit_cli(conn: &RedisConn, business: &str, action: &str, what: &str, count: u64) {
+    let write = crate::tasks::audit::Write {
+        by: "cli",
+        business,
+        action,
+        what,
+        count,
+    };
+    audit(conn, &write).await;
+}
+
 fn shards(cfg: &Config, business: &str) -> Result<(), Failure> {
     let b = cfg.business(business).map_err(Failure::usage)?;
     for k in b.keys() {

@@ -410,6 +410,22 @@ fn tenants_cli(cfg: &std::path::Path, business: &str, args: &[&str]) -> String {
     out
 }
 
+/// `POST …/tenants/{tenant}/{action}` with `token`; the answer's
+/// `result`, or its status when it has none.
+async fn tenant_action(
+    port: u16,
+    business: &str,
+    tenant: &str,
+    action: &str,
+    token: Option<&str>,
+) -> String {
+    let path = format!("/api/v1/businesses/{business}/tenants/{tenant}/{action}");
+    let a = call(port, "POST", &path, token, None).await;
+    a.json["result"]
+        .as_str()
+        .map_or_else(|| a.status.to_string(), str::to_string)
+}
+
 /// One tenant's row of `GET …/tenants`.
 async fn tenant_row(port: u16, business: &str, tenant: &str) -> serde_json::Value {
     let path = format!("/api/v1/businesses/{business}/tenants?limit=1000");
@@ -432,28 +448,15 @@ async fn a_paused_tenant_is_held_while_the_others_are_delivered_then_resume_rele
     let b = BusinessSpec::with_extra("tenants_pause", "tenants = true");
     let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
     let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
-    let base = format!("/api/v1/businesses/{}/tenants", b.name);
+    let act = |action: &'static str, token| tenant_action(c.port, &b.name, "held", action, token);
 
-    let a = call(c.port, "POST", &format!("{base}/held/pause"), None, None).await;
-    assert_eq!(a.status, 401, "a pause needs the admin token: {}", a.text);
-    let a = call(
-        c.port,
-        "POST",
-        &format!("{base}/held/pause"),
-        Some(ADMIN),
-        None,
-    )
-    .await;
-    assert_eq!(a.json["result"], "paused", "{}", a.text);
-    let a = call(
-        c.port,
-        "POST",
-        &format!("{base}/held/pause"),
-        Some(ADMIN),
-        None,
-    )
-    .await;
-    assert_eq!(a.json["result"], "paused_already", "{}", a.text);
+    assert_eq!(
+        act("pause", None).await,
+        "401",
+        "a pause needs the admin token"
+    );
+    assert_eq!(act("pause", Some(ADMIN)).await, "paused");
+    assert_eq!(act("pause", Some(ADMIN)).await, "paused_already");
     tenants_cli(&c.setup.config, &b.name, &["--pause", "cli-held"]);
 
     let now = redis_now_ms(&mut redis).await;
@@ -496,15 +499,7 @@ async fn a_paused_tenant_is_held_while_the_others_are_delivered_then_resume_rele
     assert_eq!(cli_row["paused"]["by"], "cli", "{listed}");
     assert_eq!(listed["paused"], 2, "{listed}");
 
-    let a = call(
-        c.port,
-        "POST",
-        &format!("{base}/held/resume"),
-        Some(ADMIN),
-        None,
-    )
-    .await;
-    assert_eq!(a.json["result"], "resumed", "{}", a.text);
+    assert_eq!(act("resume", Some(ADMIN)).await, "resumed");
     let out = tenants_cli(&c.setup.config, &b.name, &["--resume", "cli-held"]);
     assert!(out.contains("resumed"), "{out}");
     let mut want = bodies(&free);
@@ -513,15 +508,7 @@ async fn a_paused_tenant_is_held_while_the_others_are_delivered_then_resume_rele
     wait_all(&inbox, &want, Duration::from_secs(20), &c.daemon).await;
     inbox.settle(Duration::from_millis(500)).await;
     inbox.assert_each_once(&want, "a tenant paused, then resumed");
-    let a = call(
-        c.port,
-        "POST",
-        &format!("{base}/held/resume"),
-        Some(ADMIN),
-        None,
-    )
-    .await;
-    assert_eq!(a.json["result"], "not_paused", "{}", a.text);
+    assert_eq!(act("resume", Some(ADMIN)).await, "not_paused");
     let audit = call(c.port, "GET", "/api/v1/audit?limit=1000", None, None).await;
     let actions: Vec<&str> = audit.json["entries"]
         .as_array()

@@ -171,19 +171,6 @@ fn member_what(b: &Business, member: &str) -> String {
     }
 }
 
-/// Records a write of this command in the audit log, by `cli`, as the API
-/// records its own.
-async fn audit_cli(conn: &RedisConn, b: &Business, action: &str, what: &str, count: u64) {
-    let write = crate::tasks::audit::Write {
-        by: "cli",
-        business: &b.name,
-        action,
-        what,
-        count,
-    };
-    super::audit(conn, &write).await;
-}
-
 fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -225,7 +212,7 @@ pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
     } else {
         format!("a body of {} bytes", member.len())
     };
-    audit_cli(&conn, &b, "schedule", &what, 1).await;
+    super::audit_cli(&conn, &b.name, "schedule", &what, 1).await;
     if a.json {
         let mut v = serde_json::json!({
             "business": b.name, "key": key, "due_ms": due_ms, "bytes": bytes,
@@ -362,7 +349,7 @@ pub(super) async fn cancel(a: MemberArgs) -> Result<(), Failure> {
         .await
         .map_err(redis_err(&b.name))?;
     let count = (outcome == Cancelled::Cancelled) as u64;
-    audit_cli(&conn, &b, "cancel", &member_what(&b, &a.id), count).await;
+    super::audit_cli(&conn, &b.name, "cancel", &member_what(&b, &a.id), count).await;
     if a.json {
         let mut v = serde_json::json!({ "business": b.name, "key": key, "result": outcome });
         v[member_word(&b)] = a.id.clone().into();
@@ -396,7 +383,7 @@ pub(super) async fn reschedule(a: RescheduleArgs) -> Result<(), Failure> {
         .await
         .map_err(redis_err(&b.name))?;
     let count = moved.is_some() as u64;
-    audit_cli(&conn, &b, "reschedule", &member_what(&b, &a.id), count).await;
+    super::audit_cli(&conn, &b.name, "reschedule", &member_what(&b, &a.id), count).await;
     // Not pending: say where it is instead.
     let state = match moved {
         Some(_) => None,

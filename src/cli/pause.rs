@@ -3,7 +3,6 @@
 
 use super::{redis_conn, stores, ConfigArg, Failure};
 use crate::config;
-use crate::tasks::audit::Write;
 use crate::tasks::pause;
 
 /// Arguments of `delayd pause` and `delayd resume`.
@@ -29,15 +28,12 @@ pub(super) async fn run(a: PauseArgs, on: bool) -> Result<(), Failure> {
     } else {
         pause::resume(&stores).await.map_err(redis)?
     };
-    super::audit(
+    super::audit_cli(
         &conn,
-        &Write {
-            by: "cli",
-            business: &b.name,
-            action: if on { "pause" } else { "resume" },
-            what: "every key",
-            count: changed as u64,
-        },
+        &b.name,
+        if on { "pause" } else { "resume" },
+        "every key",
+        changed as u64,
     )
     .await;
     let (verb, already) = if on {

@@ -7,7 +7,6 @@ use clap::Args;
 use super::{redis_conn, Failure};
 use crate::config::{Business, Config};
 use crate::recurring::control;
-use crate::tasks::audit::Write;
 
 /// The action on one schedule, at most one.
 #[derive(Debug, Args)]
@@ -83,17 +82,7 @@ pub(super) async fn run(cfg: &Config, b: &Business, a: &ActionArgs) -> Result<()
             )
         }
     };
-    super::audit(
-        &conn,
-        &Write {
-            by: "cli",
-            business: &b.name,
-            action,
-            what: name,
-            count,
-        },
-    )
-    .await;
+    super::audit_cli(&conn, &b.name, action, name, count).await;
     println!("{said}");
     Ok(())
 }

@@ -8,7 +8,6 @@ use clap::Args;
 use super::{redis_conn, stores, ConfigArg, Failure};
 use crate::config::{self, Business};
 use crate::store::StoreError;
-use crate::tasks::audit::Write;
 use crate::tasks::tenants::{self, TenantList, MOST_LISTED};
 use crate::text::{human_ms, utc_ms};
 
@@ -111,17 +110,7 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
         print_list(&l, a.json);
         return Ok(());
     };
-    super::audit(
-        &conn,
-        &Write {
-            by: "cli",
-            business: &b.name,
-            action,
-            what: tenant,
-            count: count as u64,
-        },
-    )
-    .await;
+    super::audit_cli(&conn, &b.name, action, tenant, count as u64).await;
     println!("{said}");
     Ok(())
 }
