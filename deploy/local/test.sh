@@ -267,34 +267,6 @@ start_shards() {
 	done < <(plan_shards "$n")
 }
 
-# suite_targets_but NAME...: the --lib, --bins and --test arguments of the
-# whole suite but the named test binaries.
-suite_targets_but() {
-	local f name skip=" $* "
-	echo --lib --bins
-	for f in tests/*.rs; do
-		name="$(basename "$f" .rs)"
-		[[ "$skip" == *" $name "* ]] || echo --test "$name"
-	done
-}
-
-# start_beside NAME...: the named test binaries as a cargo run of their own
-# beside the rest of the suite, on the same servers, then the doc tests
-# (which target arguments leave out of the suite's run). Each of these
-# binaries runs RabbitMQ nodes of its own (the delayed-message plugin's, a
-# cluster's), and most of their time is those nodes' starts and restarts:
-# in the suite they took about 6 of its 21 minutes.
-start_beside() {
-	local t targets=()
-	for t in "$@"; do
-		targets+=(--test "$t")
-	done
-	# $0 is the targets, split into words; "$@" the cargo test command.
-	# shellcheck disable=SC2016,SC2086 # expanded by the job's shell
-	bg_step "tests beside" "$DELAYD_LOCAL_DIR/test-beside.log" \
-		bash -c '"$@" --no-fail-fast $0 && "$@" --doc' "${targets[*]}" "${CARGO_TEST[@]}"
-}
-
 # wait_packages: waits for the install started at the top; without the
 # servers no test can run, so a failed install ends the run here.
 wait_packages() {
@@ -345,19 +317,11 @@ start_matrix "$@"
 # DELAYD_TEST_SHARDS=2 splits the suite into two cargo runs at once. Beside
 # both matrix sets and the background builds that drove a 2-core VM to a
 # load average of 22, and large-body and search tests ran out of their
-# bounds, so one run is the default; only the binaries in
-# DELAYD_BESIDE_TESTS, which spend their time starting and restarting
-# RabbitMQ nodes of their own, run beside it (start_beside).
+# bounds, so one run is the default.
 shards="${DELAYD_TEST_SHARDS:-1}"
-read -r -a beside_tests <<<"${DELAYD_BESIDE_TESTS-adopt rabbitmq_cluster}"
 if (($# == 0 && shards > 1)); then
 	start_shards "$shards"
 	wait_bg $(for ((k = 1; k <= shards; k++)); do echo "tests-$k/$shards"; done)
-elif (($# == 0 && ${#beside_tests[@]} > 0)); then
-	start_beside "${beside_tests[@]}"
-	# shellcheck disable=SC2046 # one word per target argument
-	step "tests " "${CARGO_TEST[@]}" --no-fail-fast $(suite_targets_but "${beside_tests[@]}")
-	wait_bg "tests beside"
 else
 	# Arguments name what to run: one cargo run, as given.
 	step "tests " "${CARGO_TEST[@]}" --no-fail-fast "$@"
