@@ -2,6 +2,7 @@
 //! HTTP side that serves them is [`crate::http`].
 
 pub mod intake;
+pub mod tenants;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -84,6 +85,8 @@ pub struct Metrics {
     pub operator_paused: IntGaugeVec,
     /// What the intakes took in.
     pub intake: intake::Metrics,
+    /// Per-tenant gauges of businesses with tenants (read on scrape).
+    pub tenants: tenants::Metrics,
     /// Occurrences of recurring schedules skipped by their catch-up policy.
     pub recurring_missed: IntCounterVec,
 }
@@ -211,6 +214,7 @@ impl Metrics {
             paused: level("delayd_publish_paused", "1 while the business's exchange is missing or forbidden; members stay pending"),
             operator_paused: level("delayd_business_paused", "1 while an operator has paused the business (delayd pause, or the console): nothing is claimed, pending work stays"),
             intake: intake::Metrics::new(&r),
+            tenants: tenants::Metrics::new(&r),
             recurring_missed: counter(
                 &r,
                 "delayd_recurring_missed_total",

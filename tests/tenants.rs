@@ -604,3 +604,79 @@ async fn a_weight_set_at_run_time_changes_the_shares_of_two_saturated_tenants() 
         "a's share at 1:3 was {second:.3}"
     );
 }
+
+/// The value of `metric`'s series for `business` and `tenant` (or another
+/// label, `label="value"`) in a `/metrics` text; `None` when absent.
+fn series(text: &str, metric: &str, business: &str, label: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .filter(|l| l.contains(&format!("business=\"{business}\"")) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// `/metrics` shows the ten tenants with the most pending members by name
+/// and the rest added up as `other`, however many tenants there are, with
+/// each one's due count, oldest overdue and pause, and the tenant counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_metrics_name_the_top_ten_by_pending_and_add_up_the_rest_as_other() {
+    let b = BusinessSpec::with_extra("tenants_metrics", "tenants = true");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let mut redis = c.setup.redis.clone();
+    // t11 is paused with its 12 members overdue; t00..t10 have 1..11
+    // members due in an hour.
+    assert_eq!(
+        tenant_action(c.port, &b.name, "t11", "pause", Some(ADMIN)).await,
+        "paused"
+    );
+    let now = redis_now_ms(&mut redis).await;
+    for i in 0..12usize {
+        let t = format!("t{i:02}");
+        let from = if i == 11 { now - 5000 } else { now + 3_600_000 };
+        schedule(&mut redis, &b.key, &t, &members(&t, i + 1, from, 1)).await;
+    }
+    let text = call(c.port, "GET", "/metrics", None, None).await.text;
+    let pending = |t: &str| {
+        series(
+            &text,
+            "delayd_tenant_pending",
+            &b.name,
+            &format!("tenant=\"{t}\""),
+        )
+    };
+    let named = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("delayd_tenant_pending{")
+                && l.contains(&format!("business=\"{}\"", b.name))
+        })
+        .count();
+    assert_eq!(named, 11, "ten tenants and other:\n{text}");
+    for i in 2..12 {
+        assert_eq!(
+            pending(&format!("t{i:02}")),
+            Some(i as f64 + 1.0),
+            "t{i:02}:\n{text}"
+        );
+    }
+    assert_eq!(pending("t00"), None, "t00 is in other");
+    assert_eq!(pending("other"), Some(3.0), "t00 and t01 added up");
+    let of_t11 = |m: &str| series(&text, m, &b.name, "tenant=\"t11\"");
+    assert_eq!(of_t11("delayd_tenant_paused"), Some(1.0));
+    assert_eq!(of_t11("delayd_tenant_due"), Some(12.0));
+    assert!(
+        of_t11("delayd_tenant_oldest_overdue_seconds").unwrap() >= 5.0,
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "delayd_tenant_due", &b.name, "tenant=\"t10\""),
+        Some(0.0)
+    );
+    assert_eq!(
+        series(&text, "delayd_tenants", &b.name, "state=\"pending\""),
+        Some(12.0)
+    );
+    assert_eq!(
+        series(&text, "delayd_tenants", &b.name, "state=\"paused\""),
+        Some(1.0)
+    );
+}

@@ -109,6 +109,7 @@ pub(super) async fn metrics(
                 .with_label_values(&[business])
                 .set(paused as i64);
         }
+        tenant_gauges(&state).await;
         for (business, counts) in forecast {
             for ((window, _), n) in crate::store::FORECAST_WINDOWS.iter().zip(counts) {
                 METRICS
@@ -125,4 +126,30 @@ pub(super) async fn metrics(
         )],
         METRICS.render_where(|b| seen.iter().any(|s| s == b)),
     )
+}
+
+/// The per-tenant gauges of every business with tenants, each read bounded
+/// like the others (one listing of its first tenants per key).
+async fn tenant_gauges(state: &HttpState) {
+    let lists =
+        futures::future::join_all(state.businesses.iter().filter(|b| b.tenants.is_some()).map(
+            |b| async move {
+                let stores: Vec<crate::store::Store> = state
+                    .stores()
+                    .iter()
+                    .filter(|(name, _)| *name == b.name)
+                    .map(|(_, s)| s.clone())
+                    .collect();
+                let list =
+                    crate::tasks::tenants::list(b, &stores, 0, crate::tasks::tenants::MOST_LISTED);
+                (b, tokio::time::timeout(Duration::from_secs(2), list).await)
+            },
+        ))
+        .await;
+    METRICS.tenants.reset();
+    for (b, list) in lists {
+        if let Ok(Ok(list)) = list {
+            METRICS.tenants.set(&b.name, &list);
+        }
+    }
 }
