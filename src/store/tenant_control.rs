@@ -3,6 +3,7 @@
 //! Each lives in a hash under `K`'s hash tag that `claim_tenants.lua` reads
 //! in the claim it runs anyway, so none adds a command to the hot path.
 
+use super::tenants::parsed;
 use super::{int_of, scripts, Paused, Store, StoreError};
 
 /// One tenant as a listing shows it (one key's view; a business with
@@ -130,12 +131,10 @@ impl Store {
             };
             let pending = int_of(it.next())?.max(0) as u64;
             let due = int_of(it.next())?.max(0) as u64;
-            let head_ms = text(it.next())?
-                .parse::<f64>()
-                .ok()
-                .map(|s| (s * self.unit.millis() as f64) as i64);
+            let head_ms =
+                parsed::<f64>(it.next(), "head")?.map(|s| (s * self.unit.millis() as f64) as i64);
             let paused = Paused::parse(&text(it.next())?);
-            let weight = text(it.next())?.parse().ok();
+            let weight = parsed(it.next(), "weight")?;
             out.push(TenantRow {
                 tenant,
                 pending,

@@ -103,7 +103,7 @@ fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
 }
 
 /// A number the script returns as text, `''` for none.
-fn parsed<T: std::str::FromStr>(
+pub(super) fn parsed<T: std::str::FromStr>(
     v: Option<redis::Value>,
     what: &str,
 ) -> Result<Option<T>, StoreError> {
