@@ -726,3 +726,91 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
     assert_eq!(row["intake"]["taken_in_total"], 3, "{row}");
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one() {
+    let shop = BusinessSpec::with_extra("shop", "tenants = true");
+    let c = ConsoleDaemon::start(&[&shop], Some(TOKEN)).await;
+    let mut r = c.setup.redis.clone();
+    let f = family(&shop.key);
+    // Two tenants as a producer writes them, due in an hour: acme 3, globex 1.
+    let due = redis_now_ms(&mut r).await + 3_600_000;
+    for (tenant, n) in [("acme", 3), ("globex", 1)] {
+        for i in 0..n {
+            let () = redis::cmd("ZADD")
+                .arg(f.tenant_set(tenant.as_bytes()))
+                .arg(due + i)
+                .arg(format!("{tenant}-{i}"))
+                .query_async(&mut r)
+                .await
+                .unwrap();
+        }
+        let () = redis::cmd("ZADD")
+            .arg(f.tenant_index())
+            .arg("LT")
+            .arg(due)
+            .arg(tenant)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let b = Browser::start(1280, 900).await;
+    b.client
+        .goto(&format!("http://127.0.0.1:{}/#b=shop&tab=tenants", c.port))
+        .await
+        .unwrap();
+    b.type_into("#token", TOKEN).await;
+    b.click("#token-save").await;
+    b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"pending\"]", |t| {
+        t == "3"
+    })
+    .await;
+    b.wait_text(
+        "tr[data-tenant=\"globex\"] td[data-field=\"pending\"]",
+        |t| t == "1",
+    )
+    .await;
+
+    b.click("tr[data-tenant=\"acme\"] button[data-act=\"pause\"]")
+        .await;
+    b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"state\"]", |t| {
+        t.starts_with("paused by admin_token")
+    })
+    .await;
+    let api = api_get(c.port, "/api/v1/businesses/shop/tenants").await;
+    let acme = api.json["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "acme")
+        .cloned()
+        .unwrap();
+    assert_eq!(acme["paused"]["by"], "admin_token", "{}", api.text);
+    assert_eq!(api.json["paused"], 1, "{}", api.text);
+
+    let weight = "tr[data-tenant=\"globex\"] input[type=\"number\"]";
+    b.type_into(weight, "3").await;
+    b.click("tr[data-tenant=\"globex\"] button[data-act=\"weight\"]")
+        .await;
+    b.wait_text(
+        "tr[data-tenant=\"globex\"] td[data-field=\"weight\"]",
+        |t| t == "3 (set)",
+    )
+    .await;
+    let set: Option<String> = redis::cmd("HGET")
+        .arg(f.tenant_weights())
+        .arg("globex")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("3"));
+    b.screenshot("tenants").await;
+
+    b.click("tr[data-tenant=\"acme\"] button[data-act=\"resume\"]")
+        .await;
+    b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"state\"]", |t| {
+        t == "running"
+    })
+    .await;
+    b.close().await;
+}

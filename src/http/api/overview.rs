@@ -48,6 +48,7 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
                     "paused": paused.get(&b.name),
                     "intake": super::intake::state(b, &rates),
                     "schedules": b.recurring.len(),
+                    "tenants": b.tenants.is_some(),
                 });
                 match stats {
                     Ok(stats) => {

@@ -493,6 +493,41 @@ async function loadSchedules(b) {
   for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
 }
 
+// --- tenants -------------------------------------------------------------------
+
+async function loadTenants(b) {
+  const r = await api("GET", path(b) + "/tenants?limit=100");
+  if (!r.ok) { showResult(r.json.error, true); return; }
+  const l = r.json;
+  $("tenants-note").textContent = l.tenants + " tenants with pending tasks, " + l.paused +
+    " paused; the 100 whose earliest task is due first. Due tasks leave in weighted fair shares; a paused tenant's tasks stay until resumed, on every instance.";
+  const rows = [];
+  for (const t of l.rows) {
+    const one = path(b) + "/tenants/" + encodeURIComponent(t.tenant);
+    const weight = el("input", { type: "number", min: "1", max: "1000", value: String(t.weight), "aria-label": "weight of " + t.tenant });
+    const state = t.paused
+      ? el("td", { class: "paused", "data-field": "state" }, "paused by " + t.paused.by + " " + span(l.now_ms - t.paused.since_ms) + " ago")
+      : el("td", { "data-field": "state" }, "running");
+    rows.push(el("tr", { "data-tenant": t.tenant },
+      el("td", { class: "text" }, t.tenant),
+      el("td", { "data-field": "pending" }, t.pending),
+      el("td", { "data-field": "due" }, t.due),
+      el("td", { "data-field": "next" }, t.next_due_ms === null ? "–" : when(t.next_due_ms)),
+      el("td", { "data-field": "overdue" }, t.oldest_overdue_ms ? span(t.oldest_overdue_ms) : "–"),
+      el("td", { "data-field": "weight" }, t.weight + (t.weight_set_at_run_time ? " (set)" : "")),
+      state,
+      el("td", {},
+        el("button", { class: "write", "data-act": t.paused ? "resume" : "pause",
+          onclick: () => act("POST", one + (t.paused ? "/resume" : "/pause"), {}) }, t.paused ? "resume" : "pause"),
+        " ",
+        el("span", { class: "write" }, weight,
+          el("button", { "data-act": "weight", onclick: () => act("POST", one + "/weight", { weight: Number(weight.value) }) }, "set weight")))));
+  }
+  const body = $("tenants").tBodies[0];
+  fill(body, rows);
+  for (const w of body.querySelectorAll(".write")) w.hidden = !overview.can_write;
+}
+
 // --- live: how often the page refreshes ----------------------------------------
 
 let pollTimer = null;
@@ -580,6 +615,7 @@ async function renderBusiness(b) {
   if (tab === "dead") await loadDead(b);
   if (tab === "find") $("body-form").hidden = b.member !== "id";
   if (tab === "schedules") await loadSchedules(b);
+  if (tab === "tenants") await loadTenants(b);
 }
 
 async function refresh() {
@@ -593,6 +629,7 @@ async function refresh() {
     const b = business();
     $("business").hidden = !b;
     if (b) $("schedules-tab").hidden = !b.schedules;
+    if (b) $("tenants-tab").hidden = !b.tenants;
     if (b) await renderBusiness(b);
   } catch (e) {
     showError("cannot reach delayd: " + e.message);
