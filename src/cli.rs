@@ -247,6 +247,7 @@ fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
             Store::new(conn.clone(), KeyFamily::new(k), b.score_unit)
                 .with_member(b.member)
                 .with_envelopes(b.intake.is_some())
+                .with_tenants(b.tenants.is_some())
         })
         .collect()
 }

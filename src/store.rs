@@ -149,9 +149,9 @@ pub struct Claim {
 pub struct Stats {
     /// Redis's clock, epoch ms.
     pub now_ms: i64,
-    /// Members in `K`.
+    /// Members in `K` (and the counted tenants' sets).
     pub pending: u64,
-    /// Members in `K` that are due now.
+    /// Of them, those due now.
     pub due_now: u64,
     /// Due time of the oldest overdue member, epoch ms.
     pub oldest_due_ms: Option<f64>,
@@ -166,7 +166,16 @@ pub struct Stats {
     pub due_within: [u64; 3],
     /// Set while an operator has paused the business.
     pub paused: Option<Paused>,
+    /// Tenants in the index (0 for a business without tenants).
+    pub tenants: u64,
+    /// Tenants whose sets the counts above include: the [`STATS_TENANTS`]
+    /// due earliest, so fewer than `tenants` when there are more.
+    pub tenants_counted: u64,
 }
+
+/// Most tenants whose sets a stats call counts, the earliest due first: it
+/// bounds a scrape's cost (five commands a tenant) however many exist.
+pub const STATS_TENANTS: usize = 1000;
 
 /// An operator's pause of a business, as its key records it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -315,6 +324,8 @@ pub struct Store {
     member: MemberMode,
     /// Id-mode bodies are intake envelopes (see [`Store::with_envelopes`]).
     envelopes: bool,
+    /// The business has tenants ([`Store::with_tenants`]).
+    tenants: bool,
     max_attempts: u32,
 }
 
@@ -327,6 +338,7 @@ impl Store {
             unit,
             member: MemberMode::Body,
             envelopes: false,
+            tenants: false,
             max_attempts: crate::config::defaults::MAX_ATTEMPTS,
         }
     }
@@ -342,6 +354,13 @@ impl Store {
     /// mode unless set): the claim and ack scripts consult it.
     pub fn with_member(mut self, member: MemberMode) -> Self {
         self.member = member;
+        self
+    }
+
+    /// The same store for a business with tenants: its stats count the
+    /// tenants' sets beside `K`.
+    pub fn with_tenants(mut self, tenants: bool) -> Self {
+        self.tenants = tenants;
         self
     }
 
@@ -628,7 +647,8 @@ impl Store {
     }
 
     /// A consistent snapshot of pending, due, in-flight and dead counts,
-    /// and the forecast of what comes due soon.
+    /// and the forecast of what comes due soon; with tenants, over `K` and
+    /// the sets of the [`STATS_TENANTS`] tenants due earliest.
     pub async fn stats(&self) -> Result<Stats, StoreError> {
         let mut conn = self.conn.clone();
         let mut inv = scripts::STATS.prepare_invoke();
@@ -636,7 +656,13 @@ impl Store {
             .key(&self.keys.inflight)
             .key(&self.keys.dead)
             .key(&self.keys.paused)
+            .key(self.keys.tenant_index())
             .arg(self.unit.millis());
+        if self.tenants {
+            inv.arg(self.keys.tenant_prefix()).arg(STATS_TENANTS);
+        } else {
+            inv.arg("").arg(0);
+        }
         for (_, ms) in FORECAST_WINDOWS {
             inv.arg(ms);
         }
@@ -730,7 +756,11 @@ fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
     for slot in &mut due_within {
         *slot = int_of(it.next())? as u64;
     }
+    let tenants = int_of(it.next())? as u64;
+    let tenants_counted = int_of(it.next())? as u64;
     Ok(Stats {
+        tenants,
+        tenants_counted,
         now_ms: now.parse().map_err(|_| StoreError::Reply(now.clone()))?,
         pending,
         due_now,

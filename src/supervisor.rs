@@ -332,6 +332,7 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
                 store: Store::new(conn.clone(), KeyFamily::new(&key), b.score_unit)
                     .with_member(b.member)
                     .with_envelopes(b.intake.is_some())
+                    .with_tenants(b.tenants.is_some())
                     .with_max_attempts(b.max_attempts),
                 lead_wake: Notify::new(),
                 all_wake: Notify::new(),

@@ -680,3 +680,77 @@ async fn tenant_metrics_name_the_top_ten_by_pending_and_add_up_the_rest_as_other
         Some(1.0)
     );
 }
+
+/// `delayd inspect`, `/metrics` and the console's overview count the
+/// tenants' sets beside `K`: pending, due now (a paused tenant's members
+/// too), the oldest overdue, and what comes due within an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_metrics_and_the_overview_count_the_tenants_sets_beside_k() {
+    let b = BusinessSpec::with_extra("tenants_stats", "tenants = true");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let mut redis = c.setup.redis.clone();
+    // acme paused with 3 members 5 s overdue, globex 2 due in 30 minutes,
+    // and one member written to K directly, due in 2 hours.
+    assert_eq!(
+        tenant_action(c.port, &b.name, "acme", "pause", Some(ADMIN)).await,
+        "paused"
+    );
+    let now = redis_now_ms(&mut redis).await;
+    schedule(
+        &mut redis,
+        &b.key,
+        "acme",
+        &members("acme", 3, now - 5000, 1),
+    )
+    .await;
+    schedule(
+        &mut redis,
+        &b.key,
+        "globex",
+        &members("globex", 2, now + 1_800_000, 1),
+    )
+    .await;
+    let () = redis::cmd("ZADD")
+        .arg(&b.key)
+        .arg(now + 7_200_000)
+        .arg("in-k")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    let (code, out, err) = delayd(&[
+        "inspect",
+        "--config",
+        c.setup.config.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["pending"], 6, "{out}");
+    assert_eq!(v[0]["due_now"], 3, "{out}");
+    assert!(v[0]["oldest_overdue_ms"].as_i64().unwrap() >= 5000, "{out}");
+    assert_eq!(v[0]["tenants_uncounted"], 0, "{out}");
+
+    let text = call(c.port, "GET", "/metrics", None, None).await.text;
+    assert_eq!(
+        series(&text, "delayd_pending", &b.name, ""),
+        Some(6.0),
+        "{text}"
+    );
+    assert!(series(&text, "delayd_oldest_overdue_seconds", &b.name, "").unwrap() >= 5.0);
+    assert_eq!(
+        series(&text, "delayd_pending_due_within", &b.name, "window=\"1h\""),
+        Some(5.0),
+        "{text}"
+    );
+
+    // The overview is reused for a second: the one the start read is stale.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let o = api_get(c.port, "/api/v1/businesses").await;
+    let row = &o.json["businesses"][0];
+    assert_eq!(row["pending"], 6, "{}", o.text);
+    assert_eq!(row["due_now"], 3, "{}", o.text);
+    assert_eq!(row["due_within"]["1h"], 5, "{}", o.text);
+    assert_eq!(row["tenants"], true, "{}", o.text);
+    assert_eq!(row["tenants_uncounted"], 0, "{}", o.text);
+}

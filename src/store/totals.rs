@@ -25,6 +25,9 @@ pub struct Totals {
     pub due_within: [u64; 3],
     /// Set while an operator has paused the business (its earliest pause).
     pub paused: Option<Paused>,
+    /// Tenants whose members the counts leave out: beyond the
+    /// [`super::STATS_TENANTS`] due earliest on a key (0 almost always).
+    pub tenants_uncounted: u64,
 }
 
 impl Totals {
@@ -39,6 +42,7 @@ impl Totals {
             out.due_now += s.due_now;
             out.in_flight += s.in_flight;
             out.dead += s.dead;
+            out.tenants_uncounted += s.tenants.saturating_sub(s.tenants_counted);
             for (sum, n) in out.due_within.iter_mut().zip(s.due_within) {
                 *sum += n;
             }

@@ -68,6 +68,9 @@ pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>
                         o.insert("dead".into(), t.dead.into());
                         o.insert("due_within".into(), within.into());
                         o.insert("pause".into(), json!(t.paused));
+                        if b.tenants.is_some() {
+                            o.insert("tenants_uncounted".into(), t.tenants_uncounted.into());
+                        }
                     }
                     Err(e) => row["error"] = e.message().into(),
                 }

@@ -164,7 +164,7 @@ async function loadOverview() {
     const within = b.due_within || {};
     rows.push(el("tr", { "data-business": b.name },
       el("td", {}, link),
-      cell("pending", b.pending), cell("due_now", b.due_now),
+      cell("pending", b.tenants_uncounted ? b.pending + "+" : b.pending), cell("due_now", b.due_now),
       cell("oldest_overdue", span(b.oldest_overdue_ms)),
       cell("in_flight", b.in_flight), cell("dead", b.dead),
       cell("due_1m", within["1m"]), cell("due_1h", within["1h"]), cell("due_1d", within["1d"]),
