@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Business, Config};
 use crate::redis_conn::{Redis, RedisConn};
-use crate::store::{KeyFamily, Store, Totals};
+use crate::store::{Store, Totals};
 use crate::text::human_ms;
 
 mod adopt;
@@ -243,12 +243,7 @@ async fn redis_and_conn(cfg: &Config) -> Result<(Redis, RedisConn), Failure> {
 fn stores(conn: &RedisConn, b: &Business) -> Vec<Store> {
     b.keys()
         .iter()
-        .map(|k| {
-            Store::new(conn.clone(), KeyFamily::new(k), b.score_unit)
-                .with_member(b.member)
-                .with_envelopes(b.intake.is_some())
-                .with_tenants(b.tenants.is_some())
-        })
+        .map(|k| Store::of_business(conn.clone(), k, b))
         .collect()
 }
 

@@ -343,6 +343,16 @@ impl Store {
         }
     }
 
+    /// The store of `b`'s key `key`, set up as the business says: its
+    /// member mode, intake envelopes, tenants and attempts.
+    pub fn of_business(conn: impl Into<RedisConn>, key: &str, b: &crate::config::Business) -> Self {
+        Self::new(conn, KeyFamily::new(key), b.score_unit)
+            .with_member(b.member)
+            .with_envelopes(b.intake.is_some())
+            .with_tenants(b.tenants.is_some())
+            .with_max_attempts(b.max_attempts)
+    }
+
     /// The same store for a business that dead-letters a member after
     /// `max_attempts`: the claim applies it to members whose lease expired.
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {

@@ -16,7 +16,7 @@ use crate::http::HttpState;
 use crate::rate::Limiter;
 use crate::redis_conn::{Redis, RedisConn};
 use crate::scanner::{self, Lane};
-use crate::store::{KeyFamily, Store};
+use crate::store::Store;
 use crate::telemetry::{Backoff, Health};
 
 /// Errors that stop the daemon before it starts dispatching.
@@ -329,11 +329,7 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
         for key in b.keys() {
             lanes.push(Arc::new(Lane {
                 business: business.clone(),
-                store: Store::new(conn.clone(), KeyFamily::new(&key), b.score_unit)
-                    .with_member(b.member)
-                    .with_envelopes(b.intake.is_some())
-                    .with_tenants(b.tenants.is_some())
-                    .with_max_attempts(b.max_attempts),
+                store: Store::of_business(conn.clone(), &key, b),
                 lead_wake: Notify::new(),
                 all_wake: Notify::new(),
                 notifications: AtomicBool::new(false),
