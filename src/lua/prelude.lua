@@ -82,8 +82,14 @@ end
 -- business that stores intake envelopes: the id with 16 hex digits of its
 -- envelope's SHA-1, so that a redelivery of the same message is dropped
 -- while a different message reusing the id is delivered. `body` is nil
--- (or false, from HMGET) when the id has none.
+-- (or false, from HMGET) when the id has none. An id intake.lua derived
+-- for a message whose id was taken (the id, '#', 16 hex digits of its
+-- envelope's SHA-1) already is that name: the same message stored under
+-- the plain id and under the derived one is then recorded, and dropped,
+-- as one.
 local function dedup_name(id, body)
   if not body then return id end
-  return id .. '#' .. string.sub(redis.sha1hex(body), 1, 16)
+  local tail = '#' .. string.sub(redis.sha1hex(body), 1, 16)
+  if string.sub(id, -#tail) == tail then return id end
+  return id .. tail
 end
