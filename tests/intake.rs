@@ -2165,7 +2165,7 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
         .map(|(t, id)| (t.as_str(), id.clone()))
         .collect();
     let dues = stored_in_tenants(&t, &named, &d).await;
-    let released = watch_released(&t, &named);
+    let released = watch_released(&t.redis, &t.key, &named);
     let heavy: HashSet<Vec<u8>> = (0..6_000)
         .map(|i| format!("heavy-{i}").into_bytes())
         .collect();
@@ -2220,38 +2220,4 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
     );
     delete_topology(&admin, &[&light_queue], &[]).await;
     t.stop(d).await;
-}
-
-/// When each of `ids` left its tenant's set (epoch ms), polled every few
-/// milliseconds: the time a claim released it, or a little after.
-fn watch_released(t: &Intake, ids: &[(&str, String)]) -> tokio::task::JoinHandle<Vec<i64>> {
-    let f = family(&t.key);
-    let sets: Vec<(Vec<u8>, String)> = ids
-        .iter()
-        .map(|(tenant, id)| (f.tenant_set(tenant.as_bytes()), id.clone()))
-        .collect();
-    let mut r = t.redis.clone();
-    tokio::spawn(async move {
-        let mut left: Vec<Option<i64>> = vec![None; sets.len()];
-        let start = Instant::now();
-        while left.iter().any(Option::is_none) {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "not all released within 30 s"
-            );
-            let mut pipe = redis::pipe();
-            for (set, id) in &sets {
-                pipe.zscore(set, id);
-            }
-            let scores: Vec<Option<f64>> = pipe.query_async(&mut r).await.unwrap();
-            let now = wall_ms();
-            for (at, score) in left.iter_mut().zip(&scores) {
-                if score.is_none() && at.is_none() {
-                    *at = Some(now);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        left.into_iter().flatten().collect()
-    })
 }

@@ -127,7 +127,10 @@ async fn each_tenants_members_are_delivered_once_and_never_early() {
 async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
     // max_rate makes the heavy tenant's 20,000 members a 5 s drain, so a
     // release in due order would hold every light member behind them for
-    // seconds, and the consumer keeps up, so arrival times measure delayd.
+    // seconds. Lateness is taken at release: the earlier of the member seen
+    // gone from its tenant's set and its arrival. The consumer reads the
+    // light members behind the drain in one queue, and on a loaded machine
+    // (a fresh-clone run at 91eb7b4) that alone made one 164 ms late.
     let b = BusinessSpec::with_extra("tenants_light", "tenants = true\nmax_rate = 4000");
     let s = Setup::new(&[&b]).await;
     let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
@@ -151,18 +154,28 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
         schedule(&mut redis, &b.key, t, &items).await;
         light.extend(items);
     }
+    let named: Vec<(&str, String)> = light
+        .iter()
+        .enumerate()
+        .map(|(k, (_, m))| {
+            let member = String::from_utf8(m.clone()).unwrap();
+            (tenants[k / 4].as_str(), member)
+        })
+        .collect();
+    let released = watch_released(&redis, &b.key, &named);
     let mut want = bodies(&heavy);
     want.extend(bodies(&light));
 
     wait_all(&inbox, &want, Duration::from_secs(60), &d).await;
     let got = inbox.assert_each_once(&want, "a drain with tenants");
-    let light_set = bodies(&light);
-    let mut late: Vec<i64> = got
+    let released = released.await.unwrap();
+    let mut late: Vec<i64> = named
         .iter()
-        .filter(|r| light_set.contains(&r.body))
-        .map(|r| {
+        .zip(&released)
+        .map(|((_, m), at)| {
+            let r = got.iter().find(|r| r.body == m.as_bytes()).unwrap();
             assert!(r.at_ms >= r.due(), "a light member arrived early");
-            r.at_ms - r.due()
+            (*at).min(r.at_ms) - r.due()
         })
         .collect();
     late.sort();
@@ -181,7 +194,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
     );
     let max = *late.last().unwrap();
     eprintln!(
-        "light lateness ms: p50 {} p99 {} max {max}; heavy drained {} ms after its due time",
+        "light lateness ms at release: p50 {} p99 {} max {max}; heavy drained {} ms after its due time",
         late[late.len() / 2],
         late[late.len() * 99 / 100],
         heavy_last - (now + 500)

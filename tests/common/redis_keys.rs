@@ -337,3 +337,42 @@ pub async fn schedule_at(
         .collect();
     zadd_many(conn, key, &items).await;
 }
+
+/// When each of `ids` (tenant, member) left its tenant's set of `key`
+/// (epoch ms), polled every few milliseconds: the time a claim released
+/// it, or a little after. Panics if one is still there after 30 s.
+pub fn watch_released(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    ids: &[(&str, String)],
+) -> tokio::task::JoinHandle<Vec<i64>> {
+    let f = family(key);
+    let sets: Vec<(Vec<u8>, String)> = ids
+        .iter()
+        .map(|(tenant, id)| (f.tenant_set(tenant.as_bytes()), id.clone()))
+        .collect();
+    let mut r = conn.clone();
+    tokio::spawn(async move {
+        let mut left: Vec<Option<i64>> = vec![None; sets.len()];
+        let start = Instant::now();
+        while left.iter().any(Option::is_none) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not all released within 30 s"
+            );
+            let mut pipe = redis::pipe();
+            for (set, id) in &sets {
+                pipe.zscore(set, id);
+            }
+            let scores: Vec<Option<f64>> = pipe.query_async(&mut r).await.unwrap();
+            let now = wall_ms();
+            for (at, score) in left.iter_mut().zip(&scores) {
+                if score.is_none() && at.is_none() {
+                    *at = Some(now);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        left.into_iter().flatten().collect()
+    })
+}
