@@ -460,6 +460,20 @@ function renderIntakes(o) {
   fill($("intake").tBodies[0], shownRows);
 }
 
+// The state cell of something an operator can pause (a schedule, a tenant):
+// who paused it and how long ago, or "running".
+function pauseCell(paused, nowMs) {
+  return paused
+    ? el("td", { class: "paused", "data-field": "state" }, "paused by " + paused.by + " " + span(nowMs - paused.since_ms) + " ago")
+    : el("td", { "data-field": "state" }, "running");
+}
+
+// The button that pauses or resumes what `base` (its API path) names.
+function pauseButton(base, paused) {
+  return el("button", { class: "write", "data-act": paused ? "resume" : "pause",
+    onclick: () => act("POST", base + (paused ? "/resume" : "/pause"), {}) }, paused ? "resume" : "pause");
+}
+
 // --- recurring schedules -----------------------------------------------------
 
 async function loadSchedules(b) {
@@ -473,9 +487,7 @@ async function loadSchedules(b) {
     const one = path(b) + "/schedules/" + encodeURIComponent(s.name);
     const next = s.next.slice(0, 3).map((o) => o.local).join("\n");
     const last = s.last_delivered ? s.last_delivered.local + " (" + span(r.json.now_ms - s.last_delivered.due_ms) + " ago)" : "–";
-    const state = s.paused
-      ? el("td", { class: "paused", "data-field": "state" }, "paused by " + s.paused.by + " " + span(r.json.now_ms - s.paused.since_ms) + " ago")
-      : el("td", { "data-field": "state" }, "running");
+    const state = pauseCell(s.paused, r.json.now_ms);
     rows.push(el("tr", { "data-schedule": s.name },
       el("td", {}, s.name), el("td", { class: "text" }, s.cron), el("td", {}, s.tz),
       el("td", { class: "text", "data-field": "next" }, next),
@@ -485,8 +497,7 @@ async function loadSchedules(b) {
       el("td", {},
         el("button", { class: "write", "data-act": "run", onclick: () => act("POST", one + "/run", {}) }, "run now"),
         " ",
-        el("button", { class: "write", "data-act": s.paused ? "resume" : "pause",
-          onclick: () => act("POST", one + (s.paused ? "/resume" : "/pause"), {}) }, s.paused ? "resume" : "pause"))));
+        pauseButton(one, s.paused))));
   }
   const body = $("schedules").tBodies[0];
   fill(body, rows);
@@ -505,9 +516,7 @@ async function loadTenants(b) {
   for (const t of l.rows) {
     const one = path(b) + "/tenants/" + encodeURIComponent(t.tenant);
     const weight = el("input", { type: "number", min: "1", max: "1000", value: String(t.weight), "aria-label": "weight of " + t.tenant });
-    const state = t.paused
-      ? el("td", { class: "paused", "data-field": "state" }, "paused by " + t.paused.by + " " + span(l.now_ms - t.paused.since_ms) + " ago")
-      : el("td", { "data-field": "state" }, "running");
+    const state = pauseCell(t.paused, l.now_ms);
     rows.push(el("tr", { "data-tenant": t.tenant },
       el("td", { class: "text" }, t.tenant),
       el("td", { "data-field": "pending" }, t.pending),
@@ -517,8 +526,7 @@ async function loadTenants(b) {
       el("td", { "data-field": "weight" }, t.weight + (t.weight_set_at_run_time ? " (set)" : "")),
       state,
       el("td", {},
-        el("button", { class: "write", "data-act": t.paused ? "resume" : "pause",
-          onclick: () => act("POST", one + (t.paused ? "/resume" : "/pause"), {}) }, t.paused ? "resume" : "pause"),
+        pauseButton(one, t.paused),
         " ",
         el("span", { class: "write" }, weight,
           el("button", { "data-act": "weight", onclick: () => act("POST", one + "/weight", { weight: Number(weight.value) }) }, "set weight")))));
