@@ -77,7 +77,7 @@ mod totals;
 pub use bulk::{Scored, Set};
 pub use forecast::DueCounts;
 pub use tenant_control::{TenantPage, TenantRow};
-pub use tenants::{TenantDue, TenantTake};
+pub use tenants::{indexed, Indexed, TenantDue, TenantTake};
 pub use totals::Totals;
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call
@@ -326,6 +326,9 @@ pub struct Store {
     envelopes: bool,
     /// The business has tenants ([`Store::with_tenants`]).
     tenants: bool,
+    /// Bulk actions on one tenant's set ([`Store::in_tenant`]): the tenant
+    /// and its set's key, which the bulk calls read in place of `K`.
+    tenant: Option<(String, String)>,
     max_attempts: u32,
 }
 
@@ -339,6 +342,7 @@ impl Store {
             member: MemberMode::Body,
             envelopes: false,
             tenants: false,
+            tenant: None,
             max_attempts: crate::config::defaults::MAX_ATTEMPTS,
         }
     }

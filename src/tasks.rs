@@ -429,18 +429,22 @@ impl Range {
     }
 }
 
-/// One page of pending tasks in due order, merged over the shards.
+/// One page of pending tasks in due order, merged over the shards and, on
+/// a business with tenants, over each key's `K` and the sets of its
+/// [`tenant_sets::LISTED_TENANTS`] tenants due earliest (only `tenant`'s
+/// sets when one is named).
 ///
 /// The cursor is the (score, member) of the last task shown, which orders
-/// every shard alike. Shards are read a little at a time ([`Merge`]), so a
-/// page reads about what it shows plus one task per shard, however many
-/// shards there are: O(shards × log N + limit).
+/// every set alike. Sets are read a little at a time ([`Merge`]), and a
+/// tenant's set only once its index score could be on the page, so a page
+/// reads about what it shows plus one task per set that reaches it.
 pub async fn list<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
     range: Range,
     limit: usize,
     cursor: Option<&str>,
+    tenant: Option<&str>,
 ) -> Result<Page, StoreError> {
     let unit = business.score_unit;
     let bound = |ms: Option<i64>, open: &str| match ms {
@@ -452,20 +456,32 @@ pub async fn list<C: ConnectionLike>(
         Some(c) => decode_cursor(c)?,
         None => (String::new(), Vec::new()),
     };
-    let keys = business.keys();
-    let mut merge = Merge::new(keys.len(), limit.max(1), |a: &Listed, b: &Listed| {
+    let sets =
+        tenant_sets::pending_sets(conn, business, tenant, tenant_sets::LISTED_TENANTS).await?;
+    let floors = sets
+        .iter()
+        .map(|s| {
+            s.floor.map(|f| Listed {
+                member: Vec::new(),
+                score: format!("{f}"),
+                due_ms: 0,
+            })
+        })
+        .collect();
+    let mut merge = Merge::new(sets.len(), limit.max(1), |a: &Listed, b: &Listed| {
         // Redis's own order: score, then the member's bytes.
         score_num(&a.score)
             .total_cmp(&score_num(&b.score))
             .then_with(|| a.member.cmp(&b.member))
-    });
-    while let Some((shard, n)) = merge.wants() {
-        let (cs, cm) = match merge.last(shard) {
+    })
+    .with_floors(floors);
+    while let Some((set, n)) = merge.wants() {
+        let (cs, cm) = match merge.last(set) {
             Some(t) => (t.score.as_str(), t.member.as_slice()),
             None => (start.0.as_str(), start.1.as_slice()),
         };
         let reply: Vec<redis::Value> = scripts::LIST
-            .key(&keys[shard])
+            .key(&sets[set].key)
             .arg(&lo)
             .arg(&hi)
             .arg(n)
@@ -486,7 +502,7 @@ pub async fn list<C: ConnectionLike>(
                 due_ms,
             });
         }
-        merge.fill(shard, got, more);
+        merge.fill(set, got, more);
     }
     let (tasks, more) = merge.finish();
     let cursor = if more {

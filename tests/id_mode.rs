@@ -357,6 +357,7 @@ async fn list_paging_over_a_million_pending_returns_every_id_once() {
             delayd::tasks::Range::default(),
             10_000,
             cursor.as_deref(),
+            None,
         )
         .await
         .unwrap();

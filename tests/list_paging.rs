@@ -33,6 +33,7 @@ async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_ex
                 Range::default(),
                 100,
                 cursor.as_deref(),
+                None,
             )
             .await
             .unwrap()
@@ -109,9 +110,16 @@ async fn a_page_over_many_shards_reads_about_what_it_shows_not_shards_times_limi
     }
     let limit = 16;
     let before = sent_bytes(&mut conn).await;
-    let page = list(&mut conn.clone(), &business, Range::default(), limit, None)
-        .await
-        .unwrap();
+    let page = list(
+        &mut conn.clone(),
+        &business,
+        Range::default(),
+        limit,
+        None,
+        None,
+    )
+    .await
+    .unwrap();
     let sent = sent_bytes(&mut conn).await - before;
     let want: Vec<String> = (0..limit).map(|i| format!("s{i:02}-00-")).collect();
     let got: Vec<String> = page

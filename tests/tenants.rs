@@ -723,13 +723,7 @@ async fn inspect_metrics_and_the_overview_count_the_tenants_sets_beside_k() {
         &members("globex", 2, now + 1_800_000, 1),
     )
     .await;
-    let () = redis::cmd("ZADD")
-        .arg(&b.key)
-        .arg(now + 7_200_000)
-        .arg("in-k")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    query::<()>(&mut redis, "ZADD", (&b.key, now + 7_200_000, "in-k")).await;
 
     let (code, out, err) = delayd(&[
         "inspect",
@@ -766,4 +760,159 @@ async fn inspect_metrics_and_the_overview_count_the_tenants_sets_beside_k() {
     assert_eq!(row["due_within"]["1h"], 5, "{}", o.text);
     assert_eq!(row["tenants"], true, "{}", o.text);
     assert_eq!(row["tenants_uncounted"], 0, "{}", o.text);
+}
+
+/// Every member `delayd list` shows for `business`, following its cursor
+/// over pages of 4, with `extra` arguments.
+fn list_all(cfg: &str, business: &str, extra: &[&str]) -> Vec<String> {
+    let (mut out, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let mut args = vec!["list", "-c", cfg, business, "--json", "--limit", "4"];
+        args.extend_from_slice(extra);
+        if let Some(c) = &cursor {
+            args.extend_from_slice(&["--cursor", c]);
+        }
+        let (code, text, err) = delayd(&args);
+        assert_eq!(code, 0, "delayd {args:?}: {err}");
+        let page: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for t in page["tasks"].as_array().unwrap() {
+            out.push(t["body"].as_str().unwrap().to_string());
+        }
+        match page["cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return out,
+        }
+    }
+}
+
+/// `delayd` with `args`, asserting its exit code; stdout and stderr.
+fn run_code(args: &[&str], code: i32) -> String {
+    let (got, out, err) = delayd(args);
+    assert_eq!(got, code, "delayd {args:?}: {out}{err}");
+    format!("{out}{err}")
+}
+
+/// `list`, `search --prefix` and the bulk actions see the tasks waiting in
+/// the tenants' sets beside `K`'s, in due order across them, or one named
+/// tenant's alone; a bulk move in a tenant's set to an earlier time lowers
+/// its index entry, so the tasks are delivered then, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_search_and_bulk_reach_the_tenants_sets_or_one_named_tenant() {
+    let b = BusinessSpec::with_extra("tenants_bulk", "tenants = true");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let cfg = c.setup.config.to_str().unwrap();
+    let name = b.name.as_str();
+    let hour = redis_now_ms(&mut redis).await + 3_600_000;
+    let (a, bs) = (
+        members("a", 5, hour, 1000),
+        members("b", 5, hour + 500, 1000),
+    );
+    schedule(&mut redis, &b.key, "a", &a).await;
+    schedule(&mut redis, &b.key, "b", &bs).await;
+    query::<()>(&mut redis, "ZADD", (&b.key, hour + 10_000, "k-0")).await;
+
+    let mut due_order: Vec<String> = (0..5)
+        .flat_map(|i| [format!("a-{i}"), format!("b-{i}")])
+        .collect();
+    due_order.push("k-0".into());
+    assert_eq!(
+        list_all(cfg, name, &[]),
+        due_order,
+        "K and every tenant's set, in due order"
+    );
+    let only_b: Vec<String> = (0..5).map(|i| format!("b-{i}")).collect();
+    assert_eq!(list_all(cfg, name, &["--tenant", "b"]), only_b);
+
+    let found = run_code(&["search", "-c", cfg, name, "--prefix", "b-"], 0);
+    assert_eq!(
+        found.lines().filter(|l| l.contains("\tb-")).count(),
+        5,
+        "{found}"
+    );
+    let found = run_code(
+        &["search", "-c", cfg, name, "--prefix", "b-", "--tenant", "a"],
+        0,
+    );
+    assert!(
+        !found.contains("b-"),
+        "a search limited to tenant a found b's: {found}"
+    );
+
+    // The API takes the same tenant.
+    let bulk_path = format!("/api/v1/businesses/{name}/bulk/cancel");
+    let dry = |body: &'static str| call(c.port, "POST", &bulk_path, Some(ADMIN), Some(body));
+    let all_b = dry(r#"{"prefix": "b-", "dry_run": true}"#).await;
+    assert_eq!(all_b.json["count"], 5, "{}", all_b.text);
+    let in_a = dry(r#"{"prefix": "b-", "dry_run": true, "tenant": "a"}"#).await;
+    assert_eq!(in_a.json["count"], 0, "{}", in_a.text);
+    let page = call(
+        c.port,
+        "GET",
+        &format!("/api/v1/businesses/{name}/tasks?tenant=b&limit=50"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        page.json["tasks"].as_array().map(Vec::len),
+        Some(5),
+        "{}",
+        page.text
+    );
+
+    let bulk = |action: &str, filter: &[&str], last: &[&str]| {
+        let mut args = vec!["bulk", action, "-c", cfg, name];
+        args.extend_from_slice(filter);
+        args.extend_from_slice(last);
+        run_code(&args, 0)
+    };
+    let out = bulk("cancel", &["--prefix", "a-"], &["--dry-run"]);
+    assert!(out.starts_with("5 members"), "{out}");
+    bulk("cancel", &["--prefix", "a-"], &["--confirm", "5"]);
+    let left: i64 = query(&mut redis, "ZCARD", family(&b.key).tenant_set(b"a")).await;
+    assert_eq!(left, 0, "tenant a's tasks were not cancelled");
+
+    // Due before k-0: a move limited to tenant b leaves k-0 in K.
+    let to = (hour + 20_000).to_string();
+    let b_due = ["--tenant", "b", "--to", &to, "--in", "2s"];
+    let move_b = |last: &[&str]| bulk("reschedule", &b_due, last);
+    let out = move_b(&["--dry-run"]);
+    assert!(out.starts_with("5 members"), "{out}");
+    let moved_at = redis_now_ms(&mut redis).await;
+    move_b(&["--confirm", "5"]);
+    let want: HashSet<Vec<u8>> = bodies(&bs);
+    wait_all(&inbox, &want, Duration::from_secs(15), &c.daemon).await;
+    inbox.settle(Duration::from_millis(1000)).await;
+    for r in inbox.assert_each_once(
+        &want,
+        "tenant b's tasks moved to 2 s from now, and nothing else",
+    ) {
+        assert!(
+            r.at_ms >= moved_at + 1900,
+            "delivered before its new due time"
+        );
+    }
+    let k0: Option<f64> = query(&mut redis, "ZSCORE", (&b.key, "k-0")).await;
+    assert_eq!(
+        k0,
+        Some((hour + 10_000) as f64),
+        "a move limited to tenant b moved K's task"
+    );
+
+    run_code(
+        &[
+            "bulk",
+            "purge",
+            "-c",
+            cfg,
+            name,
+            "--reason",
+            "x",
+            "--tenant",
+            "b",
+            "--dry-run",
+        ],
+        2,
+    );
 }

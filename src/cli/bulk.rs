@@ -8,9 +8,9 @@ use clap::{Args, Subcommand};
 use super::{parse_at, parse_range, redis_conn, stores, ConfigArg, Failure};
 use crate::config::{self, Business};
 use crate::progress::Progress;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 use crate::tasks::audit::Write;
-use crate::tasks::bulk::{self, Act, Pick};
+use crate::tasks::bulk::{self, tenant_refused, Act, Pick, Scope};
 use crate::tasks::{redis_now_ms, when};
 
 /// A bulk action.
@@ -39,6 +39,10 @@ pub(super) struct Common {
     /// Act, on at most this many members: the count --dry-run printed.
     #[arg(long, value_name = "COUNT")]
     confirm: Option<u64>,
+    /// A business with tenants: only this tenant's pending tasks (without
+    /// it, K's and every tenant's).
+    #[arg(long, value_name = "TENANT")]
+    tenant: Option<String>,
 }
 
 /// Which pending tasks: a due range or a member prefix.
@@ -100,11 +104,19 @@ pub(super) async fn run(action: BulkAction) -> Result<(), Failure> {
     let (common, pick, due) = picked(&action)?;
     let cfg = config::load(&common.config.config)?;
     let b = cfg.business(&common.business).map_err(Failure::usage)?;
+    if let Some(why) = tenant_refused(b, &pick, common.tenant.as_deref()) {
+        return Err(Failure::usage(format!("--tenant: {why}")));
+    }
     let conn = redis_conn(&cfg).await?;
     let stores = stores(&conn, b);
+    let scope = Scope {
+        stores: &stores,
+        unit: b.score_unit,
+        tenant: common.tenant.as_deref(),
+    };
     let confirmed = match common.confirm {
         Some(n) if !common.dry_run => n,
-        _ => return count(&stores, b, &pick, common.dry_run).await,
+        _ => return count(scope, b, &pick, common.dry_run).await,
     };
     let act = match (&action, due) {
         (BulkAction::Cancel(_), _) => Act::Cancel,
@@ -116,11 +128,8 @@ pub(super) async fn run(action: BulkAction) -> Result<(), Failure> {
             Act::Reschedule(due_ms(due, now)?)
         }
     };
-    let (total, failed) = act_in_steps(&stores, b, &pick, act, confirmed).await;
-    let mut what = pick.describe();
-    if let Act::Reschedule(ms) = act {
-        what.push_str(&format!(", to {ms}"));
-    }
+    let (total, failed) = act_in_steps(scope, b, &pick, act, confirmed).await;
+    let what = bulk::describe(&pick, act, scope.tenant);
     let write = Write {
         by: "cli",
         business: &b.name,
@@ -173,10 +182,8 @@ fn redis(b: &Business) -> impl Fn(StoreError) -> Failure + '_ {
 
 /// Prints how many members `pick` picks; without `--dry-run`, a usage
 /// failure that asks for `--confirm` with that count.
-async fn count(stores: &[Store], b: &Business, pick: &Pick, dry_run: bool) -> Result<(), Failure> {
-    let n = bulk::count(stores, b.score_unit, pick)
-        .await
-        .map_err(redis(b))?;
+async fn count(scope: Scope<'_>, b: &Business, pick: &Pick, dry_run: bool) -> Result<(), Failure> {
+    let n = bulk::count(scope, pick).await.map_err(redis(b))?;
     let more = if n.partial {
         " at least (the count stopped early)"
     } else {
@@ -186,7 +193,7 @@ async fn count(stores: &[Store], b: &Business, pick: &Pick, dry_run: bool) -> Re
         "{} members of business \"{}\" picked by {}{more}",
         n.count,
         b.name,
-        pick.describe()
+        bulk::describe(pick, Act::Cancel, scope.tenant)
     );
     if dry_run {
         return Ok(());
@@ -201,7 +208,7 @@ async fn count(stores: &[Store], b: &Business, pick: &Pick, dry_run: bool) -> Re
 /// progress on a terminal; how many it touched, and the failure that
 /// stopped it early.
 async fn act_in_steps(
-    stores: &[Store],
+    scope: Scope<'_>,
     b: &Business,
     pick: &Pick,
     act: Act,
@@ -210,16 +217,7 @@ async fn act_in_steps(
     let progress = Progress::new(&format!("{} \"{}\"", act.name(), b.name), Some(confirmed));
     let (mut total, mut cursor) = (0u64, None::<String>);
     loop {
-        match bulk::step(
-            stores,
-            b.score_unit,
-            pick,
-            act,
-            cursor.as_deref(),
-            confirmed,
-        )
-        .await
-        {
+        match bulk::step(scope, pick, act, cursor.as_deref(), confirmed).await {
             Ok(s) => {
                 total += s.touched;
                 progress.add(s.touched);

@@ -122,6 +122,10 @@ pub(super) struct ListArgs {
     /// Continue after the page that printed this cursor.
     #[arg(long, value_name = "CURSOR")]
     cursor: Option<String>,
+    /// A business with tenants: only this tenant's tasks (without it, K's
+    /// and those of the 1,000 tenants due earliest).
+    #[arg(long, value_name = "TENANT")]
+    tenant: Option<String>,
     /// Widest body shown in body mode, in characters.
     #[arg(long, default_value_t = 60)]
     width: usize,
@@ -447,10 +451,24 @@ pub(super) async fn list(a: ListArgs) -> Result<(), Failure> {
         }
     }
     let range = super::parse_range(a.from.as_deref(), a.to.as_deref())?;
+    if let Some(why) = a
+        .tenant
+        .as_deref()
+        .and_then(|t| tasks::tenant_refused(&b, t.as_bytes()))
+    {
+        return Err(Failure::usage(format!("--tenant: {why}")));
+    }
     let (mut conn, now_ms) = connect(&cfg, &b).await?;
-    let page = tasks::list(&mut conn, &b, range, a.limit, a.cursor.as_deref())
-        .await
-        .map_err(redis_err(&b.name))?;
+    let page = tasks::list(
+        &mut conn,
+        &b,
+        range,
+        a.limit,
+        a.cursor.as_deref(),
+        a.tenant.as_deref(),
+    )
+    .await
+    .map_err(redis_err(&b.name))?;
     let word = member_word(&b);
     if a.json {
         let tasks: Vec<serde_json::Value> = page

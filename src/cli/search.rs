@@ -28,6 +28,9 @@ pub(super) struct SearchArgs {
     /// Go on from the cursor the previous page printed.
     #[arg(long, value_name = "CURSOR")]
     cursor: Option<String>,
+    /// A business with tenants: only this tenant's tasks (with --prefix).
+    #[arg(long, value_name = "TENANT", conflicts_with = "body")]
+    tenant: Option<String>,
 }
 
 /// `delayd search`: prints `due_ms<TAB>member` (`-` when not pending, and
@@ -56,6 +59,13 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
             search::MAX_TEXT,
             t.len()
         )));
+    }
+    if let Some(why) = a
+        .tenant
+        .as_deref()
+        .and_then(|t| crate::tasks::tenant_refused(b, t.as_bytes()))
+    {
+        return Err(Failure::usage(format!("--tenant: {why}")));
     }
     let mut conn = redis_conn(&cfg).await?;
     let redis = |e| Failure::runtime(format!("business \"{}\": redis: {e}", b.name));
@@ -88,9 +98,16 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
         }
         (prefix, None) => {
             let prefix = prefix.as_deref().unwrap_or("").as_bytes();
-            let page = search::by_prefix(&mut conn, b, prefix, a.limit, a.cursor.as_deref())
-                .await
-                .map_err(redis)?;
+            let page = search::by_prefix(
+                &mut conn,
+                b,
+                prefix,
+                a.limit,
+                a.cursor.as_deref(),
+                a.tenant.as_deref(),
+            )
+            .await
+            .map_err(redis)?;
             for t in &page.tasks {
                 println!("{}\t{}", t.due_ms, escape_bytes(&t.member));
             }

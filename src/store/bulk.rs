@@ -20,6 +20,49 @@ pub enum Set {
 pub type Scored = (Vec<(Vec<u8>, String)>, bool);
 
 impl Store {
+    /// This store with `tenant`'s set as its pending set, for the bulk
+    /// calls below (a move also lowers the tenant's index entry); only
+    /// those calls are meant for it.
+    pub fn in_tenant(&self, tenant: &str) -> Store {
+        let set = String::from_utf8_lossy(&self.keys.tenant_set(tenant.as_bytes())).into_owned();
+        let mut s = self.clone();
+        s.tenant = Some((tenant.to_string(), set));
+        s
+    }
+
+    /// The sets this key's pending tasks wait in, as stores for the bulk
+    /// calls, in name order: `tenant`'s set when one is named; else `K`
+    /// and, with tenants, the sets of the first `most` tenants of the index.
+    pub async fn pending_stores(
+        &self,
+        tenant: Option<&str>,
+        most: usize,
+    ) -> Result<Vec<Store>, StoreError> {
+        if let Some(t) = tenant {
+            return Ok(vec![self.in_tenant(t)]);
+        }
+        let mut out = vec![self.clone()];
+        if self.tenants {
+            let mut conn = self.conn.clone();
+            let mut names = super::indexed(&mut conn, &self.keys.pending, most).await?;
+            names.sort_by(|a, b| a.name.cmp(&b.name));
+            out.extend(names.iter().map(|t| self.in_tenant(&t.name)));
+        }
+        Ok(out)
+    }
+
+    /// The tenant whose set this store's pending set is, if any.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_ref().map(|(t, _)| t.as_str())
+    }
+
+    /// The set the bulk calls read as pending: `K`, or the tenant's.
+    fn pending_set(&self) -> &str {
+        self.tenant
+            .as_ref()
+            .map_or(&self.keys.pending, |(_, set)| set)
+    }
+
     /// Up to `n` members of `set` with scores in `lo..=hi` (Redis's bounds:
     /// `-inf`, `+inf` or a number), after the cursor (`("", [])`: from the
     /// start), in Redis's order (`list.lua`).
@@ -31,7 +74,7 @@ impl Store {
         (score, member): (&str, &[u8]),
     ) -> Result<Scored, StoreError> {
         let key = match set {
-            Set::Pending => &self.keys.pending,
+            Set::Pending => self.pending_set(),
             Set::Dead => &self.keys.dead,
         };
         let mut conn = self.conn.clone();
@@ -59,7 +102,7 @@ impl Store {
     pub async fn count_due(&self, lo: &str, hi: &str) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
         Ok(redis::cmd("ZCOUNT")
-            .arg(&self.keys.pending)
+            .arg(self.pending_set())
             .arg(lo)
             .arg(hi)
             .query_async(&mut conn)
@@ -76,7 +119,7 @@ impl Store {
     ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
         let mut conn = self.conn.clone();
         let (next, items): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-            .arg(&self.keys.pending)
+            .arg(self.pending_set())
             .arg(cursor)
             .arg("MATCH")
             .arg(pattern)
@@ -108,7 +151,7 @@ impl Store {
         }
         let mut inv = BULK_CANCEL.prepare_invoke();
         let k = &self.keys;
-        inv.key(&k.pending)
+        inv.key(self.pending_set())
             .key(&k.inflight)
             .key(&k.dead)
             .key(&k.body);
@@ -122,18 +165,34 @@ impl Store {
 
     /// Moves the named members that are pending to `due_ms` (`ZADD XX CH`):
     /// one claimed meanwhile is not re-added. Returns how many moved (one
-    /// already due then is not counted).
+    /// already due then is not counted). In a tenant's set the tenant's
+    /// index entry is lowered to it in the same transaction, so an earlier
+    /// due time is claimed on time.
     pub async fn move_members(&self, members: &[&[u8]], due_ms: i64) -> Result<u64, StoreError> {
         if members.is_empty() {
             return Ok(0);
         }
         let score = due_ms as f64 / self.unit.millis() as f64;
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(&self.keys.pending).arg("XX").arg("CH");
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("ZADD")
+            .arg(self.pending_set())
+            .arg("XX")
+            .arg("CH");
         for m in members {
-            cmd.arg(score).arg(*m);
+            pipe.arg(score).arg(*m);
+        }
+        if let Some((t, _)) = &self.tenant {
+            pipe.cmd("ZADD")
+                .arg(self.keys.tenant_index())
+                .arg("XX")
+                .arg("LT")
+                .arg(score)
+                .arg(t)
+                .ignore();
         }
         let mut conn = self.conn.clone();
-        Ok(cmd.query_async(&mut conn).await?)
+        let (moved,): (u64,) = pipe.query_async(&mut conn).await?;
+        Ok(moved)
     }
 }

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
+
 use super::{int_of, parse_claim, scripts, Claim, Store, StoreError};
 
 /// A tenant whose earliest member is due, as a claim saw it.
@@ -30,6 +32,44 @@ pub struct TenantTake {
     pub count: u64,
     /// Its weight: its virtual time advances by moved / weight.
     pub weight: u32,
+}
+
+/// A tenant of a key's index with its index score: a floor under its
+/// members' due times (a claim or a later reschedule may leave it early,
+/// never late).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Indexed {
+    /// The tenant's name.
+    pub name: String,
+    /// Its index score.
+    pub floor: f64,
+}
+
+/// The first `most` tenants of `key`'s index, earliest first. A name that
+/// is not text (only a producer writing the index by hand makes one) has
+/// no key name delayd can spell, so it is left out: its members are still
+/// claimed and delivered.
+pub async fn indexed<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    most: usize,
+) -> Result<Vec<Indexed>, StoreError> {
+    let got: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(crate::keys::KeyFamily::new(key).tenant_index())
+        .arg(0)
+        .arg(most.max(1) - 1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    Ok(got
+        .into_iter()
+        .filter_map(|(t, floor)| {
+            Some(Indexed {
+                name: String::from_utf8(t).ok()?,
+                floor,
+            })
+        })
+        .collect())
 }
 
 impl Store {

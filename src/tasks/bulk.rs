@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use super::dead::{self, Filter, Matched};
+use super::tenant_sets::{resume_at, SetAt, MOST_TENANTS};
 use super::{hex, score_of, unhex, Range};
 use crate::config::ScoreUnit;
 use crate::store::{Set, Store, StoreError};
@@ -45,6 +46,39 @@ impl Pick {
             Pick::Reason(r) => format!("reason containing \"{r}\""),
         }
     }
+}
+
+/// What the audit log and the answers say a bulk action picked (and, for
+/// a reschedule, where to).
+pub fn describe(pick: &Pick, act: Act, tenant: Option<&str>) -> String {
+    let mut what = pick.describe();
+    if let Some(t) = tenant {
+        what.push_str(&format!(
+            " of tenant \"{}\"",
+            crate::text::text(t.as_bytes())
+        ));
+    }
+    if let Act::Reschedule(ms) = act {
+        what.push_str(&format!(", to {ms}"));
+    }
+    what
+}
+
+/// Why `tenant` cannot limit a bulk action picking `pick` on `business`:
+/// the business has no tenants, the name is not one, or the action is on
+/// dead members, which are kept per business.
+pub fn tenant_refused(
+    business: &crate::config::Business,
+    pick: &Pick,
+    tenant: Option<&str>,
+) -> Option<String> {
+    let t = tenant?;
+    if matches!(pick, Pick::Reason(_)) {
+        return Some(
+            "dead members are kept per business, not per tenant: leave the tenant out".into(),
+        );
+    }
+    super::tenant_refused(business, t.as_bytes())
 }
 
 /// What a bulk action does to the members it picks.
@@ -84,6 +118,34 @@ impl Act {
     }
 }
 
+/// Where a bulk action acts: a business's stores (one per key), its score
+/// unit, and the one tenant it is limited to. A business with tenants and
+/// no tenant named is acted on in each key's `K` and the sets of the first
+/// [`MOST_TENANTS`] tenants of its index.
+#[derive(Clone, Copy)]
+pub struct Scope<'a> {
+    /// One store per key of the business.
+    pub stores: &'a [Store],
+    /// How its scores count time.
+    pub unit: ScoreUnit,
+    /// Only this tenant's sets.
+    pub tenant: Option<&'a str>,
+}
+
+impl Scope<'_> {
+    /// The sets pending tasks wait in, named, in order.
+    async fn sets(&self) -> Result<Vec<(SetAt, Store)>, StoreError> {
+        let mut out = Vec::new();
+        for (shard, store) in self.stores.iter().enumerate() {
+            for s in store.pending_stores(self.tenant, MOST_TENANTS).await? {
+                let tenant = s.tenant().map(str::to_string);
+                out.push((SetAt { shard, tenant }, s));
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// What one step did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
@@ -104,11 +166,11 @@ enum Pos {
     Scan(u64),
 }
 
-/// A walk: members still allowed, the shard, where in it.
+/// A walk: members still allowed, the set, where in it.
 #[derive(Debug, Clone, PartialEq)]
 struct Cursor {
     left: u64,
-    shard: usize,
+    at: SetAt,
     pos: Pos,
 }
 
@@ -119,13 +181,13 @@ impl Cursor {
             Pos::After(s, m) => format!("a{s}:{}", hex(m)),
             Pos::Scan(z) => format!("z{z}"),
         };
-        format!("{}:{}:{pos}", self.left, self.shard)
+        format!("{}:{}:{pos}", self.left, self.at.encode())
     }
 
     fn decode(c: &str, shards: usize) -> Option<Self> {
         let mut parts = c.splitn(3, ':');
         let left = parts.next()?.parse().ok()?;
-        let shard = parts.next()?.parse().ok().filter(|s| *s < shards)?;
+        let at = SetAt::decode(parts.next()?, shards)?;
         let p = parts.next()?;
         let pos = if p.is_empty() {
             Pos::Start
@@ -136,7 +198,7 @@ impl Cursor {
             s.parse::<f64>().ok()?;
             Pos::After(s.to_string(), unhex(m)?)
         };
-        Some(Self { left, shard, pos })
+        Some(Self { left, at, pos })
     }
 }
 
@@ -148,25 +210,31 @@ pub fn valid_cursor(c: &str, shards: usize) -> bool {
 /// How many members `pick` picks now: exact for a due range (`ZCOUNT`),
 /// bounded for a prefix ([`COUNT_SCANS`]) or a reason (as `dead` counts),
 /// `partial` when the bound was reached first.
-pub async fn count(stores: &[Store], unit: ScoreUnit, pick: &Pick) -> Result<Matched, StoreError> {
+pub async fn count(scope: Scope<'_>, pick: &Pick) -> Result<Matched, StoreError> {
     let mut out = Matched::default();
+    if let Pick::Reason(r) = pick {
+        return dead::count(scope.stores, &Filter::Reason(r.clone())).await;
+    }
+    let sets = scope.sets().await?;
     match pick {
         Pick::Due(r) => {
-            let (lo, hi) = bounds(*r, unit);
-            for s in stores {
+            let (lo, hi) = bounds(*r, scope.unit);
+            for (_, s) in &sets {
                 out.count += s.count_due(&lo, &hi).await?;
             }
         }
-        Pick::Reason(r) => return dead::count(stores, &Filter::Reason(r.clone())).await,
-        Pick::Prefix(p) => {
-            let pattern = super::search::pattern(p);
+        _ => {
+            let pattern = super::search::pattern(match pick {
+                Pick::Prefix(p) => p,
+                _ => &[],
+            });
             let mut calls = 0;
-            'shards: for s in stores {
+            'sets: for (_, s) in &sets {
                 let mut at = 0;
                 loop {
                     if calls == COUNT_SCANS {
                         out.partial = true;
-                        break 'shards;
+                        break 'sets;
                     }
                     calls += 1;
                     let (next, found) = s.scan_pending(at, &pattern, BATCH).await?;
@@ -195,45 +263,71 @@ fn bounds(r: Range, unit: ScoreUnit) -> (String, String) {
 /// [`PER_STEP`] members or [`STEP_TIME`]. A Redis failure mid-step leaves
 /// whole batches done; the count so far is lost to the answer, not to Redis.
 pub async fn step(
-    stores: &[Store],
-    unit: ScoreUnit,
+    scope: Scope<'_>,
     pick: &Pick,
     act: Act,
     cursor: Option<&str>,
     confirmed: u64,
 ) -> Result<Step, StoreError> {
     let mut at = match cursor {
-        Some(c) => Cursor::decode(c, stores.len()).ok_or_else(|| {
+        Some(c) => Cursor::decode(c, scope.stores.len()).ok_or_else(|| {
             StoreError::Reply(format!("bulk cursor \"{c}\" is not one delayd returned"))
         })?,
         None => Cursor {
             left: confirmed,
-            shard: 0,
+            at: SetAt::default(),
             pos: Pos::Start,
         },
     };
+    // Dead members are kept per key, not per tenant.
+    let sets = match pick {
+        Pick::Reason(_) => scope
+            .stores
+            .iter()
+            .enumerate()
+            .map(|(shard, s)| {
+                (
+                    SetAt {
+                        shard,
+                        tenant: None,
+                    },
+                    s.clone(),
+                )
+            })
+            .collect(),
+        _ => scope.sets().await?,
+    };
+    let names: Vec<SetAt> = sets.iter().map(|(a, _)| a.clone()).collect();
+    let (mut i, same) = resume_at(&names, &at.at);
+    if !same {
+        at.pos = Pos::Start;
+    }
     let started = Instant::now();
     let mut touched = 0u64;
     while at.left > 0
-        && at.shard < stores.len()
+        && i < sets.len()
         && (touched as usize) < PER_STEP
         && started.elapsed() < STEP_TIME
     {
+        at.at = sets[i].0.clone();
         let room = at.left.min((PER_STEP - touched as usize) as u64) as usize;
-        let (n, done) = batch(&stores[at.shard], unit, pick, act, &mut at.pos, room).await?;
+        let (n, done) = batch(&sets[i].1, scope.unit, pick, act, &mut at.pos, room).await?;
         touched += n;
         at.left -= n.min(at.left);
         if done {
-            at.shard += 1;
+            i += 1;
             at.pos = Pos::Start;
+            if let Some((next, _)) = sets.get(i) {
+                at.at = next.clone();
+            }
         }
     }
-    let cursor = (at.left > 0 && at.shard < stores.len()).then(|| at.encode());
+    let cursor = (at.left > 0 && i < sets.len()).then(|| at.encode());
     Ok(Step { touched, cursor })
 }
 
-/// One batch on one shard: at most [`BATCH`] members read and at most
-/// `room` acted on. Returns how many were touched and whether the shard
+/// One batch on one set: at most [`BATCH`] members read and at most
+/// `room` acted on. Returns how many were touched and whether the set
 /// was walked to its end.
 async fn batch(
     store: &Store,
@@ -327,17 +421,26 @@ mod tests {
         for c in [
             Cursor {
                 left: 5,
-                shard: 1,
+                at: SetAt {
+                    shard: 1,
+                    tenant: None,
+                },
                 pos: Pos::Start,
             },
             Cursor {
                 left: 7,
-                shard: 0,
+                at: SetAt {
+                    shard: 0,
+                    tenant: Some("acme:eu/1".into()),
+                },
                 pos: Pos::Scan(42),
             },
             Cursor {
                 left: 9,
-                shard: 1,
+                at: SetAt {
+                    shard: 1,
+                    tenant: None,
+                },
                 pos: Pos::After("1767323045000".into(), b"a:\xff".to_vec()),
             },
         ] {
@@ -347,6 +450,8 @@ mod tests {
         assert!(!valid_cursor("x:0:", 2));
         assert!(!valid_cursor("5:0:anope:zz", 2));
         assert!(!valid_cursor("5:0:q", 2));
+        assert!(!valid_cursor("5:0/zz:", 2));
+        assert!(!valid_cursor("5:2/61:", 2));
     }
 
     #[test]

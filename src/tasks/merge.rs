@@ -20,6 +20,9 @@ pub struct Merge<T> {
     read: Vec<usize>,
     /// The last item read from each shard: where its next read starts.
     last: Vec<Option<T>>,
+    /// A floor under each shard's items, when known: a shard whose floor
+    /// lies after every item in hand is not read yet.
+    floors: Vec<Option<T>>,
     out: Vec<T>,
     limit: usize,
     order: fn(&T, &T) -> Ordering,
@@ -34,10 +37,19 @@ impl<T: Clone> Merge<T> {
             more: vec![true; shards],
             read: vec![0; shards],
             last: vec![None; shards],
+            floors: vec![None; shards],
             out: Vec::new(),
             limit,
             order,
         }
+    }
+
+    /// The same merge knowing a floor under each shard's items (`None`:
+    /// none known), so a page reads only the shards that can reach it.
+    pub fn with_floors(mut self, floors: Vec<Option<T>>) -> Self {
+        self.floors = floors;
+        self.floors.resize(self.buffered.len(), None);
+        self
     }
 
     /// The shard to read next and how many items, or `None` once the page
@@ -49,7 +61,7 @@ impl<T: Clone> Merge<T> {
         while self.out.len() < self.limit {
             let left = self.limit - self.out.len();
             let shards = self.buffered.len();
-            if let Some(i) = (0..shards).find(|&i| self.buffered[i].is_empty() && self.more[i]) {
+            if let Some(i) = self.next_read() {
                 let n = match self.read[i] {
                     0 => self.limit.div_ceil(shards),
                     read => read,
@@ -64,6 +76,31 @@ impl<T: Clone> Merge<T> {
             self.out.push(item);
         }
         None
+    }
+
+    /// The shard that must be read before the next item can be taken: one
+    /// with nothing in hand that may hold more and whose floor is not after
+    /// the least item in hand, the lowest floor first.
+    fn next_read(&self) -> Option<usize> {
+        let order = self.order;
+        let shards = 0..self.buffered.len();
+        let head = shards
+            .clone()
+            .filter_map(|i| self.buffered[i].front())
+            .min_by(|a, b| order(a, b));
+        let floor = |i: usize| self.floors[i].as_ref();
+        shards
+            .filter(|&i| self.buffered[i].is_empty() && self.more[i])
+            .filter(|&i| match (floor(i), head) {
+                (Some(f), Some(h)) => order(f, h) != Ordering::Greater,
+                _ => true,
+            })
+            .min_by(|&a, &b| match (floor(a), floor(b)) {
+                (None, None) => Ordering::Equal,
+                (None, _) => Ordering::Less,
+                (_, None) => Ordering::Greater,
+                (Some(x), Some(y)) => order(x, y),
+            })
     }
 
     /// Where `shard`'s next read starts: after this item (`None`: from the
@@ -100,7 +137,11 @@ mod tests {
 
     /// Merges `shards` with reads counted; returns (page, more, items read).
     fn run(shards: &[Vec<u32>], limit: usize) -> (Vec<u32>, bool, usize) {
-        let mut m = Merge::new(shards.len(), limit, u32::cmp);
+        run_from(Merge::new(shards.len(), limit, u32::cmp), shards)
+    }
+
+    /// [`run`] with a merge set up by the caller.
+    fn run_from(mut m: Merge<u32>, shards: &[Vec<u32>]) -> (Vec<u32>, bool, usize) {
         let mut total = 0;
         while let Some((i, n)) = m.wants() {
             let from = m.read(i);
@@ -140,5 +181,30 @@ mod tests {
         let (page, _, read) = run(&spread, 100);
         assert_eq!(page, (0..100).collect::<Vec<_>>());
         assert!(read <= 2 * 100 + 64 * 2, "{read} read for a page of 100");
+    }
+
+    #[test]
+    fn shards_whose_floor_lies_after_the_page_are_not_read() {
+        // K (no floor) and 1,000 tenants whose floors are their heads: a
+        // page of 10 reads K and the tenants whose heads are on it, and no
+        // other (each of which has one head on the page).
+        let mut shards = vec![vec![5, 50]];
+        let mut floors = vec![None];
+        for t in 0..1000u32 {
+            let head = if t < 2 { t } else { 100 + t };
+            shards.push(vec![
+                head,
+                head + 2000,
+                head + 4000,
+                head + 6000,
+                head + 8000,
+            ]);
+            floors.push(Some(head));
+        }
+        let m = Merge::new(shards.len(), 10, u32::cmp).with_floors(floors);
+        let (page, more, read) = run_from(m, &shards);
+        assert_eq!(page, [0, 1, 5, 50, 102, 103, 104, 105, 106, 107]);
+        assert!(more);
+        assert!(read <= 2 * 10 + 2 * 12, "{read} read for a page of 10");
     }
 }

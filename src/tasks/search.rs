@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
+use super::tenant_sets::{self, SetAt};
 use super::to_ms;
 use crate::config::Business;
 use crate::redis_conn::scripts::BODY_SEARCH;
@@ -54,12 +55,11 @@ pub(super) fn pattern(prefix: &[u8]) -> Vec<u8> {
     out
 }
 
-/// `SHARD:ZSCANCURSOR`, both decimal.
-fn decode_cursor(c: &str, shards: usize) -> Option<(usize, u64)> {
+/// `SET:SCANCURSOR`: the set as [`SetAt::encode`] names it (a body search
+/// names a shard alone), the scan cursor in decimal.
+fn decode_cursor(c: &str, shards: usize) -> Option<(SetAt, u64)> {
     let (s, z) = c.split_once(':')?;
-    let shard: usize = s.parse().ok()?;
-    (shard < shards).then_some(())?;
-    Some((shard, z.parse().ok()?))
+    Some((SetAt::decode(s, shards)?, z.parse().ok()?))
 }
 
 /// Longest member prefix or body text a search takes, in bytes: a bound
@@ -73,12 +73,12 @@ pub fn valid_cursor(business: &Business, c: &str) -> bool {
 
 /// Where a search page starts: the shard and scan cursor `cursor` names,
 /// or the beginning.
-fn start_at(cursor: Option<&str>, shards: usize) -> Result<(usize, u64), StoreError> {
+fn start_at(cursor: Option<&str>, shards: usize) -> Result<(SetAt, u64), StoreError> {
     match cursor {
         Some(c) => decode_cursor(c, shards).ok_or_else(|| {
             StoreError::Reply(format!("search cursor \"{c}\" is not one delayd returned"))
         }),
-        None => Ok((0, 0)),
+        None => Ok((SetAt::default(), 0)),
     }
 }
 
@@ -91,21 +91,33 @@ fn start_at(cursor: Option<&str>, shards: usize) -> Result<(usize, u64), StoreEr
 /// cannot stop half-way without losing the rest, so each call looks at no
 /// more members than matches are still wanted: a page returns at most
 /// about twice `limit`, never thousands of bodies for a page of 50.
+///
+/// On a business with tenants the walk goes through each key's `K` and
+/// the sets of the first [`tenant_sets::MOST_TENANTS`] tenants of its
+/// index, by name, or through `tenant`'s sets alone.
 pub async fn by_prefix<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
     prefix: &[u8],
     limit: usize,
     cursor: Option<&str>,
+    tenant: Option<&str>,
 ) -> Result<SearchPage, StoreError> {
-    let keys = business.keys();
-    let (mut shard, mut at) = start_at(cursor, keys.len())?;
+    let (from, mut at) = start_at(cursor, business.keys().len())?;
+    let sets = tenant_sets::pending_sets(conn, business, tenant, tenant_sets::MOST_TENANTS).await?;
+    let names: Vec<SetAt> = sets.iter().map(|s| s.at.clone()).collect();
+    let (mut set, same) = tenant_sets::resume_at(&names, &from);
+    if !same {
+        at = 0;
+    }
     let pattern = pattern(prefix);
     let mut tasks = Vec::new();
-    for _ in 0..CALLS_PER_PAGE {
+    let mut calls = 0;
+    while set < sets.len() && calls < CALLS_PER_PAGE && tasks.len() < limit {
+        calls += 1;
         let count = (limit - tasks.len()).clamp(MIN_SCAN_COUNT, SCAN_COUNT);
         let (next, items): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-            .arg(&keys[shard])
+            .arg(&sets[set].key)
             .arg(at)
             .arg("MATCH")
             .arg(&pattern)
@@ -119,22 +131,11 @@ pub async fn by_prefix<C: ConnectionLike>(
         }));
         at = next;
         if at == 0 {
-            shard += 1;
-            if shard == keys.len() {
-                return Ok(SearchPage {
-                    tasks,
-                    cursor: None,
-                });
-            }
-        }
-        if tasks.len() >= limit {
-            break;
+            set += 1;
         }
     }
-    Ok(SearchPage {
-        tasks,
-        cursor: Some(format!("{shard}:{at}")),
-    })
+    let cursor = sets.get(set).map(|s| format!("{}:{at}", s.at.encode()));
+    Ok(SearchPage { tasks, cursor })
 }
 
 /// The `COUNT` hint of a body search's first `HSCAN` step. Redis copies
@@ -206,7 +207,8 @@ pub async fn by_body<C: ConnectionLike>(
     cursor: Option<&str>,
 ) -> Result<BodyPage, StoreError> {
     let keys = business.keys();
-    let (mut shard, mut at) = start_at(cursor, keys.len())?;
+    let (from, mut at) = start_at(cursor, keys.len())?;
+    let mut shard = from.shard;
     let started = Instant::now();
     let mut found = Vec::new();
     let mut count = BODY_FIRST_COUNT;
@@ -295,8 +297,14 @@ mod tests {
     }
 
     #[test]
-    fn cursors_name_a_shard_that_exists() {
-        assert_eq!(decode_cursor("1:42", 2), Some((1, 42)));
+    fn cursors_name_a_shard_that_exists_and_maybe_a_tenant() {
+        let at = |shard, tenant: Option<&str>| SetAt {
+            shard,
+            tenant: tenant.map(str::to_string),
+        };
+        assert_eq!(decode_cursor("1:42", 2), Some((at(1, None), 42)));
+        assert_eq!(decode_cursor("1/61:7", 2), Some((at(1, Some("a")), 7)));
+        assert_eq!(decode_cursor("1/6:7", 2), None);
         assert_eq!(decode_cursor("2:42", 2), None);
         assert_eq!(decode_cursor("x", 2), None);
         assert_eq!(decode_cursor("0:-1", 2), None);

@@ -15,7 +15,7 @@ use super::tasks::{due_range, When};
 use super::{bounded, bounded_by, ApiError, Shared};
 use crate::http::auth::{require_admin, require_read};
 use crate::tasks::audit::Write;
-use crate::tasks::bulk::{self, Act, Pick};
+use crate::tasks::bulk::{self, Act, Pick, Scope};
 use crate::tasks::redis_now_ms;
 
 /// Longest prefix or reason text, in bytes.
@@ -43,6 +43,8 @@ pub struct BulkBody {
     confirm: Option<u64>,
     /// The previous call's `cursor`: go on where it stopped.
     cursor: Option<String>,
+    /// A business with tenants: only this tenant's pending tasks.
+    tenant: Option<String>,
 }
 
 impl BulkBody {
@@ -99,6 +101,9 @@ pub async fn act(
         )));
     }
     let pick = req.pick(&action)?;
+    if let Some(why) = bulk::tenant_refused(b, &pick, req.tenant.as_deref()) {
+        return Err(ApiError::bad(format!("\"tenant\": {why}")));
+    }
     if action == "reschedule" && (req.when.given() || !req.dry_run) {
         // Checked when counting too: a dry run must not pass what the act refuses.
         req.when.due_ms(0)?;
@@ -109,11 +114,17 @@ pub async fn act(
         require_admin(&state, &headers, &b.name)?
     };
     let stores = state.stores_of(&b.name)?;
+    let scope = Scope {
+        stores: &stores,
+        unit: b.score_unit,
+        tenant: req.tenant.as_deref(),
+    };
     if req.dry_run {
-        let n = bounded(&b.name, bulk::count(&stores, b.score_unit, &pick)).await?;
+        let n = bounded(&b.name, bulk::count(scope, &pick)).await?;
         return Ok(Json(json!({
             "business": b.name, "action": action, "dry_run": true,
-            "count": n.count, "partial": n.partial, "filter": pick.describe(),
+            "count": n.count, "partial": n.partial,
+            "filter": bulk::describe(&pick, Act::Cancel, scope.tenant),
         })));
     }
     let act = match action.as_str() {
@@ -144,20 +155,10 @@ pub async fn act(
     let done = bounded_by(
         std::time::Duration::from_secs(30),
         &b.name,
-        bulk::step(
-            &stores,
-            b.score_unit,
-            &pick,
-            act,
-            req.cursor.as_deref(),
-            confirmed,
-        ),
+        bulk::step(scope, &pick, act, req.cursor.as_deref(), confirmed),
     )
     .await?;
-    let mut what = pick.describe();
-    if let Act::Reschedule(ms) = act {
-        what.push_str(&format!(", to {ms}"));
-    }
+    let mut what = bulk::describe(&pick, act, scope.tenant);
     if req.cursor.is_some() {
         what.push_str(" (resumed)");
     }

@@ -27,6 +27,8 @@ pub struct ListQuery {
     limit: Option<usize>,
     /// The cursor of the previous page.
     cursor: Option<String>,
+    /// A business with tenants: only this tenant's tasks.
+    tenant: Option<String>,
 }
 
 fn time_field(field: &str, v: Option<&str>) -> Result<Option<i64>, ApiError> {
@@ -62,11 +64,19 @@ pub async fn list(
         }
     }
     let range = due_range(q.from.as_deref(), q.to.as_deref())?;
+    tenant_ok(b, q.tenant.as_deref())?;
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
     let page = bounded(
         &b.name,
-        tasks::list(&mut conn, b, range, limit, q.cursor.as_deref()),
+        tasks::list(
+            &mut conn,
+            b,
+            range,
+            limit,
+            q.cursor.as_deref(),
+            q.tenant.as_deref(),
+        ),
     )
     .await?;
     let rows: Vec<Value> = page
@@ -97,6 +107,8 @@ pub struct SearchQuery {
     limit: Option<usize>,
     /// Where the previous page stopped.
     cursor: Option<String>,
+    /// A business with tenants: only this tenant's tasks (with `prefix`).
+    tenant: Option<String>,
 }
 
 /// Pending tasks whose member (body, or id) starts with a prefix: one
@@ -110,6 +122,11 @@ pub async fn search(
     let b = state.business(&name)?;
     let limit = page_limit(q.limit, 50)?;
     let prefix = match (q.prefix, q.body) {
+        (None, Some(_)) if q.tenant.is_some() => {
+            return Err(ApiError::bad(
+                "\"tenant\" limits a \"prefix\" search; a \"body\" search looks at every body of the business",
+            ))
+        }
         (None, Some(text)) => {
             return body_search::page(&state, b, &text, limit, q.cursor.as_deref()).await
         }
@@ -134,10 +151,18 @@ pub async fn search(
             )));
         }
     }
+    tenant_ok(b, q.tenant.as_deref())?;
     let mut conn = state.conn(&b.name)?;
     let page = bounded(
         &b.name,
-        tasks::search::by_prefix(&mut conn, b, prefix.as_bytes(), limit, q.cursor.as_deref()),
+        tasks::search::by_prefix(
+            &mut conn,
+            b,
+            prefix.as_bytes(),
+            limit,
+            q.cursor.as_deref(),
+            q.tenant.as_deref(),
+        ),
     )
     .await?;
     let rows: Vec<Value> = page
@@ -149,6 +174,15 @@ pub async fn search(
         "business": b.name, "member": member_kind(b), "tasks": rows,
         "cursor": page.cursor, "partial": page.cursor.is_some(),
     })))
+}
+
+/// Refuses a `tenant` that cannot limit a read of `b` (no tenants, or not
+/// a name producers could write).
+fn tenant_ok(b: &Business, tenant: Option<&str>) -> Result<(), ApiError> {
+    match tenant.and_then(|t| tasks::tenant_refused(b, t.as_bytes())) {
+        Some(why) => Err(ApiError::bad(format!("\"tenant\": {why}"))),
+        None => Ok(()),
+    }
 }
 
 /// The API addresses single tasks by id: in body mode the member is the
