@@ -207,6 +207,13 @@ impl KeyFamily {
         format!("{}:tenants:weight", self.base())
     }
 
+    /// A business with tenants: the release budget of each tenant with a
+    /// `max_rate` (tenant -> the time, µs on Redis's clock, at which its
+    /// budget is full again), shared by every instance.
+    pub fn tenant_rate(&self) -> String {
+        format!("{}:tenants:rate", self.base())
+    }
+
     /// What a tenant's sorted set is named: this prefix, then the tenant.
     pub fn tenant_prefix(&self) -> String {
         format!("{}:tenant:", self.base())
@@ -281,6 +288,7 @@ mod tests {
                 f.tenant_clock(),
                 f.tenant_paused(),
                 f.tenant_weights(),
+                f.tenant_rate(),
                 set,
             ] {
                 assert_eq!(slot(&k), slot(key), "{k}");

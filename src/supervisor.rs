@@ -337,7 +337,10 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
                 redis: redis_health.clone(),
                 lead_claims: std::sync::atomic::AtomicU64::new(0),
                 pause: Default::default(),
-                fair: b.tenants.clone().map(crate::tenants::Fair::new),
+                fair: b
+                    .tenants
+                    .clone()
+                    .map(|t| crate::tenants::Fair::new(t, b.shards)),
             }));
         }
     }

@@ -82,6 +82,9 @@ pub struct Business {
 pub struct Tenants {
     /// Weights of the named tenants; every other tenant weighs 1.
     pub weights: std::collections::BTreeMap<String, u32>,
+    /// Members per second the named tenants are released at most, shared
+    /// by every instance; every other tenant has no cap of its own.
+    pub max_rates: std::collections::BTreeMap<String, u32>,
 }
 
 impl Tenants {
@@ -91,6 +94,13 @@ impl Tenants {
             .ok()
             .and_then(|t| self.weights.get(t).copied())
             .unwrap_or(1)
+    }
+
+    /// The `max_rate` of `tenant`, if the config sets one.
+    pub fn max_rate(&self, tenant: &[u8]) -> Option<u32> {
+        std::str::from_utf8(tenant)
+            .ok()
+            .and_then(|t| self.max_rates.get(t).copied())
     }
 }
 
@@ -313,28 +323,47 @@ pub(super) fn validate_business(
     })
 }
 
-/// `tenants = true` and its `[businesses.NAME.tenant_weights]`: weights
-/// from 1 to 1000, and only on a business with tenants.
+/// `tenants = true` and its `[businesses.NAME.tenant_weights]` and
+/// `[businesses.NAME.tenant_max_rate]`: weights from 1 to 1000, rates from
+/// 1 to 10,000,000 a second, and only on a business with tenants.
 fn tenants(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Option<Tenants> {
-    let raw = rb.tenant_weights.take().unwrap_or_default();
+    let weights = rb.tenant_weights.take().unwrap_or_default();
+    let rates = rb.tenant_max_rate.take().unwrap_or_default();
     if rb.tenants != Some(true) {
-        if !raw.is_empty() {
-            problems.push(format!("business \"{name}\", section \"tenant_weights\" needs tenants = true; add it or remove the weights"));
+        for (section, set) in [("tenant_weights", &weights), ("tenant_max_rate", &rates)] {
+            if !set.is_empty() {
+                problems.push(format!("business \"{name}\", section \"{section}\" needs tenants = true; add it or remove the section"));
+            }
         }
         return None;
     }
-    let mut weights = std::collections::BTreeMap::new();
-    for (tenant, w) in raw {
-        match u32::try_from(w) {
-            Ok(w @ 1..=1000) => {
-                weights.insert(tenant, w);
+    Some(Tenants {
+        weights: per_tenant(name, "tenant_weights", weights, 1000, problems),
+        max_rates: per_tenant(name, "tenant_max_rate", rates, 10_000_000, problems),
+    })
+}
+
+/// One per-tenant section's values, each from 1 to `max`; a value out of
+/// range is a problem naming the tenant.
+fn per_tenant(
+    name: &str,
+    section: &str,
+    raw: std::collections::BTreeMap<String, i64>,
+    max: u32,
+    problems: &mut Vec<String>,
+) -> std::collections::BTreeMap<String, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    for (tenant, v) in raw {
+        match u32::try_from(v) {
+            Ok(v) if (1..=max).contains(&v) => {
+                out.insert(tenant, v);
             }
             _ => problems.push(format!(
-                "business \"{name}\", tenant_weights.\"{tenant}\" must be from 1 to 1000 (got {w})"
+                "business \"{name}\", {section}.\"{tenant}\" must be from 1 to {max} (got {v})"
             )),
         }
     }
-    Some(Tenants { weights })
+    out
 }
 
 /// Console tokens for one business: its `read_token` reads its routes, its

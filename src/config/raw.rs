@@ -84,6 +84,7 @@ pub(super) struct RawBusiness {
     pub(super) admin_token_file: Option<std::path::PathBuf>,
     pub(super) tenants: Option<bool>,
     pub(super) tenant_weights: Option<std::collections::BTreeMap<String, i64>>,
+    pub(super) tenant_max_rate: Option<std::collections::BTreeMap<String, i64>>,
 }
 
 /// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).

@@ -943,6 +943,25 @@ fn tenant_weights_need_tenants_and_a_weight_from_1_to_1000() {
 }
 
 #[test]
+fn a_tenant_max_rate_needs_tenants_and_a_rate_of_at_least_one() {
+    let c = load_str(&business(
+        "tenants = true\n[businesses.billing.tenant_max_rate]\nacme = 500",
+    ))
+    .unwrap();
+    let t = c.businesses[0].tenants.as_ref().unwrap();
+    assert_eq!(t.max_rate(b"acme"), Some(500));
+    assert_eq!(t.max_rate(b"other"), None);
+    refused(
+        &business("[businesses.billing.tenant_max_rate]\nacme = 500"),
+        &["section \"tenant_max_rate\" needs tenants = true; add it or remove the section"],
+    );
+    refused(
+        &business("tenants = true\n[businesses.billing.tenant_max_rate]\nacme = 0"),
+        &["tenant_max_rate.\"acme\" must be from 1 to 10000000 (got 0)"],
+    );
+}
+
+#[test]
 fn an_intake_tenant_header_needs_tenants_and_a_name() {
     let intake = "[businesses.billing.intake]\nexchange = \"in\"\nqueue = \"in\"\n";
     refused(

@@ -12,24 +12,34 @@
 --          members moves, and they are neither reported nor a next due time
 -- KEYS[13] weights set at run time HASH (tenant -> weight, 1 to 1000):
 --          each replaces the weight ARGV or the config gives
--- KEYS[14..] the sets of the tenants named in ARGV[13..], in that order
+-- KEYS[14] release budgets HASH (tenant with a max_rate -> the time, µs on
+--          Redis's clock, at which its budget is full again; GCRA as
+--          rate.lua): gone while full
+-- KEYS[15..] the sets of the tenants named in the triples, in that order
 -- ARGV[1..9] as claim.lua
 -- ARGV[10] the prefix of tenant set names ("{K}:tenant:"): the tenants
 --          reported are read under it (same cluster slot as K)
 -- ARGV[11] most tenants with due work to report
 -- ARGV[12] virtual time floor: a tenant without a virtual time, or with
 --          one below it, starts from it (no credit is banked while idle)
--- ARGV[13..] triples: tenant, most members to move, weight (>= 1)
+-- ARGV[13] R, the number of tenants with a max_rate, then R pairs: tenant,
+--          µs between two releases (1e6 / its max_rate)
+-- ARGV[14 + 2R..] triples: tenant, most members to move, weight (>= 1)
 -- Returns claim.lua's reply with one array appended: {tenant1, due1,
 -- vtime1 or '', weight1 or '', tenant2, ...} for the first ARGV[11]
 -- tenants in the index, not paused, whose earliest member is due, each
 -- with its count of due members and its run-time weight. Its next due
 -- time (out[2]) is the earlier of K's head and the earliest head of a
--- tenant not paused.
+-- tenant not paused, a tenant at its max_rate counting from when its
+-- budget holds half a burst again.
 -- Tenants due but not named in ARGV (due since the last report) first move
--- one member each, then the named ones their counts. Members move at most
--- until K holds ARGV[1] due members, never early, in due order within a
--- tenant; a moved member keeps its score, so claim.lua
+-- one member each, then the named ones their counts, then the named ones
+-- without a max_rate what room is left (a share a capped tenant could not
+-- use goes to the others). A tenant with a max_rate moves no more than its
+-- budget holds (20 ms of its rate, at least 2, when full), whichever
+-- instance claims.
+-- Members move at most until K holds ARGV[1] due members, never early, in
+-- due order within a tenant; a moved member keeps its score, so claim.lua
 -- leases it exactly as a member written to K. Index entries of tenants left
 -- with no member (claimed, cancelled) are removed, others set to their head.
 
@@ -51,6 +61,28 @@ local function fair_claim(claim)
   local unit = tonumber(ARGV[3])
   local top = score_of(now, unit)
   local floor = tonumber(ARGV[12]) or 0
+  local rated = tonumber(ARGV[13])
+  local intervals = {}
+  for i = 14, 13 + 2 * rated, 2 do intervals[ARGV[i]] = tonumber(ARGV[i + 1]) end
+  local first_take = 14 + 2 * rated
+  local now_us = 0
+  if rated > 0 then
+    local clock = redis.call('TIME')
+    now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  end
+
+  -- A capped tenant's budget: how many it may release now, and when it
+  -- holds half its burst again (the burst is 20 ms of its rate, at least
+  -- 2), the time to claim it next: a claim that comes a little late then
+  -- finds the tokens that accrued meanwhile, not a full budget that
+  -- stopped accruing.
+  local function budget(tenant, interval)
+    local burst = math.max(2, math.floor(20000 / interval))
+    local full = tonumber(redis.call('HGET', KEYS[14], tenant)) or now_us
+    if full < now_us then full = now_us end
+    local free = math.floor((now_us + burst * interval - full) / interval + 1e-9)
+    return math.max(0, free), full, full - math.floor(burst / 2) * interval
+  end
 
   -- The index names a tenant by its earliest member, or not at all.
   local function repair(set, tenant)
@@ -67,6 +99,13 @@ local function fair_claim(claim)
   -- virtual time n / weight; the number moved.
   local function move(set, tenant, want, weight)
     weight = tonumber(set_weight(tenant)) or weight
+    local interval, full = intervals[tenant], nil
+    if interval then
+      local free
+      free, full = budget(tenant, interval)
+      if free < want then want = free end
+      if want <= 0 then return 0 end
+    end
     local items = redis.call('ZRANGEBYSCORE', set, '-inf', top, 'WITHSCORES', 'LIMIT', 0, want)
     local n = #items / 2
     if n > 0 then
@@ -83,6 +122,9 @@ local function fair_claim(claim)
       local v = tonumber(redis.call('HGET', KEYS[11], tenant)) or floor
       if v < floor then v = floor end
       redis.call('HSET', KEYS[11], tenant, string.format('%.17g', v + n / weight))
+      if interval then
+        redis.call('HSET', KEYS[14], tenant, string.format('%.17g', full + n * interval))
+      end
     end
     repair(set, tenant)
     return n
@@ -95,7 +137,7 @@ local function fair_claim(claim)
     -- so each gets one member now rather than a claim later, in the order
     -- of their earliest member. Their fair share follows from the report.
     local asked = {}
-    for i = 13, #ARGV, 3 do asked[ARGV[i]] = true end
+    for i = first_take, #ARGV, 3 do asked[ARGV[i]] = true end
     if room > 0 then
       local due = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0, tonumber(ARGV[11]))
       for _, tenant in ipairs(due) do
@@ -108,14 +150,19 @@ local function fair_claim(claim)
         end
       end
     end
-    for i = 13, #ARGV, 3 do
-      if room <= 0 then break end
-      local set, tenant = KEYS[14 + (i - 13) / 3], ARGV[i]
-      if not paused(tenant) then
-        local err = wrong_type(set)
-        if err then return err end
-        room = room - move(set, tenant, math.min(tonumber(ARGV[i + 1]), room), tonumber(ARGV[i + 2]))
+    for pass = 1, 2 do
+      for i = first_take, #ARGV, 3 do
+        if room <= 0 then break end
+        local set, tenant = KEYS[15 + (i - first_take) / 3], ARGV[i]
+        if not paused(tenant) and (pass == 1 or not intervals[tenant]) then
+          local err = wrong_type(set)
+          if err then return err end
+          local want = pass == 1 and math.min(tonumber(ARGV[i + 1]), room) or room
+          room = room - move(set, tenant, want, tonumber(ARGV[i + 2]))
+        end
       end
+      -- The second pass only hands on what a capped tenant left.
+      if rated == 0 then break end
     end
   end
 
@@ -145,16 +192,24 @@ local function fair_claim(claim)
       end
     end
   end
-  local head = redis.call('ZRANGE', KEYS[10], 0, paused_count, 'WITHSCORES')
+  -- The first head of a tenant neither paused nor capped bounds the next
+  -- due time; a capped tenant counts from when its budget is full again.
+  local head = redis.call('ZRANGE', KEYS[10], 0, paused_count + rated, 'WITHSCORES')
   local first
   for j = 1, #head, 2 do
-    if not paused(head[j]) then
-      first = head[j + 1]
-      break
+    local tenant, at = head[j], tonumber(head[j + 1]) * unit
+    if not paused(tenant) then
+      local interval = intervals[tenant]
+      if interval then
+        local _, _, ready = budget(tenant, interval)
+        if ready / 1000 > at then at = ready / 1000 end
+      end
+      if not first or at < first then first = at end
+      if not interval then break end
     end
   end
   if first then
-    local next_due = tonumber(first) * unit
+    local next_due = first
     if next_due > 9e15 then next_due = 9e15 end
     if next_due < -9e15 then next_due = -9e15 end
     next_due = math.ceil(next_due)

@@ -76,27 +76,34 @@ impl Store {
     /// Moves up to `takes` due members into `K` (no more than `limit` due
     /// there in all), claims up to `limit` as [`Store::claim`] does, and
     /// returns the first `report` tenants with due work. `floor` is the
-    /// virtual time a tenant returning from idle starts at.
+    /// virtual time a tenant returning from idle starts at; `intervals`
+    /// name the tenants with a `max_rate` and the µs between two of their
+    /// releases, which the script holds whatever `takes` ask.
     pub async fn claim_tenants(
         &self,
         limit: usize,
         lease: Duration,
         takes: &[TenantTake],
-        floor: f64,
-        report: usize,
+        (floor, report): (f64, usize),
+        intervals: &[(String, f64)],
     ) -> Result<(Claim, Vec<TenantDue>), StoreError> {
         let mut conn = self.conn.clone();
         let mut inv = self.claim_call(&scripts::CLAIM_TENANTS, limit, lease);
         inv.key(self.keys.tenant_index())
             .key(self.keys.tenant_clock())
             .key(self.keys.tenant_paused())
-            .key(self.keys.tenant_weights());
+            .key(self.keys.tenant_weights())
+            .key(self.keys.tenant_rate());
         for t in takes {
             inv.key(self.keys.tenant_set(&t.tenant));
         }
         inv.arg(self.keys.tenant_prefix())
             .arg(report)
-            .arg(floor.to_string());
+            .arg(floor.to_string())
+            .arg(intervals.len());
+        for (tenant, us) in intervals {
+            inv.arg(tenant).arg(us.to_string());
+        }
         for t in takes {
             inv.arg(&t.tenant[..]).arg(t.count).arg(t.weight.max(1));
         }

@@ -22,15 +22,27 @@ pub const REPORTED: usize = 1000;
 #[derive(Debug, Default)]
 pub struct Fair {
     settings: Tenants,
+    /// The tenants with a `max_rate` and the µs between two of their
+    /// releases on this key.
+    intervals: Vec<(String, f64)>,
     /// Tenants with due work at the last claim; the next choice uses them.
     seen: Mutex<Vec<TenantDue>>,
 }
 
 impl Fair {
-    /// Fair release with `settings`' weights.
-    pub fn new(settings: Tenants) -> Self {
+    /// Fair release with `settings`' weights and rates, on one of `shards`
+    /// keys: each key's budget holds a tenant to its `max_rate / shards`,
+    /// so that the keys together hold it to its `max_rate` while its
+    /// members are spread evenly over them.
+    pub fn new(settings: Tenants, shards: usize) -> Self {
+        let intervals = settings
+            .max_rates
+            .iter()
+            .map(|(t, rate)| (t.clone(), 1e6 * shards.max(1) as f64 / f64::from(*rate)))
+            .collect();
         Self {
             settings,
+            intervals,
             seen: Mutex::default(),
         }
     }
@@ -59,7 +71,7 @@ impl Fair {
     ) -> Result<Claim, StoreError> {
         let (takes, floor) = self.plan(limit);
         let (claim, seen) = store
-            .claim_tenants(limit, lease, &takes, floor, REPORTED)
+            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &self.intervals)
             .await?;
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         Ok(claim)
