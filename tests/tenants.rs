@@ -967,10 +967,46 @@ async fn released_per_second(
 /// measures its own load, not another test's drain beside it.
 static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Writes 2,400 members of tenant `capped` and 3,000 of `free` into
+/// `key`, all due at once; once each is delivered once, returns the
+/// `capped` tenant's release rate when `capped` ([`released_per_second`])
+/// and the `free` tenant's drain, members a second from due to its last
+/// arrival.
+async fn drain_capped_and_free(
+    redis: &mut redis::aio::MultiplexedConnection,
+    inbox: &Inbox,
+    (key, capped_rate): (&str, bool),
+    d: &Daemon,
+) -> (Option<f64>, f64) {
+    let now = redis_now_ms(redis).await;
+    let capped = members("capped", 2400, now + 300, 0);
+    let free = members("free", 3000, now + 300, 0);
+    schedule(redis, key, "capped", &capped).await;
+    schedule(redis, key, "free", &free).await;
+    let held = match capped_rate {
+        true => Some(released_per_second(&mut redis.clone(), key, "capped", 2400).await),
+        false => None,
+    };
+    let mut want = bodies(&capped);
+    want.extend(bodies(&free));
+    wait_all(inbox, &want, Duration::from_secs(30), d).await;
+    let got = inbox.assert_each_once(&want, "a drain with a capped tenant");
+    let free_last = got
+        .iter()
+        .filter(|r| r.body.starts_with(b"free-"))
+        .map(|r| r.at_ms)
+        .max()
+        .unwrap();
+    (
+        held,
+        3000.0 * 1000.0 / (free_last - (now + 300)).max(1) as f64,
+    )
+}
+
 /// A tenant's `max_rate` holds within 5 % with two delayd claiming one
 /// key (the budget is in Redis), measured at release, while a tenant
-/// without one drains beside it, taking the share the capped tenant
-/// cannot use.
+/// without one drains beside it at least 0.8 times as fast as the same
+/// load drains on a business where neither is capped, in the same run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_max_rate_holds_across_two_instances_and_leaves_others_unaffected() {
     let _turn = TIMING.lock().await;
@@ -979,36 +1015,25 @@ async fn a_tenants_max_rate_holds_across_two_instances_and_leaves_others_unaffec
         "tenants_rate",
         "tenants = true\ntenant_max_rate = { capped = 400 }",
     );
-    let s = Setup::new(&[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let twin = BusinessSpec::with_extra("tenants_uncapped", "tenants = true");
+    let s = Setup::new(&[&b, &twin]).await;
+    let mut redis = s.redis.clone();
     let d1 = Daemon::start(&s.config);
     let _d2 = Daemon::start(&s.config);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let now = redis_now_ms(&mut redis).await;
-    let capped = members("capped", 2400, now + 300, 0);
-    let free = members("free", 3000, now + 300, 0);
-    schedule(&mut redis, &b.key, "capped", &capped).await;
-    schedule(&mut redis, &b.key, "free", &free).await;
-    let held = released_per_second(&mut redis.clone(), &b.key, "capped", 2400).await;
-    let mut want = bodies(&capped);
-    want.extend(bodies(&free));
-    wait_all(&inbox, &want, Duration::from_secs(30), &d1).await;
-    let got = inbox.assert_each_once(&want, "a drain with a capped tenant");
-    let free_last = got
-        .iter()
-        .filter(|r| r.body.starts_with(b"free-"))
-        .map(|r| r.at_ms)
-        .max()
-        .unwrap();
-    let free_rate = 3000.0 * 1000.0 / (free_last - (now + 300)).max(1) as f64;
-    eprintln!("capped tenant released at {held:.1}/s of {RATE}; the free tenant drained at {free_rate:.0}/s");
+    let (held, free_rate) =
+        drain_capped_and_free(&mut redis, &s.inboxes[0], (&b.key, true), &d1).await;
+    let held = held.unwrap_or_default();
+    let (_, twin_rate) =
+        drain_capped_and_free(&mut redis, &s.inboxes[1], (&twin.key, false), &d1).await;
+    eprintln!("capped tenant released at {held:.1}/s of {RATE}; the free tenant drained at {free_rate:.0}/s, {twin_rate:.0}/s with no cap on either");
     assert!(
         (held - RATE).abs() <= RATE * 0.05,
         "the capped tenant was released at {held:.1}/s, not within 5% of {RATE}"
     );
     assert!(
-        free_rate >= 3.0 * RATE,
-        "the free tenant drained at {free_rate:.0}/s, held back by the other's cap"
+        free_rate >= 0.8 * twin_rate,
+        "the free tenant drained at {free_rate:.0}/s beside a capped one, {twin_rate:.0}/s beside an uncapped one"
     );
 }

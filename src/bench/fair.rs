@@ -5,18 +5,19 @@
 //! the run, each pass writing into one of them while the others idle.
 
 use super::fair_load::{self, Target};
-use super::fair_report::{self, Burst, Pass, Share};
+use super::fair_report::{self, Burst, Capped, Pass, Share};
 use super::fair_sizes::FairSizes;
 use super::*;
 
 /// The run's businesses, in the order the config lists them.
-const BUSINESSES: [(&str, bool, bool); 5] = [
+const BUSINESSES: [(&str, bool, bool); 6] = [
     // (name, tenants, max_rate)
     ("plain", false, false),
     ("tenants", true, false),
     ("plain_rated", false, true),
     ("tenants_rated", true, true),
     ("weights", true, false),
+    ("capped", true, false),
 ];
 
 /// Weights of the weights pass: tenant `a` 3, tenant `b` 1.
@@ -51,7 +52,9 @@ pub(super) async fn bench(
     }
     eprintln!("bench: weights {}:{} ...", WEIGHTS.0, WEIGHTS.1);
     let share = weights_pass(&s, redis, &target(ctx, "weights", true)).await?;
-    fair_report::print(sizes, ctx.args.size, &passes, &share);
+    eprintln!("bench: a tenant capped at {} ...", capped_rate(sizes));
+    let capped = capped_pass(&s, redis, &target(ctx, "capped", true)).await?;
+    fair_report::print(sizes, ctx.args.size, &passes, (&share, &capped));
     Ok(())
 }
 
@@ -73,7 +76,7 @@ async fn setup<'a>(ctx: &'a Ctx<'a>, state: &mut BenchState) -> Result<Setup<'a>
     start_daemon(ctx.names, state, &config_toml(ctx))?;
     let light_tenants: Vec<String> = (0..sizes.light_tenants).map(|i| format!("l{i}")).collect();
     let mut named = light_tenants.clone();
-    named.extend(["heavy", "a", "b"].map(String::from));
+    named.extend(["heavy", "a", "b", "c", "u"].map(String::from));
     state.keys.clear();
     for (name, tenants, _) in BUSINESSES {
         let t = target(ctx, name, tenants);
@@ -110,6 +113,12 @@ fn config_toml(ctx: &Ctx<'_>) -> String {
         }
         if rated {
             toml.push_str(&format!("max_rate = {}\n", sizes.max_rate));
+        }
+        if name == "capped" {
+            toml.push_str(&format!(
+                "[businesses.{name}.tenant_max_rate]\nc = {}\n",
+                capped_rate(sizes)
+            ));
         }
         if name == "weights" {
             toml.push_str(&format!(
@@ -227,4 +236,36 @@ async fn weights_pass(
         WEIGHTS,
         s.sizes.secs,
     ))
+}
+
+/// The capped pass's tenant `max_rate`: half the business `max_rate` of
+/// the burst passes.
+fn capped_rate(sizes: &FairSizes) -> u32 {
+    (sizes.max_rate / 2).max(1)
+}
+
+/// Two saturated tenants due at once, `c` with a tenant `max_rate` and `u`
+/// without: each one's release rate read from its set's size every 20 ms
+/// for the pass's seconds; then the rest is cancelled.
+async fn capped_pass(
+    s: &Setup<'_>,
+    redis: &mut RedisConn,
+    target: &Target,
+) -> Result<Capped, BenchError> {
+    let (n, size) = (s.sizes.saturated, s.ctx.args.size);
+    let (offset, due) = start_pass(s, redis, 2 * n).await?;
+    fair_load::burst(redis, target, ("c", b'c'), n, due, size).await?;
+    fair_load::burst(redis, target, ("u", b'u'), n, due, size).await?;
+    sleep_until_due(due, offset).await;
+    let samples = fair_load::set_sizes(redis, target, &["c", "u"], s.sizes.secs).await?;
+    for tenant in ["c", "u"] {
+        fair_load::cancel_rest(redis, target, tenant, due).await?;
+    }
+    end_pass(s, redis, target, offset).await?;
+    let of = |i: usize| -> Vec<(f64, i64)> { samples.iter().map(|(t, n)| (*t, n[i])).collect() };
+    Ok(Capped {
+        rate: capped_rate(s.sizes),
+        released: fair_report::released_rate(&of(0), n as i64, 1.0),
+        uncapped: fair_report::released_rate(&of(1), n as i64, 0.0),
+    })
 }

@@ -34,6 +34,7 @@ impl Target {
         let mut keys = vec![
             self.fam.tenant_index().into_bytes(),
             self.fam.tenant_clock().into_bytes(),
+            self.fam.tenant_rate().into_bytes(),
         ];
         keys.extend(tenants.iter().map(|t| self.set(t)));
         keys
@@ -194,4 +195,38 @@ pub(super) async fn wait_idle(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The sizes of `tenants`' sets on Redis's clock every 20 ms for `secs`:
+/// `(seconds, [size of each])`, `TIME` and the `ZCARD`s in one
+/// transaction, so a release rate is read where delayd releases.
+pub(super) async fn set_sizes(
+    redis: &mut RedisConn,
+    target: &Target,
+    tenants: &[&str],
+    secs: u64,
+) -> Result<Vec<(f64, Vec<i64>)>, BenchError> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut out = Vec::new();
+    while Instant::now() < end {
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("TIME");
+        for t in tenants {
+            pipe.zcard(target.set(t));
+        }
+        let mut reply: Vec<redis::Value> = pipe
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        let sizes: Vec<i64> = reply
+            .split_off(1)
+            .into_iter()
+            .map(|v| redis::from_redis_value(v).unwrap_or(0))
+            .collect();
+        let (s, us): (f64, f64) = redis::from_redis_value(reply.swap_remove(0))
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        out.push((s + us / 1e6, sizes));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(out)
 }

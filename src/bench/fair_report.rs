@@ -81,8 +81,51 @@ impl Share {
     }
 }
 
-/// Prints the table: each pair of passes, then the shares.
-pub(super) fn print(sizes: &FairSizes, size: usize, passes: &[Pass], share: &Share) {
+/// A saturated tenant with a `max_rate` beside one without, both due at
+/// once: each one's release rate, read from its set's size on Redis's clock.
+pub(super) struct Capped {
+    /// The capped tenant's `max_rate`.
+    pub rate: u32,
+    /// Its members released per second from 1 s into its drain to the end
+    /// of the window (or its last member).
+    pub released: f64,
+    /// The uncapped tenant's, over its whole drain within the window.
+    pub uncapped: f64,
+}
+
+/// Members per second that left a set of `total` between `skip` seconds
+/// after the first left and its last member or the last sample, from
+/// `(seconds, size)` samples in time order; 0 without two such samples.
+pub(super) fn released_rate(samples: &[(f64, i64)], total: i64, skip: f64) -> f64 {
+    let Some(first) = samples.iter().position(|(_, n)| *n < total) else {
+        return 0.0;
+    };
+    let from = if skip > 0.0 {
+        let t0 = samples[first].0;
+        samples.iter().position(|(t, _)| *t >= t0 + skip)
+    } else {
+        Some(first.saturating_sub(1))
+    };
+    let to = samples
+        .iter()
+        .position(|(_, n)| *n == 0)
+        .unwrap_or(samples.len() - 1);
+    match from {
+        Some(a) if a < to => {
+            let ((ta, na), (tb, nb)) = (samples[a], samples[to]);
+            (na - nb) as f64 / (tb - ta)
+        }
+        _ => 0.0,
+    }
+}
+
+/// Prints the table: each pair of passes, the shares, the capped tenant.
+pub(super) fn print(
+    sizes: &FairSizes,
+    size: usize,
+    passes: &[Pass],
+    (share, capped): (&Share, &Capped),
+) {
     heading(&format!(
         "delayd bench --fair: a heavy tenant's {} members due at once, {} light tenants at {}/s due as written, {} s windows, {size}-byte bodies, one consumer",
         sizes.heavy, sizes.light_tenants, sizes.light_rate, sizes.secs
@@ -113,6 +156,19 @@ pub(super) fn print(sizes: &FairSizes, size: usize, passes: &[Pass], share: &Sha
             share.counts.1,
             share.both_ms
         ),
+    );
+    row(
+        &format!("tenant max_rate {}, released", capped.rate),
+        &format!("{:.0} /s", capped.released),
+        &format!(
+            "{:+.1}% off (from 1 s into its drain, at release); goal within 5%",
+            (capped.released / capped.rate as f64 - 1.0) * 100.0
+        ),
+    );
+    row(
+        "uncapped tenant beside it, released",
+        &format!("{:.0} /s", capped.uncapped),
+        "over its drain, at release",
     );
 }
 
@@ -181,6 +237,24 @@ mod tests {
         assert_eq!(rate_until(&[100.0, 500.0, 1000.0], 5000.0), 3.0);
         // Not drained: only the window's members, over the window.
         assert_eq!(rate_until(&[100.0, 500.0, 1000.0, 6000.0], 2000.0), 1.5);
+    }
+
+    #[test]
+    fn a_release_rate_is_read_between_the_skip_and_the_last_member() {
+        // 100 members, 10 a second from t = 1.0, sampled each half second.
+        let samples: Vec<(f64, i64)> = (0..30)
+            .map(|i| {
+                let t = i as f64 * 0.5;
+                (t, (100 - ((t - 1.0).max(0.0) * 10.0) as i64).max(0))
+            })
+            .collect();
+        assert!((released_rate(&samples, 100, 1.0) - 10.0).abs() < 1e-9);
+        assert!((released_rate(&samples, 100, 0.0) - 10.0).abs() < 1e-9);
+        assert_eq!(
+            released_rate(&samples[..2], 100, 0.0),
+            0.0,
+            "nothing released"
+        );
     }
 
     #[test]

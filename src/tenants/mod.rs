@@ -85,6 +85,17 @@ impl Fair {
             .is_empty()
     }
 
+    /// The most a tenant with a `max_rate` can be released in one claim:
+    /// its budget when full (as `claim_tenants.lua` sizes it). Its share is
+    /// planned at no more, so the rest of the batch goes to the others.
+    fn most_now(&self, tenant: &[u8]) -> Option<u64> {
+        let (_, us) = self
+            .intervals
+            .iter()
+            .find(|(t, _)| t.as_bytes() == tenant)?;
+        Some(((20_000.0 / us).floor() as u64).max(2))
+    }
+
     /// The next batch's takes from what the last claim saw.
     fn plan(&self, limit: usize) -> (Vec<TenantTake>, f64) {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
@@ -92,7 +103,9 @@ impl Fair {
             .iter()
             .map(|t| share::Backlog {
                 tenant: &t.tenant,
-                due: t.due,
+                due: self
+                    .most_now(&t.tenant)
+                    .map_or(t.due, |most| t.due.min(most)),
                 vtime: t.vtime,
                 weight: t.weight.unwrap_or_else(|| self.settings.weight(&t.tenant)),
             })
