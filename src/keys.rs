@@ -214,6 +214,13 @@ impl KeyFamily {
         format!("{}:tenants:rate", self.base())
     }
 
+    /// A business with tenants: members each tenant's claims released lately
+    /// (tenant -> "<second> <count in it> <count in the second before>",
+    /// seconds of Redis's clock), for its released rate.
+    pub fn tenant_released(&self) -> String {
+        format!("{}:tenants:released", self.base())
+    }
+
     /// What a tenant's sorted set is named: this prefix, then the tenant.
     pub fn tenant_prefix(&self) -> String {
         format!("{}:tenant:", self.base())
@@ -289,6 +296,7 @@ mod tests {
                 f.tenant_paused(),
                 f.tenant_weights(),
                 f.tenant_rate(),
+                f.tenant_released(),
                 set,
             ] {
                 assert_eq!(slot(&k), slot(key), "{k}");

@@ -11,36 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// What a producer writes for one tenant, in one `MULTI`: the members into
-/// the tenant's set, the tenant into the index at its earliest due time
-/// (`LT`: an earlier entry stays).
-async fn schedule(
-    conn: &mut redis::aio::MultiplexedConnection,
-    key: &str,
-    tenant: &str,
-    items: &[(f64, Vec<u8>)],
-) {
-    let f = family(key);
-    for chunk in items.chunks(1000) {
-        let mut p = redis::pipe();
-        p.atomic();
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(f.tenant_set(tenant.as_bytes()));
-        for (score, m) in chunk {
-            zadd.arg(*score).arg(m.as_slice());
-        }
-        p.add_command(zadd).ignore();
-        let first = chunk.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
-        p.cmd("ZADD")
-            .arg(f.tenant_index())
-            .arg("LT")
-            .arg(first)
-            .arg(tenant)
-            .ignore();
-        let () = p.query_async(conn).await.unwrap();
-    }
-}
-
 /// The tenant keys of `key` (index, virtual times, the tenants' sets) that
 /// still exist.
 async fn tenant_keys_left(
@@ -94,7 +64,7 @@ async fn each_tenants_members_are_delivered_once_and_never_early() {
     let mut due_of = HashMap::new();
     for (i, t) in tenants.iter().enumerate() {
         let items = members(t, 200, now - 100 + i as i64 * 3, 10);
-        schedule(&mut redis, &b.key, t, &items).await;
+        zadd_tenant(&mut redis, &b.key, t, &items).await;
         for (due, m) in &items {
             due_of.insert(m.clone(), *due as i64);
         }
@@ -140,7 +110,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
 
     let now = redis_now_ms(&mut redis).await;
     let heavy = members("heavy", 20_000, now + 500, 0);
-    schedule(&mut redis, &b.key, "heavy", &heavy).await;
+    zadd_tenant(&mut redis, &b.key, "heavy", &heavy).await;
     // 20 light tenants, 4 members each, due one after another from 1 s to
     // 4 s after the heavy burst, while its backlog is still there.
     let mut light = Vec::new();
@@ -152,7 +122,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
                 (due as f64, format!("{t}-{j}").into_bytes())
             })
             .collect();
-        schedule(&mut redis, &b.key, t, &items).await;
+        zadd_tenant(&mut redis, &b.key, t, &items).await;
         light.extend(items);
     }
     let named: Vec<(&str, String)> = light
@@ -224,7 +194,7 @@ async fn sigkill_mid_drain_then_restart_delivers_every_tenants_member() {
     let mut want = HashSet::new();
     for t in &tenants {
         let items = members(t, 3000, now, 0);
-        schedule(&mut redis, &b.key, t, &items).await;
+        zadd_tenant(&mut redis, &b.key, t, &items).await;
         want.extend(bodies(&items));
     }
     let mut d = Daemon::start(&s.config);
@@ -478,7 +448,7 @@ async fn a_paused_tenant_is_held_while_the_others_are_delivered_then_resume_rele
     let cli_held = members("cli-held", 20, now + 200, 2);
     let free = members("free", 50, now + 200, 2);
     for (t, items) in [("held", &held), ("cli-held", &cli_held), ("free", &free)] {
-        schedule(&mut redis, &b.key, t, items).await;
+        zadd_tenant(&mut redis, &b.key, t, items).await;
     }
     wait_all(&inbox, &bodies(&free), Duration::from_secs(20), &c.daemon).await;
     // Well past their due time, the paused tenants' members are all still
@@ -570,7 +540,7 @@ async fn a_weight_set_at_run_time_changes_the_shares_of_two_saturated_tenants() 
 
     let now = redis_now_ms(&mut redis).await;
     for t in ["a", "b"] {
-        schedule(&mut redis, &b.key, t, &members(t, 4000, now, 0)).await;
+        zadd_tenant(&mut redis, &b.key, t, &members(t, 4000, now, 0)).await;
     }
     // The share of `a` among `n` deliveries after `from` (epoch ms).
     let share_of_a = |from: i64, n: usize| {
@@ -647,7 +617,7 @@ async fn tenant_metrics_name_the_top_ten_by_pending_and_add_up_the_rest_as_other
     for i in 0..12usize {
         let t = format!("t{i:02}");
         let from = if i == 11 { now - 5000 } else { now + 3_600_000 };
-        schedule(&mut redis, &b.key, &t, &members(&t, i + 1, from, 1)).await;
+        zadd_tenant(&mut redis, &b.key, &t, &members(&t, i + 1, from, 1)).await;
     }
     let text = call(c.port, "GET", "/metrics", None, None).await.text;
     let pending = |t: &str| {
@@ -677,6 +647,11 @@ async fn tenant_metrics_name_the_top_ten_by_pending_and_add_up_the_rest_as_other
     assert_eq!(pending("other"), Some(3.0), "t00 and t01 added up");
     let of_t11 = |m: &str| series(&text, m, &b.name, "tenant=\"t11\"");
     assert_eq!(of_t11("delayd_tenant_paused"), Some(1.0));
+    assert_eq!(
+        of_t11("delayd_tenant_released_per_second"),
+        Some(0.0),
+        "a paused tenant releases nothing"
+    );
     assert_eq!(of_t11("delayd_tenant_due"), Some(12.0));
     assert!(
         of_t11("delayd_tenant_oldest_overdue_seconds").unwrap() >= 5.0,
@@ -711,14 +686,14 @@ async fn inspect_metrics_and_the_overview_count_the_tenants_sets_beside_k() {
         "paused"
     );
     let now = redis_now_ms(&mut redis).await;
-    schedule(
+    zadd_tenant(
         &mut redis,
         &b.key,
         "acme",
         &members("acme", 3, now - 5000, 1),
     )
     .await;
-    schedule(
+    zadd_tenant(
         &mut redis,
         &b.key,
         "globex",
@@ -810,8 +785,8 @@ async fn list_search_and_bulk_reach_the_tenants_sets_or_one_named_tenant() {
         members("a", 5, hour, 1000),
         members("b", 5, hour + 500, 1000),
     );
-    schedule(&mut redis, &b.key, "a", &a).await;
-    schedule(&mut redis, &b.key, "b", &bs).await;
+    zadd_tenant(&mut redis, &b.key, "a", &a).await;
+    zadd_tenant(&mut redis, &b.key, "b", &bs).await;
     query::<()>(&mut redis, "ZADD", (&b.key, hour + 10_000, "k-0")).await;
 
     let mut due_order: Vec<String> = (0..5)
@@ -969,24 +944,34 @@ static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Writes 2,400 members of tenant `capped` and 3,000 of `free` into
 /// `key`, all due at once; once each is delivered once, returns the
-/// `capped` tenant's release rate when `capped` ([`released_per_second`])
-/// and the `free` tenant's drain, members a second from due to its last
-/// arrival.
+/// `capped` tenant's release rate ([`released_per_second`]) and its
+/// released rate as `delayd tenants` showed it right after, when `listed`
+/// names the config and business, and the `free` tenant's drain, members
+/// a second from due to its last arrival.
 async fn drain_capped_and_free(
     redis: &mut redis::aio::MultiplexedConnection,
     inbox: &Inbox,
-    (key, capped_rate): (&str, bool),
+    (key, listed): (&str, Option<(&std::path::Path, &str)>),
     d: &Daemon,
-) -> (Option<f64>, f64) {
+) -> (Option<(f64, u64)>, f64) {
     let now = redis_now_ms(redis).await;
     let capped = members("capped", 2400, now + 300, 0);
     let free = members("free", 3000, now + 300, 0);
-    schedule(redis, key, "capped", &capped).await;
-    schedule(redis, key, "free", &free).await;
-    let held = match capped_rate {
-        true => Some(released_per_second(&mut redis.clone(), key, "capped", 2400).await),
-        false => None,
-    };
+    zadd_tenant(redis, key, "capped", &capped).await;
+    zadd_tenant(redis, key, "free", &free).await;
+    let mut held = None;
+    if let Some((cfg, business)) = listed {
+        let rate = released_per_second(&mut redis.clone(), key, "capped", 2400).await;
+        let list: serde_json::Value =
+            serde_json::from_str(&tenants_cli(cfg, business, &["--json"])).unwrap();
+        let row = list["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["tenant"] == "capped");
+        let shown = row.and_then(|r| r["released_per_s"].as_u64()).unwrap_or(0);
+        held = Some((rate, shown));
+    }
     let mut want = bodies(&capped);
     want.extend(bodies(&free));
     wait_all(inbox, &want, Duration::from_secs(30), d).await;
@@ -1004,11 +989,13 @@ async fn drain_capped_and_free(
 }
 
 /// A tenant's `max_rate` holds within 5 % with two delayd claiming one
-/// key (the budget is in Redis), measured at release, while a tenant
-/// without one drains beside it at least 0.8 times as fast as the same
-/// load drains on a business where neither is capped, in the same run.
+/// key (the budget is in Redis), measured at release, and `delayd tenants`
+/// shows that rate as the tenant's released rate; a tenant without one
+/// drains beside it at least 0.8 times as fast as the same load drains on
+/// a business where neither is capped, in the same run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenants_max_rate_holds_across_two_instances_and_leaves_others_unaffected() {
+async fn a_tenants_max_rate_holds_across_two_instances_shows_as_its_released_rate_and_leaves_others_unaffected(
+) {
     let _turn = TIMING.lock().await;
     const RATE: f64 = 400.0;
     let b = BusinessSpec::with_extra(
@@ -1022,12 +1009,17 @@ async fn a_tenants_max_rate_holds_across_two_instances_and_leaves_others_unaffec
     let _d2 = Daemon::start(&s.config);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    let listed = Some((s.config.as_path(), b.name.as_str()));
     let (held, free_rate) =
-        drain_capped_and_free(&mut redis, &s.inboxes[0], (&b.key, true), &d1).await;
-    let held = held.unwrap_or_default();
+        drain_capped_and_free(&mut redis, &s.inboxes[0], (&b.key, listed), &d1).await;
+    let (held, shown) = held.unwrap_or_default();
     let (_, twin_rate) =
-        drain_capped_and_free(&mut redis, &s.inboxes[1], (&twin.key, false), &d1).await;
-    eprintln!("capped tenant released at {held:.1}/s of {RATE}; the free tenant drained at {free_rate:.0}/s, {twin_rate:.0}/s with no cap on either");
+        drain_capped_and_free(&mut redis, &s.inboxes[1], (&twin.key, None), &d1).await;
+    assert!(
+        (shown as f64 - RATE).abs() <= RATE * 0.1,
+        "delayd tenants showed the capped tenant released at {shown}/s, not within 10% of {RATE}"
+    );
+    eprintln!("capped tenant released at {held:.1}/s of {RATE} (delayd tenants: {shown}/s); the free tenant drained at {free_rate:.0}/s, {twin_rate:.0}/s with no cap on either");
     assert!(
         (held - RATE).abs() <= RATE * 0.05,
         "the capped tenant was released at {held:.1}/s, not within 5% of {RATE}"

@@ -152,8 +152,8 @@ fn print_list(l: &TenantList, json: bool) {
         l.tenants, l.paused
     );
     println!(
-        "{:<24} {:>10} {:>10} {:>14} {:>7}  paused",
-        "tenant", "pending", "due", "oldest overdue", "weight"
+        "{:<24} {:>10} {:>10} {:>14} {:>10} {:>7}  paused",
+        "tenant", "pending", "due", "oldest overdue", "released/s", "weight"
     );
     for r in &l.rows {
         let weight = format!(
@@ -165,11 +165,12 @@ fn print_list(l: &TenantList, json: bool) {
             format!("since {} by {}", utc_ms(p.since_ms), p.by)
         });
         println!(
-            "{:<24} {:>10} {:>10} {:>14} {:>7}  {paused}",
+            "{:<24} {:>10} {:>10} {:>14} {:>10} {:>7}  {paused}",
             r.tenant,
             r.pending,
             r.due,
             human_ms((r.oldest_overdue_ms > 0).then_some(r.oldest_overdue_ms as i64)),
+            r.released_per_s,
             weight,
         );
     }

@@ -15,7 +15,10 @@
 -- KEYS[14] release budgets HASH (tenant with a max_rate -> the time, µs on
 --          Redis's clock, at which its budget is full again; GCRA as
 --          rate.lua): gone while full
--- KEYS[15..] the sets of the tenants named in the triples, in that order
+-- KEYS[15] released HASH (tenant -> "<second> <moved in it> <moved in the
+--          second before>", seconds of Redis's clock): each tenant's
+--          released rate, for the listing; gone with its set
+-- KEYS[16..] the sets of the tenants named in the triples, in that order
 -- ARGV[1..9] as claim.lua
 -- ARGV[10] the prefix of tenant set names ("{K}:tenant:"): the tenants
 --          reported are read under it (same cluster slot as K)
@@ -84,12 +87,32 @@ local function fair_claim(claim)
     return math.max(0, free), full, full - math.floor(burst / 2) * interval
   end
 
+  -- Counts n more released this second, keeping the second before's count.
+  local second = math.floor(now / 1000)
+  local function count_released(tenant, n)
+    local s, c, p = 0, 0, 0
+    local was = redis.call('HGET', KEYS[15], tenant)
+    if was then
+      local a, b, d = string.match(was, '^(%d+) (%d+) (%d+)$')
+      s, c, p = tonumber(a) or 0, tonumber(b) or 0, tonumber(d) or 0
+    end
+    if s == second then
+      c = c + n
+    elseif s == second - 1 then
+      s, c, p = second, n, c
+    else
+      s, c, p = second, n, 0
+    end
+    redis.call('HSET', KEYS[15], tenant, s .. ' ' .. c .. ' ' .. p)
+  end
+
   -- The index names a tenant by its earliest member, or not at all.
   local function repair(set, tenant)
     local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
     if #head == 0 then
       redis.call('ZREM', KEYS[10], tenant)
       redis.call('HDEL', KEYS[11], tenant)
+      redis.call('HDEL', KEYS[15], tenant)
     else
       redis.call('ZADD', KEYS[10], head[2], tenant)
     end
@@ -125,6 +148,7 @@ local function fair_claim(claim)
       if interval then
         redis.call('HSET', KEYS[14], tenant, string.format('%.17g', full + n * interval))
       end
+      count_released(tenant, n)
     end
     repair(set, tenant)
     return n
@@ -153,7 +177,7 @@ local function fair_claim(claim)
     for pass = 1, 2 do
       for i = first_take, #ARGV, 3 do
         if room <= 0 then break end
-        local set, tenant = KEYS[15 + (i - first_take) / 3], ARGV[i]
+        local set, tenant = KEYS[16 + (i - first_take) / 3], ARGV[i]
         if not paused(tenant) and (pass == 1 or not intervals[tenant]) then
           local err = wrong_type(set)
           if err then return err end

@@ -22,6 +22,8 @@ pub struct TenantRow {
     pub paused: Option<Paused>,
     /// Its weight set at run time, if any (else the config's).
     pub weight: Option<u32>,
+    /// Members claims moved out of its set in the last whole second.
+    pub released_per_s: u64,
 }
 
 /// A page of one key's tenants, and what is around it.
@@ -94,6 +96,7 @@ impl Store {
             .key(self.keys.tenant_index())
             .key(self.keys.tenant_paused())
             .key(self.keys.tenant_weights())
+            .key(self.keys.tenant_released())
             .arg(self.keys.tenant_prefix())
             .arg(offset)
             .arg(limit.max(1))
@@ -117,13 +120,13 @@ impl Store {
     }
 
     /// `{tenant, pending, due, head score or '', paused or '', weight or
-    /// '', ...}` as `tenants_list.lua` returns it.
+    /// '', released, ...}` as `tenants_list.lua` returns it.
     fn rows(&self, a: Vec<redis::Value>) -> Result<Vec<TenantRow>, StoreError> {
         let text = |v: Option<redis::Value>| match v {
             Some(redis::Value::BulkString(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
             other => Err(StoreError::Reply(format!("tenant field {other:?}"))),
         };
-        let mut out = Vec::with_capacity(a.len() / 6);
+        let mut out = Vec::with_capacity(a.len() / 7);
         let mut it = a.into_iter();
         while let Some(t) = it.next() {
             let redis::Value::BulkString(tenant) = t else {
@@ -135,6 +138,7 @@ impl Store {
                 parsed::<f64>(it.next(), "head")?.map(|s| (s * self.unit.millis() as f64) as i64);
             let paused = Paused::parse(&text(it.next())?);
             let weight = parsed(it.next(), "weight")?;
+            let released_per_s = int_of(it.next())?.max(0) as u64;
             out.push(TenantRow {
                 tenant,
                 pending,
@@ -142,6 +146,7 @@ impl Store {
                 head_ms,
                 paused,
                 weight,
+                released_per_s,
             });
         }
         Ok(out)

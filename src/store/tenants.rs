@@ -93,7 +93,8 @@ impl Store {
             .key(self.keys.tenant_clock())
             .key(self.keys.tenant_paused())
             .key(self.keys.tenant_weights())
-            .key(self.keys.tenant_rate());
+            .key(self.keys.tenant_rate())
+            .key(self.keys.tenant_released());
         for t in takes {
             inv.key(self.keys.tenant_set(&t.tenant));
         }

@@ -64,6 +64,8 @@ pub struct TenantView {
     pub weight_set_at_run_time: bool,
     /// The operator's pause, if paused.
     pub paused: Option<Paused>,
+    /// Members claims released from its sets in the last whole second.
+    pub released_per_s: u64,
 }
 
 /// A listing: the tenants, the earliest head first, and the totals.
@@ -123,6 +125,7 @@ pub async fn list(
                 .unwrap_or_else(|| b.tenants.as_ref().map_or(1, |t| t.weight(&r.tenant))),
             weight_set_at_run_time: r.weight.is_some(),
             paused: r.paused,
+            released_per_s: r.released_per_s,
         })
         .collect();
     rows.sort_by_key(|r| (r.next_due_ms.unwrap_or(i64::MAX), r.tenant.clone()));
@@ -135,6 +138,7 @@ pub async fn list(
 fn add_up(m: &mut TenantRow, r: TenantRow) {
     m.pending += r.pending;
     m.due += r.due;
+    m.released_per_s += r.released_per_s;
     m.head_ms = match (m.head_ms, r.head_ms) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -23,6 +23,8 @@ pub struct Metrics {
     pub oldest_overdue: GaugeVec,
     /// 1 while an operator has paused the tenant.
     pub paused: IntGaugeVec,
+    /// Members released from the tenant's sets in the last whole second.
+    pub released: IntGaugeVec,
     /// Tenants with pending members, and paused tenants, per business.
     pub tenants: IntGaugeVec,
 }
@@ -63,6 +65,11 @@ impl Metrics {
                 "1 while an operator has paused the tenant (tenants as delayd_tenant_pending; other: 1 if any of them is paused)",
                 bt,
             ),
+            released: int(
+                "delayd_tenant_released_per_second",
+                "Members claims released from the tenant's sets in the last whole second (tenants as delayd_tenant_pending; other: added up)",
+                bt,
+            ),
             tenants: int(
                 "delayd_tenants",
                 "Tenants of the business, by state: pending (with members in their sets) or paused",
@@ -75,7 +82,13 @@ impl Metrics {
     /// tenant that left the top, or a business not read this time, is no
     /// longer shown.
     pub fn reset(&self) {
-        for g in [&self.pending, &self.due, &self.paused, &self.tenants] {
+        for g in [
+            &self.pending,
+            &self.due,
+            &self.paused,
+            &self.released,
+            &self.tenants,
+        ] {
             g.reset();
         }
         self.oldest_overdue.reset();
@@ -87,45 +100,46 @@ impl Metrics {
         rows.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.tenant.cmp(&b.tenant)));
         let (top, rest) = rows.split_at(rows.len().min(TOP));
         for r in top {
-            self.row(
-                business,
-                &r.tenant,
-                r.pending,
-                r.due,
-                r.oldest_overdue_ms,
-                r.paused.is_some(),
-            );
+            self.row(business, &r.tenant, &Sums::of(std::slice::from_ref(r)));
         }
         if !rest.is_empty() {
-            self.row(
-                business,
-                OTHER,
-                rest.iter().map(|r| r.pending).sum(),
-                rest.iter().map(|r| r.due).sum(),
-                rest.iter().map(|r| r.oldest_overdue_ms).max().unwrap_or(0),
-                rest.iter().any(|r| r.paused.is_some()),
-            );
+            self.row(business, OTHER, &Sums::of(rest));
         }
         let state = |s: &str| self.tenants.with_label_values(&[business, s]);
         state("pending").set(list.tenants as i64);
         state("paused").set(list.paused as i64);
     }
 
-    fn row(
-        &self,
-        business: &str,
-        tenant: &str,
-        pending: u64,
-        due: u64,
-        overdue_ms: u64,
-        paused: bool,
-    ) {
+    fn row(&self, business: &str, tenant: &str, v: &Sums) {
         let l = [business, tenant];
-        self.pending.with_label_values(&l).set(pending as i64);
-        self.due.with_label_values(&l).set(due as i64);
+        self.pending.with_label_values(&l).set(v.pending as i64);
+        self.due.with_label_values(&l).set(v.due as i64);
         self.oldest_overdue
             .with_label_values(&l)
-            .set(overdue_ms as f64 / 1000.0);
-        self.paused.with_label_values(&l).set(paused as i64);
+            .set(v.overdue_ms as f64 / 1000.0);
+        self.paused.with_label_values(&l).set(v.paused as i64);
+        self.released.with_label_values(&l).set(v.released as i64);
+    }
+}
+
+/// One series' values: a tenant's, or the rest's added up (the oldest
+/// overdue their largest, paused if any is).
+struct Sums {
+    pending: u64,
+    due: u64,
+    overdue_ms: u64,
+    paused: bool,
+    released: u64,
+}
+
+impl Sums {
+    fn of(rows: &[&TenantView]) -> Self {
+        Self {
+            pending: rows.iter().map(|r| r.pending).sum(),
+            due: rows.iter().map(|r| r.due).sum(),
+            overdue_ms: rows.iter().map(|r| r.oldest_overdue_ms).max().unwrap_or(0),
+            paused: rows.iter().any(|r| r.paused.is_some()),
+            released: rows.iter().map(|r| r.released_per_s).sum(),
+        }
     }
 }

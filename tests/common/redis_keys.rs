@@ -72,6 +72,37 @@ pub async fn zadd_many(
     }
 }
 
+/// What a producer writes into a business with tenants for one tenant, in
+/// one `MULTI` per 1,000 members (docs/tenants.md): the members into the
+/// tenant's set of `key`, the tenant into the index at its earliest due
+/// time (`LT`: an earlier entry stays).
+pub async fn zadd_tenant(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+    tenant: &str,
+    items: &[(f64, Vec<u8>)],
+) {
+    let f = family(key);
+    for chunk in items.chunks(1000) {
+        let mut p = redis::pipe();
+        p.atomic();
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(f.tenant_set(tenant.as_bytes()));
+        for (score, m) in chunk {
+            zadd.arg(*score).arg(m.as_slice());
+        }
+        p.add_command(zadd).ignore();
+        let first = chunk.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
+        p.cmd("ZADD")
+            .arg(f.tenant_index())
+            .arg("LT")
+            .arg(first)
+            .arg(tenant)
+            .ignore();
+        let () = p.query_async(conn).await.unwrap();
+    }
+}
+
 /// `ZCARD` of a key.
 pub async fn zcard(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> u64 {
     redis::cmd("ZCARD")

@@ -523,6 +523,7 @@ async function loadTenants(b) {
       el("td", { "data-field": "due" }, t.due),
       el("td", { "data-field": "next" }, t.next_due_ms === null ? "–" : when(t.next_due_ms)),
       el("td", { "data-field": "overdue" }, t.oldest_overdue_ms ? span(t.oldest_overdue_ms) : "–"),
+      el("td", { "data-field": "released" }, t.released_per_s),
       el("td", { "data-field": "weight" }, t.weight + (t.weight_set_at_run_time ? " (set)" : "")),
       state,
       el("td", {},
