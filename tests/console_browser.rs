@@ -728,7 +728,8 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one() {
+async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one_and_the_pending_tab_lists_one_tenants_tasks(
+) {
     let shop = BusinessSpec::with_extra("shop", "tenants = true");
     let c = ConsoleDaemon::start(&[&shop], Some(TOKEN)).await;
     let mut r = c.setup.redis.clone();
@@ -810,6 +811,19 @@ async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one() {
         .await;
     b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"state\"]", |t| {
         t == "running"
+    })
+    .await;
+
+    // The pending tab lists the tenants' tasks, or one tenant's.
+    b.click("#tabs a[data-tab=\"pending\"]").await;
+    b.wait_text("#pending tbody", |t| {
+        t.contains("acme-2") && t.contains("globex-0")
+    })
+    .await;
+    b.type_into("#pending-tenant", "globex").await;
+    b.click("#pending-form button[type=\"submit\"]").await;
+    b.wait_text("#pending tbody", |t| {
+        t.contains("globex-0") && !t.contains("acme")
     })
     .await;
     b.close().await;

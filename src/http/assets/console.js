@@ -215,7 +215,7 @@ async function loadHistogram(b) {
 async function loadPending(b) {
   const s = state();
   const q = new URLSearchParams({ limit: "50" });
-  for (const k of ["from", "to", "cursor"]) if (s.get(k)) q.set(k, s.get(k));
+  for (const k of ["from", "to", "cursor", "tenant"]) if (s.get(k)) q.set(k, s.get(k));
   const r = await api("GET", path(b) + "/tasks?" + q);
   if (!r.ok) { showResult(r.json.error, true); return; }
   pendingCursor = r.json.cursor;
@@ -374,15 +374,27 @@ function bulkRequest() {
     if (prefix) body.prefix = prefix;
     if (from) body.from = from;
     if (to) body.to = to;
+    const tenant = $("bulk-tenant").value.trim();
+    if (tenant) body.tenant = tenant;
     if (action === "reschedule") body.in = $("bulk-in").value.trim();
   }
   return [action, body];
+}
+
+// A tenant field only where the business has tenants, and not for dead
+// members, which are kept per business.
+function tenantFields(b) {
+  const dead = $("bulk-action").value === "requeue" || $("bulk-action").value === "purge";
+  for (const l of document.querySelectorAll(".tenant-field")) {
+    l.hidden = !(b && b.tenants) || (dead && l.classList.contains("bulk-pending"));
+  }
 }
 
 function bulkFields() {
   const action = $("bulk-action").value;
   const dead = action === "requeue" || action === "purge";
   for (const l of document.querySelectorAll(".bulk-pending")) l.hidden = dead;
+  tenantFields(business());
   for (const l of document.querySelectorAll(".bulk-dead")) l.hidden = !dead;
   for (const l of document.querySelectorAll(".bulk-move")) l.hidden = action !== "reschedule";
   $("bulk-confirm").hidden = true;
@@ -613,6 +625,7 @@ async function renderBusiness(b) {
   if (tab === "pending") {
     $("pending-from").value = s.get("from") || "";
     $("pending-to").value = s.get("to") || "";
+    $("pending-tenant").value = s.get("tenant") || "";
     await loadPending(b);
   }
   if (tab === "find") {
@@ -639,6 +652,7 @@ async function refresh() {
     $("business").hidden = !b;
     if (b) $("schedules-tab").hidden = !b.schedules;
     if (b) $("tenants-tab").hidden = !b.tenants;
+    if (b) tenantFields(b);
     if (b) await renderBusiness(b);
   } catch (e) {
     showError("cannot reach delayd: " + e.message);
@@ -669,7 +683,7 @@ function wire() {
   });
   $("pending-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    setState({ from: $("pending-from").value.trim(), to: $("pending-to").value.trim(), cursor: null });
+    setState({ from: $("pending-from").value.trim(), to: $("pending-to").value.trim(), tenant: $("pending-tenant").value.trim(), cursor: null });
   });
   $("pending-first").addEventListener("click", () => setState({ cursor: null }));
   $("pending-next").addEventListener("click", () => { if (pendingCursor) setState({ cursor: pendingCursor }); });
