@@ -247,17 +247,38 @@ async fn connect(url: &str) -> redis::RedisResult<MultiplexedConnection> {
 }
 
 /// `ZADD` then `WAIT 1`: true only when the member reached the replica,
-/// the producer's way of knowing a failover cannot take it back.
-async fn zadd_replicated(c: &mut MultiplexedConnection, key: &str, due: i64, body: &str) -> bool {
+/// the producer's way of knowing a failover cannot take it back. With a
+/// tenant, the member goes into its set and the tenant into the index in
+/// one `MULTI`, as producers write a business with tenants.
+async fn zadd_replicated(
+    c: &mut MultiplexedConnection,
+    (key, tenant): (&str, Option<&str>),
+    due: i64,
+    body: &str,
+) -> bool {
     let mut p = redis::pipe();
-    p.cmd("ZADD")
-        .arg(key)
-        .arg(due)
-        .arg(body)
-        .ignore()
-        .cmd("WAIT")
-        .arg(1)
-        .arg(200);
+    match tenant {
+        None => {
+            p.cmd("ZADD").arg(key).arg(due).arg(body).ignore();
+        }
+        Some(t) => {
+            let f = family(key);
+            p.cmd("MULTI").ignore();
+            p.cmd("ZADD")
+                .arg(f.tenant_set(t.as_bytes()))
+                .arg(due)
+                .arg(body)
+                .ignore();
+            p.cmd("ZADD")
+                .arg(f.tenant_index())
+                .arg("LT")
+                .arg(due)
+                .arg(t)
+                .ignore();
+            p.cmd("EXEC").ignore();
+        }
+    }
+    p.cmd("WAIT").arg(1).arg(200);
     matches!(p.query_async::<(i64,)>(c).await, Ok((n,)) if n >= 1)
 }
 
@@ -309,7 +330,8 @@ impl Flow {
         }
     }
 
-    /// Waits until no key of the family is left on the current master.
+    /// Waits until no key of the family is left on the current master,
+    /// the tenants' index and virtual times included.
     async fn assert_family_gone(&self, s: &Sentinels) {
         let key = self.b.key.clone();
         let gone = eventually(Duration::from_secs(30), || {
@@ -318,7 +340,13 @@ impl Flow {
                 let Some(mut c) = s.master().await else {
                     return false;
                 };
-                for k in family(&key).all() {
+                let f = family(&key);
+                let tenant_keys = [f.tenant_index(), f.tenant_clock()];
+                for k in f
+                    .all()
+                    .into_iter()
+                    .chain(tenant_keys.iter().map(String::as_str))
+                {
                     let n: i64 = redis::cmd("EXISTS")
                         .arg(k)
                         .query_async(&mut c)
@@ -414,9 +442,11 @@ struct Produced {
 /// ZADDs members due now, as fast as one connection goes with a `WAIT` per
 /// member, re-finding the master through the sentinels after any error,
 /// until `stop`.
+/// A producer writing `p-<i>` due at once every 5 ms until `stop`, into
+/// tenant `t<i mod 3>` when `tenants`.
 fn produce(
     s: &'static Sentinels,
-    key: String,
+    (key, tenants): (String, bool),
     stop: Arc<AtomicBool>,
 ) -> (Arc<Mutex<Vec<Produced>>>, tokio::task::JoinHandle<()>) {
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -433,9 +463,10 @@ fn produce(
                 continue;
             };
             let body = format!("p-{i}");
+            let tenant = tenants.then(|| format!("t{}", i % 3));
             i += 1;
             let sent_ms = wall_ms();
-            let acked = zadd_replicated(c, &key, sent_ms, &body).await;
+            let acked = zadd_replicated(c, (&key, tenant.as_deref()), sent_ms, &body).await;
             if !acked {
                 conn = None;
             }
@@ -452,10 +483,31 @@ fn produce(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_master_mid_flow_loses_no_acknowledged_member_and_resumes_within_10s() {
+    kill_the_master_mid_flow("kill", false).await;
+}
+
+/// The same kill on a business with tenants: the backlog and the
+/// producer's members wait in three tenants' sets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_master_mid_flow_of_a_business_with_tenants_loses_no_acknowledged_member_and_resumes_within_10s(
+) {
+    kill_the_master_mid_flow("kill_tenants", true).await;
+}
+
+/// A backlog of 1,500 due over 6 s and a producer adding members acked
+/// once the replica holds them; the master SIGKILLed mid-flow: every
+/// acked member is delivered, delivery resumes within 10 s of the kill,
+/// and the family is left empty.
+async fn kill_the_master_mid_flow(name: &str, tenants: bool) {
     let _turn = SERIAL.lock().await;
     let s = shared();
     s.heal();
-    let f = flow(s, "kill", "scanners = 2\nlease = \"3s\"").await;
+    let extra = if tenants {
+        "scanners = 2\nlease = \"3s\"\ntenants = true"
+    } else {
+        "scanners = 2\nlease = \"3s\""
+    };
+    let f = flow(s, name, extra).await;
     // A backlog due over the next 6 s, then a producer that keeps adding.
     let mut c = s.master_conn().await;
     let now = redis_now_ms(&mut c).await;
@@ -465,7 +517,14 @@ async fn killing_the_master_mid_flow_loses_no_acknowledged_member_and_resumes_wi
         .enumerate()
         .map(|(i, m)| ((now + i as i64 * 4) as f64, m.clone().into_bytes()))
         .collect();
-    zadd_many(&mut c, &f.b.key, &items).await;
+    if tenants {
+        for t in 0..3 {
+            let mine: Vec<(f64, Vec<u8>)> = items.iter().skip(t).step_by(3).cloned().collect();
+            zadd_tenant(&mut c, &f.b.key, &format!("t{t}"), &mine).await;
+        }
+    } else {
+        zadd_many(&mut c, &f.b.key, &items).await;
+    }
     let synced: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(5000)
@@ -476,7 +535,7 @@ async fn killing_the_master_mid_flow_loses_no_acknowledged_member_and_resumes_wi
     let daemon = Daemon::start(&f.config);
     f.inbox.wait_for(200, Duration::from_secs(30)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let (produced, producer) = produce(s, f.b.key.clone(), stop.clone());
+    let (produced, producer) = produce(s, (f.b.key.clone(), tenants), stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let victim = s.named_master().await.expect("no master named");
