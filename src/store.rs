@@ -77,7 +77,7 @@ mod totals;
 pub use bulk::{Scored, Set};
 pub use forecast::DueCounts;
 pub use tenant_control::{TenantPage, TenantRow};
-pub use tenants::{indexed, Indexed, TenantDue, TenantTake};
+pub use tenants::{indexed, Indexed, TenantBudget, TenantDue, TenantTake};
 pub use totals::Totals;
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call

@@ -25,9 +25,10 @@
 -- ARGV[11] most tenants with due work to report
 -- ARGV[12] virtual time floor: a tenant without a virtual time, or with
 --          one below it, starts from it (no credit is banked while idle)
--- ARGV[13] R, the number of tenants with a max_rate, then R pairs: tenant,
---          µs between two releases (1e6 / its max_rate)
--- ARGV[14 + 2R..] triples: tenant, most members to move, weight (>= 1)
+-- ARGV[13] R, the number of tenants with a max_rate, then R triples:
+--          tenant, µs between two releases (1e6 / its max_rate), releases
+--          its budget holds when full
+-- ARGV[14 + 3R..] triples: tenant, most members to move, weight (>= 1)
 -- Returns claim.lua's reply with one array appended: {tenant1, due1,
 -- vtime1 or '', weight1 or '', tenant2, ...} for the first ARGV[11]
 -- tenants in the index, not paused, whose earliest member is due, each
@@ -39,7 +40,7 @@
 -- one member each, then the named ones their counts, then the named ones
 -- without a max_rate what room is left (a share a capped tenant could not
 -- use goes to the others). A tenant with a max_rate moves no more than its
--- budget holds (20 ms of its rate, at least 2, when full), whichever
+-- budget holds (ARGV gives its size when full), whichever
 -- instance claims.
 -- Members move at most until K holds ARGV[1] due members, never early, in
 -- due order within a tenant; a moved member keeps its score, so claim.lua
@@ -65,9 +66,12 @@ local function fair_claim(claim)
   local top = score_of(now, unit)
   local floor = tonumber(ARGV[12]) or 0
   local rated = tonumber(ARGV[13])
-  local intervals = {}
-  for i = 14, 13 + 2 * rated, 2 do intervals[ARGV[i]] = tonumber(ARGV[i + 1]) end
-  local first_take = 14 + 2 * rated
+  local intervals, bursts = {}, {}
+  for i = 14, 13 + 3 * rated, 3 do
+    intervals[ARGV[i]] = tonumber(ARGV[i + 1])
+    bursts[ARGV[i]] = tonumber(ARGV[i + 2])
+  end
+  local first_take = 14 + 3 * rated
   local now_us = 0
   if rated > 0 then
     local clock = redis.call('TIME')
@@ -75,12 +79,11 @@ local function fair_claim(claim)
   end
 
   -- A capped tenant's budget: how many it may release now, and when it
-  -- holds half its burst again (the burst is 20 ms of its rate, at least
-  -- 2), the time to claim it next: a claim that comes a little late then
-  -- finds the tokens that accrued meanwhile, not a full budget that
-  -- stopped accruing.
+  -- holds half its burst again, the time to claim it next: a claim that
+  -- comes a little late then finds the tokens that accrued meanwhile, not
+  -- a full budget that stopped accruing.
   local function budget(tenant, interval)
-    local burst = math.max(2, math.floor(20000 / interval))
+    local burst = bursts[tenant]
     local full = tonumber(redis.call('HGET', KEYS[14], tenant)) or now_us
     if full < now_us then full = now_us end
     local free = math.floor((now_us + burst * interval - full) / interval + 1e-9)

@@ -44,8 +44,7 @@ impl Store {
         let mut out = vec![self.clone()];
         if self.tenants {
             let mut conn = self.conn.clone();
-            let mut names = super::indexed(&mut conn, &self.keys.pending, most).await?;
-            names.sort_by(|a, b| a.name.cmp(&b.name));
+            let names = super::indexed(&mut conn, &self.keys.pending, most).await?;
             out.extend(names.iter().map(|t| self.in_tenant(&t.name)));
         }
         Ok(out)

@@ -45,7 +45,8 @@ pub struct Indexed {
     pub floor: f64,
 }
 
-/// The first `most` tenants of `key`'s index, earliest first. A name that
+/// The first `most` tenants of `key`'s index (the earliest heads), in name
+/// order: the order walks over the tenants' sets resume in. A name that
 /// is not text (only a producer writing the index by hand makes one) has
 /// no key name delayd can spell, so it is left out: its members are still
 /// claimed and delivered.
@@ -61,7 +62,7 @@ pub async fn indexed<C: ConnectionLike>(
         .arg("WITHSCORES")
         .query_async(conn)
         .await?;
-    Ok(got
+    let mut out: Vec<Indexed> = got
         .into_iter()
         .filter_map(|(t, floor)| {
             Some(Indexed {
@@ -69,23 +70,52 @@ pub async fn indexed<C: ConnectionLike>(
                 floor,
             })
         })
-        .collect())
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The release budget of a tenant with a `max_rate` on one key: the µs
+/// between two releases, and how many its budget holds when full (20 ms of
+/// the rate, at least 2), which `claim_tenants.lua` draws on and the plan
+/// sizes a capped tenant's share by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantBudget {
+    /// The tenant.
+    pub tenant: String,
+    /// µs between two of its releases on this key.
+    pub interval_us: f64,
+    /// Releases the budget holds when full.
+    pub burst: u64,
+}
+
+impl TenantBudget {
+    /// `tenant`'s budget at `rate` a second over `shards` keys: each key's
+    /// holds it to `rate / shards`.
+    pub fn new(tenant: &str, rate: u32, shards: usize) -> Self {
+        let interval_us = 1e6 * shards.max(1) as f64 / f64::from(rate.max(1));
+        Self {
+            tenant: tenant.to_string(),
+            interval_us,
+            burst: ((20_000.0 / interval_us).floor() as u64).max(2),
+        }
+    }
 }
 
 impl Store {
     /// Moves up to `takes` due members into `K` (no more than `limit` due
     /// there in all), claims up to `limit` as [`Store::claim`] does, and
     /// returns the first `report` tenants with due work. `floor` is the
-    /// virtual time a tenant returning from idle starts at; `intervals`
-    /// name the tenants with a `max_rate` and the µs between two of their
-    /// releases, which the script holds whatever `takes` ask.
+    /// virtual time a tenant returning from idle starts at; `budgets` are
+    /// those of the tenants with a `max_rate`, which the script holds
+    /// whatever `takes` ask.
     pub async fn claim_tenants(
         &self,
         limit: usize,
         lease: Duration,
         takes: &[TenantTake],
         (floor, report): (f64, usize),
-        intervals: &[(String, f64)],
+        budgets: &[TenantBudget],
     ) -> Result<(Claim, Vec<TenantDue>), StoreError> {
         let mut conn = self.conn.clone();
         let mut inv = self.claim_call(&scripts::CLAIM_TENANTS, limit, lease);
@@ -101,9 +131,11 @@ impl Store {
         inv.arg(self.keys.tenant_prefix())
             .arg(report)
             .arg(floor.to_string())
-            .arg(intervals.len());
-        for (tenant, us) in intervals {
-            inv.arg(tenant).arg(us.to_string());
+            .arg(budgets.len());
+        for b in budgets {
+            inv.arg(&b.tenant)
+                .arg(b.interval_us.to_string())
+                .arg(b.burst);
         }
         for t in takes {
             inv.arg(&t.tenant[..]).arg(t.count).arg(t.weight.max(1));
@@ -160,5 +192,19 @@ pub(super) fn parsed<T: std::str::FromStr>(
             .ok()
             .and_then(|s| s.parse::<T>().ok())),
         other => Err(StoreError::Reply(format!("{what} {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_holds_20_ms_of_its_rate_per_key_and_at_least_2() {
+        let b = TenantBudget::new("acme", 400, 1);
+        assert_eq!((b.interval_us, b.burst), (2500.0, 8));
+        let sharded = TenantBudget::new("acme", 400, 4);
+        assert_eq!((sharded.interval_us, sharded.burst), (10_000.0, 2));
+        assert_eq!(TenantBudget::new("slow", 10, 1).burst, 2);
     }
 }

@@ -133,6 +133,24 @@ pub struct Scope<'a> {
 }
 
 impl Scope<'_> {
+    /// The sets `pick` walks: [`Scope::sets`] for pending tasks; each
+    /// key's alone for dead members, which are kept per key.
+    async fn sets_for(&self, pick: &Pick) -> Result<Vec<(SetAt, Store)>, StoreError> {
+        if !matches!(pick, Pick::Reason(_)) {
+            return self.sets().await;
+        }
+        let at = |shard| SetAt {
+            shard,
+            tenant: None,
+        };
+        Ok(self
+            .stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (at(i), s.clone()))
+            .collect())
+    }
+
     /// The sets pending tasks wait in, named, in order.
     async fn sets(&self) -> Result<Vec<(SetAt, Store)>, StoreError> {
         let mut out = Vec::new();
@@ -212,24 +230,18 @@ pub fn valid_cursor(c: &str, shards: usize) -> bool {
 /// `partial` when the bound was reached first.
 pub async fn count(scope: Scope<'_>, pick: &Pick) -> Result<Matched, StoreError> {
     let mut out = Matched::default();
-    if let Pick::Reason(r) = pick {
-        return dead::count(scope.stores, &Filter::Reason(r.clone())).await;
-    }
-    let sets = scope.sets().await?;
     match pick {
+        Pick::Reason(r) => return dead::count(scope.stores, &Filter::Reason(r.clone())).await,
         Pick::Due(r) => {
             let (lo, hi) = bounds(*r, scope.unit);
-            for (_, s) in &sets {
+            for (_, s) in &scope.sets().await? {
                 out.count += s.count_due(&lo, &hi).await?;
             }
         }
-        _ => {
-            let pattern = super::search::pattern(match pick {
-                Pick::Prefix(p) => p,
-                _ => &[],
-            });
+        Pick::Prefix(p) => {
+            let pattern = super::search::pattern(p);
             let mut calls = 0;
-            'sets: for (_, s) in &sets {
+            'sets: for (_, s) in &scope.sets().await? {
                 let mut at = 0;
                 loop {
                     if calls == COUNT_SCANS {
@@ -279,24 +291,7 @@ pub async fn step(
             pos: Pos::Start,
         },
     };
-    // Dead members are kept per key, not per tenant.
-    let sets = match pick {
-        Pick::Reason(_) => scope
-            .stores
-            .iter()
-            .enumerate()
-            .map(|(shard, s)| {
-                (
-                    SetAt {
-                        shard,
-                        tenant: None,
-                    },
-                    s.clone(),
-                )
-            })
-            .collect(),
-        _ => scope.sets().await?,
-    };
+    let sets = scope.sets_for(pick).await?;
     let names: Vec<SetAt> = sets.iter().map(|(a, _)| a.clone()).collect();
     let (mut i, same) = resume_at(&names, &at.at);
     if !same {
@@ -309,7 +304,6 @@ pub async fn step(
         && (touched as usize) < PER_STEP
         && started.elapsed() < STEP_TIME
     {
-        at.at = sets[i].0.clone();
         let room = at.left.min((PER_STEP - touched as usize) as u64) as usize;
         let (n, done) = batch(&sets[i].1, scope.unit, pick, act, &mut at.pos, room).await?;
         touched += n;
@@ -317,12 +311,15 @@ pub async fn step(
         if done {
             i += 1;
             at.pos = Pos::Start;
-            if let Some((next, _)) = sets.get(i) {
-                at.at = next.clone();
-            }
         }
     }
-    let cursor = (at.left > 0 && i < sets.len()).then(|| at.encode());
+    let cursor = match sets.get(i) {
+        Some((set, _)) if at.left > 0 => {
+            at.at = set.clone();
+            Some(at.encode())
+        }
+        _ => None,
+    };
     Ok(Step { touched, cursor })
 }
 

@@ -191,8 +191,7 @@ pub async fn pending_sets<C: ConnectionLike>(
             floor: None,
         });
         if business.tenants.is_some() {
-            let mut names = crate::store::indexed(conn, key, most).await?;
-            names.sort_by(|a, b| a.name.cmp(&b.name));
+            let names = crate::store::indexed(conn, key, most).await?;
             out.extend(names.iter().map(|t| tenant_set(&t.name, Some(t.floor))));
         }
     }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::config::Tenants;
-use crate::store::{Claim, Store, StoreError, TenantDue, TenantTake};
+use crate::store::{Claim, Store, StoreError, TenantBudget, TenantDue, TenantTake};
 
 /// Most tenants with due work one claim reports for the next choice: the
 /// ones whose earliest member is oldest. Beyond it, a tenant waits until
@@ -22,9 +22,8 @@ pub const REPORTED: usize = 1000;
 #[derive(Debug, Default)]
 pub struct Fair {
     settings: Tenants,
-    /// The tenants with a `max_rate` and the µs between two of their
-    /// releases on this key.
-    intervals: Vec<(String, f64)>,
+    /// The release budgets of the tenants with a `max_rate`, on this key.
+    budgets: Vec<TenantBudget>,
     /// Tenants with due work at the last claim; the next choice uses them.
     seen: Mutex<Vec<TenantDue>>,
 }
@@ -35,14 +34,14 @@ impl Fair {
     /// so that the keys together hold it to its `max_rate` while its
     /// members are spread evenly over them.
     pub fn new(settings: Tenants, shards: usize) -> Self {
-        let intervals = settings
+        let budgets = settings
             .max_rates
             .iter()
-            .map(|(t, rate)| (t.clone(), 1e6 * shards.max(1) as f64 / f64::from(*rate)))
+            .map(|(t, rate)| TenantBudget::new(t, *rate, shards))
             .collect();
         Self {
             settings,
-            intervals,
+            budgets,
             seen: Mutex::default(),
         }
     }
@@ -71,7 +70,7 @@ impl Fair {
     ) -> Result<Claim, StoreError> {
         let (takes, floor) = self.plan(limit);
         let (claim, seen) = store
-            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &self.intervals)
+            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &self.budgets)
             .await?;
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         Ok(claim)
@@ -86,14 +85,14 @@ impl Fair {
     }
 
     /// The most a tenant with a `max_rate` can be released in one claim:
-    /// its budget when full (as `claim_tenants.lua` sizes it). Its share is
-    /// planned at no more, so the rest of the batch goes to the others.
+    /// its budget when full. Its share is planned at no more, so the rest
+    /// of the batch goes to the others.
     fn most_now(&self, tenant: &[u8]) -> Option<u64> {
-        let (_, us) = self
-            .intervals
+        let b = self
+            .budgets
             .iter()
-            .find(|(t, _)| t.as_bytes() == tenant)?;
-        Some(((20_000.0 / us).floor() as u64).max(2))
+            .find(|b| b.tenant.as_bytes() == tenant)?;
+        Some(b.burst)
     }
 
     /// The next batch's takes from what the last claim saw.
