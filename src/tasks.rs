@@ -183,7 +183,10 @@ pub async fn schedule<C: ConnectionLike>(
 /// without tenants, or a name that cannot be a tenant's.
 pub fn tenant_refused(business: &Business, tenant: &[u8]) -> Option<String> {
     if business.tenants.is_none() {
-        return Some(format!("business \"{}\" has no tenants (tenants = true in its config): schedule without a tenant", business.name));
+        return Some(format!(
+            "business \"{}\" has no tenants (tenants = true in its config): leave the tenant out",
+            business.name
+        ));
     }
     (!crate::config::intake_settings::names_a_tenant(tenant))
         .then(|| "a tenant is 1 to 200 bytes of text without control characters".to_string())
