@@ -77,7 +77,13 @@ start)
 		if rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q cluster_status 2>/dev/null | grep -q "$seed"; then
 			return 0
 		fi
-		join_once "$p" || { log "node $p could not join $seed; resetting it and trying once more"; join_once "$p"; }
+		join_once "$p" && return 0
+		# A failed start_app can leave Mnesia running, which a second reset
+		# refuses: restart the whole node before the one retry.
+		log "node $p could not join $seed; restarting it and trying once more"
+		DELAYD_RABBITMQ_DIST_PORT=$((p - 10000)) "$NODE_SCRIPT" stop "$ndir" "$p" >/dev/null || true
+		DELAYD_RABBITMQ_DIST_PORT=$((p - 10000)) "$NODE_SCRIPT" start "$ndir" "$p" >/dev/null &&
+			join_once "$p"
 	}
 	for p in "${ports[@]:1}"; do
 		join "$p" || die "a node could not join $seed (state in $dir)"

@@ -404,10 +404,13 @@ pub fn certs() -> &'static Path {
     })
 }
 
-/// An AMQP port in 46000..49000 whose distribution port (AMQP - 10000) is
+/// An AMQP port in 22000..25000 whose distribution port (AMQP - 10000) is
 /// free too: the range private RabbitMQ nodes of the TLS and cluster tests use.
+/// Both lie below the kernel's ephemeral range (32768 up), so an outgoing
+/// connection cannot take a node's port while `join_cluster` has its
+/// listener closed.
 pub fn rabbit_port() -> u16 {
-    free_port(36000..39000, &[10000]) + 10000
+    free_port(12000..15000, &[10000]) + 10000
 }
 
 /// Ends `pids` (servers a test started once for its whole binary, which no
