@@ -25,6 +25,7 @@ pub mod recurring_section;
 mod redis_section;
 #[cfg(test)]
 mod tests;
+mod whole;
 
 pub use amqp_section::*;
 pub use business::*;

@@ -52,14 +52,19 @@ pub(super) struct RawBusiness {
     pub(super) key: Option<String>,
     pub(super) exchange: Option<String>,
     pub(super) routing_key: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) scanners: Option<i64>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) batch_size: Option<i64>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) window: Option<i64>,
     pub(super) lease: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) max_attempts: Option<i64>,
     pub(super) retry_backoff: Option<String>,
     pub(super) retry_backoff_max: Option<String>,
     pub(super) score_unit: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) shards: Option<i64>,
     pub(super) shard_names: Option<String>,
     pub(super) ignore_unread_keys: Option<bool>,
@@ -67,6 +72,7 @@ pub(super) struct RawBusiness {
     pub(super) content_type: Option<String>,
     pub(super) properties: Option<String>,
     pub(super) shutdown_timeout: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) max_rate: Option<i64>,
     pub(super) max_rate_scope: Option<String>,
     pub(super) poll_interval: Option<String>,
@@ -83,7 +89,9 @@ pub(super) struct RawBusiness {
     pub(super) admin_token: Option<crate::secret::Secret>,
     pub(super) admin_token_file: Option<std::path::PathBuf>,
     pub(super) tenants: Option<bool>,
+    #[serde(default, deserialize_with = "whole::map")]
     pub(super) tenant_weights: Option<std::collections::BTreeMap<String, i64>>,
+    #[serde(default, deserialize_with = "whole::map")]
     pub(super) tenant_max_rate: Option<std::collections::BTreeMap<String, i64>>,
 }
 
@@ -94,13 +102,17 @@ pub(super) struct RawIntake {
     pub(super) exchange: Option<String>,
     pub(super) queue: Option<String>,
     pub(super) queue_type: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) prefetch: Option<i64>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) batch_size: Option<i64>,
     pub(super) dead_letter_exchange: Option<String>,
     pub(super) dead_letter_queue: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) max_message_size: Option<i64>,
     pub(super) x_delay: Option<String>,
     pub(super) user_id: Option<String>,
+    #[serde(default, deserialize_with = "whole::opt")]
     pub(super) replicas: Option<i64>,
     pub(super) replica_timeout: Option<String>,
     pub(super) replica_ack: Option<String>,

@@ -119,7 +119,10 @@ fn missing_file_is_refused() {
 #[test]
 fn wrong_type_names_business_and_field() {
     let field = "business \"billing\", field \"batch_size\"";
-    refused(&business("batch_size = \"abc\""), &[field, "invalid type"]);
+    refused(
+        &business("batch_size = \"abc\""),
+        &[field, "string \"abc\", expected a whole number"],
+    );
 }
 
 /// A file with a valid business and `[amqp]` as given.
@@ -978,4 +981,48 @@ fn an_intake_tenant_header_needs_tenants_and_a_name() {
     .unwrap();
     let i = c.businesses[0].intake.as_ref().unwrap();
     assert_eq!(i.tenant_header.as_deref(), Some("x-tenant"));
+}
+
+#[test]
+fn a_fraction_or_a_boolean_where_a_whole_number_belongs_is_refused_and_named() {
+    let field = |f: &str| format!("business \"billing\", field \"{f}\"");
+    refused(
+        &business("max_rate = 2.5"),
+        &[&field("max_rate"), "2.5", "whole number"],
+    );
+    refused(
+        &business("batch_size = true"),
+        &[&field("batch_size"), "whole number"],
+    );
+    refused(
+        &business("tenants = true\n[businesses.billing.tenant_max_rate]\nacme = 0.5"),
+        &["tenant_max_rate", "0.5", "whole number"],
+    );
+    refused(
+        &business("tenants = true\n[businesses.billing.tenant_weights]\nacme = 1.5"),
+        &["tenant_weights", "1.5", "whole number"],
+    );
+    // What the environment gives is a string: "1.9" is not 1.
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(business("").as_bytes()).unwrap();
+    let env = |v: &str| {
+        config::Map::from([(
+            "DELAYD_BUSINESSES__BILLING__SCANNERS".to_string(),
+            v.to_string(),
+        )])
+    };
+    let e = load_with_env(f.path(), env("1.9")).unwrap_err().to_string();
+    assert!(
+        e.contains(&field("scanners")) && e.contains("whole number"),
+        "{e}"
+    );
+    let e = load_with_env(f.path(), env("true"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&field("scanners")), "{e}");
+    // A whole number stays accepted, written as an integer or exactly.
+    let c = load_with_env(f.path(), env("3")).unwrap();
+    assert_eq!(c.business("billing").unwrap().scanners, 3);
+    let c = load_str(&business("max_rate = 2000.0")).unwrap();
+    assert_eq!(c.business("billing").unwrap().max_rate, Some(2000));
 }
