@@ -207,6 +207,12 @@ impl KeyFamily {
         format!("{}:tenants:weight", self.base())
     }
 
+    /// A business with tenants: `max_rate`s set at run time (tenant ->
+    /// members a second over every key), each in place of the config's.
+    pub fn tenant_max_rates(&self) -> String {
+        format!("{}:tenants:max_rate", self.base())
+    }
+
     /// A business with tenants: the release budget of each tenant with a
     /// `max_rate` (tenant -> the time, µs on Redis's clock, at which its
     /// budget is full again), shared by every instance.
@@ -295,6 +301,7 @@ mod tests {
                 f.tenant_clock(),
                 f.tenant_paused(),
                 f.tenant_weights(),
+                f.tenant_max_rates(),
                 f.tenant_rate(),
                 f.tenant_released(),
                 set,

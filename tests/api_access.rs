@@ -87,6 +87,7 @@ const ROUTES: &[(&str, &str, &str, [u16; 7], bool)] = &[
     ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/pause", "", WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/resume", "", WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/weight", r#"{"weight":2}"#, WRITE_A, false),
+    ("POST", "/api/v1/businesses/{A}/tenants/{A}_data/max_rate", r#"{"max_rate":500}"#, WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/pause", "", WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/resume", "", WRITE_A, false),
     ("POST", "/api/v1/businesses/{A}/schedules/{A}_data/pause", "", WRITE_A, false),

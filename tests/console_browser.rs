@@ -728,7 +728,7 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one_and_the_pending_tab_lists_one_tenants_tasks(
+async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_caps_and_resumes_one_and_the_pending_tab_lists_one_tenants_tasks(
 ) {
     let shop = BusinessSpec::with_extra("shop", "tenants = true");
     let c = ConsoleDaemon::start(&[&shop], Some(TOKEN)).await;
@@ -789,7 +789,7 @@ async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one_and
     assert_eq!(acme["paused"]["by"], "admin_token", "{}", api.text);
     assert_eq!(api.json["paused"], 1, "{}", api.text);
 
-    let weight = "tr[data-tenant=\"globex\"] input[type=\"number\"]";
+    let weight = "tr[data-tenant=\"globex\"] input[aria-label=\"weight of globex\"]";
     b.type_into(weight, "3").await;
     b.click("tr[data-tenant=\"globex\"] button[data-act=\"weight\"]")
         .await;
@@ -805,6 +805,22 @@ async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_and_resumes_one_and
         .await
         .unwrap();
     assert_eq!(set.as_deref(), Some("3"));
+    let max_rate = "tr[data-tenant=\"globex\"] input[aria-label=\"max rate of globex\"]";
+    b.type_into(max_rate, "500").await;
+    b.click("tr[data-tenant=\"globex\"] button[data-act=\"max_rate\"]")
+        .await;
+    b.wait_text(
+        "tr[data-tenant=\"globex\"] td[data-field=\"max_rate\"]",
+        |t| t == "500/s (set)",
+    )
+    .await;
+    let set: Option<String> = redis::cmd("HGET")
+        .arg(f.tenant_max_rates())
+        .arg("globex")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("500"));
     b.screenshot("tenants").await;
 
     b.click("tr[data-tenant=\"acme\"] button[data-act=\"resume\"]")

@@ -1029,3 +1029,74 @@ async fn a_tenants_max_rate_holds_across_two_instances_shows_as_its_released_rat
         "the free tenant drained at {free_rate:.0}/s beside a capped one, {twin_rate:.0}/s beside an uncapped one"
     );
 }
+
+/// A `max_rate` set at run time (API) caps a tenant the config leaves
+/// uncapped, measured at release, and shows in the listing as set at run
+/// time; `--max-rate T=default` (CLI) lifts it again, and the rest of its
+/// backlog drains at once. Values out of range are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_rate_set_at_run_time_holds_and_default_returns_the_tenant_to_the_configs() {
+    let _turn = TIMING.lock().await;
+    const RATE: f64 = 300.0;
+    const TOTAL: usize = 3000;
+    let b = BusinessSpec::with_extra("tenants_rt_rate", "tenants = true");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let path = format!("/api/v1/businesses/{}/tenants/t/max_rate", b.name);
+    for bad in [0, 10_000_001] {
+        let a = api_post(
+            c.port,
+            &path,
+            Some(ADMIN),
+            &serde_json::json!({"max_rate": bad}),
+        )
+        .await;
+        assert_eq!(a.status, 400, "{}", a.text);
+        assert!(a.error_line().contains("from 1 to 10000000"), "{}", a.text);
+    }
+    let a = api_post(
+        c.port,
+        &path,
+        Some(ADMIN),
+        &serde_json::json!({"max_rate": 300}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    assert_eq!(a.json["max_rate"], 300, "{}", a.text);
+    assert_eq!(a.json["before"], serde_json::Value::Null, "{}", a.text);
+
+    let now = redis_now_ms(&mut redis).await;
+    let all = members("t", TOTAL, now + 300, 0);
+    zadd_tenant(&mut redis, &b.key, "t", &all).await;
+    let held = released_per_second(&mut redis, &b.key, "t", TOTAL as i64).await;
+    let row = tenant_row(c.port, &b.name, "t").await;
+    assert_eq!(row["max_rate"], 300, "{row}");
+    assert_eq!(row["max_rate_set_at_run_time"], true, "{row}");
+
+    let out = tenants_cli(&c.setup.config, &b.name, &["--max-rate", "t=default"]);
+    assert!(out.contains("config max_rate again: none"), "{out}");
+    let lifted = Instant::now();
+    let set = family(&b.key).tenant_set(b"t");
+    let mut left: i64 = redis::AsyncCommands::zcard(&mut redis, &set).await.unwrap();
+    let left_at_lift = left;
+    while left > 0 && lifted.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = redis::AsyncCommands::zcard(&mut redis, &set).await.unwrap();
+    }
+    let emptied = lifted.elapsed();
+    let row = tenant_row(c.port, &b.name, "t").await;
+    eprintln!("released at {held:.1}/s of {RATE}; after the reset {left_at_lift} left the set in {emptied:?}");
+    assert!(
+        (held - RATE).abs() <= RATE * 0.05,
+        "the tenant was released at {held:.1}/s, not within 5% of its run-time max_rate {RATE}"
+    );
+    // At the run-time rate they would take left_at_lift / 300 s.
+    assert!(
+        left_at_lift >= 900 && emptied.as_secs_f64() < 0.6 * left_at_lift as f64 / RATE,
+        "{left_at_lift} members took {emptied:?} to leave once the max_rate was reset"
+    );
+    assert!(row.is_null() || row["max_rate"].is_null(), "{row}");
+    let want = bodies(&all);
+    wait_all(&inbox, &want, Duration::from_secs(30), &c.daemon).await;
+    inbox.assert_each_once(&want, "a tenant capped at run time, then not");
+}

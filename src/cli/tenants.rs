@@ -1,12 +1,13 @@
 //! `delayd tenants BUSINESS`: a business's tenants, the earliest head
-//! first, with pending, due now, oldest overdue, weight and pause; with
-//! `--pause T`, `--resume T` or `--weight T=N`, steers one tenant on every
+//! first, with pending, due now, oldest overdue, weight, `max_rate` and
+//! pause; with `--pause T`, `--resume T`, `--weight T=N` or
+//! `--max-rate T=N`, steers one tenant on every
 //! instance, recorded in the audit log as by `cli`.
 
 use clap::Args;
 
 use super::{redis_conn, stores, ConfigArg, Failure};
-use crate::config::{self, Business};
+use crate::config::{self, Business, TenantSetting};
 use crate::store::StoreError;
 use crate::tasks::tenants::{self, TenantList, MOST_LISTED};
 use crate::text::{human_ms, utc_ms};
@@ -46,6 +47,10 @@ struct ActionArgs {
     /// return it to the config's (TENANT=default).
     #[arg(long, value_name = "TENANT=WEIGHT")]
     weight: Option<String>,
+    /// Set a tenant's most members a second over every instance
+    /// (TENANT=1..10000000), or return it to the config's (TENANT=default).
+    #[arg(long, value_name = "TENANT=RATE")]
+    max_rate: Option<String>,
 }
 
 /// Lists the tenants, or does the action.
@@ -64,7 +69,11 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
             a.limit
         )));
     }
-    let weight = a.action.weight.as_deref().map(parse_weight).transpose()?;
+    let setting = match (&a.action.weight, &a.action.max_rate) {
+        (Some(w), _) => Some(parse_setting(TenantSetting::Weight, w)?),
+        (_, Some(r)) => Some(parse_setting(TenantSetting::MaxRate, r)?),
+        _ => None,
+    };
     let conn = redis_conn(&cfg).await?;
     let stores = stores(&conn, b);
     let redis = |e: StoreError| Failure::runtime(format!("business \"{}\": redis: {e}", b.name));
@@ -90,19 +99,21 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
             format!("tenant \"{t}\" was not paused")
         };
         ("tenant_resume", t, n, said)
-    } else if let Some((t, w)) = &weight {
+    } else if let Some((setting, t, v)) = &setting {
         check_tenant(b, t)?;
-        tenants::set_weight(&stores, t.as_bytes(), *w)
+        tenants::set(&stores, *setting, t.as_bytes(), *v)
             .await
             .map_err(redis)?;
-        let config = b.tenants.as_ref().map_or(1, |s| s.weight(t.as_bytes()));
-        let said = match w {
-            Some(w) => format!(
-                "tenant \"{t}\" weighs {w} from the next claim on (its config weight: {config})"
-            ),
-            None => format!("tenant \"{t}\" weighs its config weight again: {config}"),
+        let config = b
+            .tenants
+            .as_ref()
+            .and_then(|s| s.configured(*setting, t.as_bytes()));
+        let said = set_said(*setting, t, *v, config);
+        let action = match setting {
+            TenantSetting::Weight => "tenant_weight",
+            TenantSetting::MaxRate => "tenant_max_rate",
         };
-        ("tenant_weight", t, 1, said)
+        (action, t, 1, said)
     } else {
         let l = tenants::list(b, &stores, a.offset, a.limit)
             .await
@@ -115,24 +126,47 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `TENANT=N` (1 to 1000) or `TENANT=default`.
-fn parse_weight(s: &str) -> Result<(String, Option<u32>), Failure> {
+/// `TENANT=N` (1 to the setting's most) or `TENANT=default`.
+fn parse_setting(
+    setting: TenantSetting,
+    s: &str,
+) -> Result<(TenantSetting, String, Option<u32>), Failure> {
+    let (flag, most) = (setting.field().replace('_', "-"), setting.most());
     let bad = || {
         Failure::usage(format!(
-            "--weight \"{s}\": give TENANT=WEIGHT, a weight from 1 to 1000, or TENANT=default"
+            "--{flag} \"{s}\": give TENANT=N, N from 1 to {most}, or TENANT=default"
         ))
     };
-    let (t, w) = s.rsplit_once('=').ok_or_else(bad)?;
-    let w = match w {
+    let (t, v) = s.rsplit_once('=').ok_or_else(bad)?;
+    let v = match v {
         "default" => None,
-        w => Some(
-            w.parse::<u32>()
+        v => Some(
+            v.parse::<u32>()
                 .ok()
-                .filter(|w| (1..=1000).contains(w))
+                .filter(|v| (1..=most).contains(v))
                 .ok_or_else(bad)?,
         ),
     };
-    Ok((t.to_string(), w))
+    Ok((setting, t.to_string(), v))
+}
+
+/// What `--weight` or `--max-rate` says it did.
+fn set_said(setting: TenantSetting, t: &str, v: Option<u32>, config: Option<u32>) -> String {
+    let config = config.map_or("none".to_string(), |c| c.to_string());
+    match (setting, v) {
+        (TenantSetting::Weight, Some(w)) => {
+            format!("tenant \"{t}\" weighs {w} from the next claim on (its config weight: {config})")
+        }
+        (TenantSetting::Weight, None) => {
+            format!("tenant \"{t}\" weighs its config weight again: {config}")
+        }
+        (TenantSetting::MaxRate, Some(r)) => format!(
+            "tenant \"{t}\" is released at most {r} a second from the first claim that sees it due (its config max_rate: {config})"
+        ),
+        (TenantSetting::MaxRate, None) => {
+            format!("tenant \"{t}\" has its config max_rate again: {config}")
+        }
+    }
 }
 
 fn check_tenant(b: &Business, t: &str) -> Result<(), Failure> {
@@ -152,8 +186,8 @@ fn print_list(l: &TenantList, json: bool) {
         l.tenants, l.paused
     );
     println!(
-        "{:<24} {:>10} {:>10} {:>14} {:>10} {:>7}  paused",
-        "tenant", "pending", "due", "oldest overdue", "released/s", "weight"
+        "{:<24} {:>10} {:>10} {:>14} {:>10} {:>7} {:>10}  paused",
+        "tenant", "pending", "due", "oldest overdue", "released/s", "weight", "max rate"
     );
     for r in &l.rows {
         let weight = format!(
@@ -161,20 +195,31 @@ fn print_list(l: &TenantList, json: bool) {
             r.weight,
             if r.weight_set_at_run_time { "*" } else { "" }
         );
+        let max_rate = format!(
+            "{}{}",
+            r.max_rate.map_or("-".to_string(), |m| m.to_string()),
+            if r.max_rate_set_at_run_time { "*" } else { "" }
+        );
         let paused = r.paused.as_ref().map_or(String::new(), |p| {
             format!("since {} by {}", utc_ms(p.since_ms), p.by)
         });
         println!(
-            "{:<24} {:>10} {:>10} {:>14} {:>10} {:>7}  {paused}",
+            "{:<24} {:>10} {:>10} {:>14} {:>10} {:>7} {:>10}  {paused}",
             r.tenant,
             r.pending,
             r.due,
             human_ms((r.oldest_overdue_ms > 0).then_some(r.oldest_overdue_ms as i64)),
             r.released_per_s,
             weight,
+            max_rate,
         );
     }
-    if l.rows.iter().any(|r| r.weight_set_at_run_time) {
-        println!("* set at run time (--weight TENANT=default returns it to the config's)");
+    if l.rows
+        .iter()
+        .any(|r| r.weight_set_at_run_time || r.max_rate_set_at_run_time)
+    {
+        println!(
+            "* set at run time (--weight or --max-rate TENANT=default returns it to the config's)"
+        );
     }
 }

@@ -104,6 +104,45 @@ impl Tenants {
     }
 }
 
+/// A per-tenant setting an operator can also set at run time, in place of
+/// the config's value for that tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantSetting {
+    /// Its share weight (`tenant_weights`).
+    Weight,
+    /// Its `max_rate`, members a second over every key (`tenant_max_rate`).
+    MaxRate,
+}
+
+impl TenantSetting {
+    /// The field's name in the API and the CLI.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Weight => "weight",
+            Self::MaxRate => "max_rate",
+        }
+    }
+
+    /// The largest value it takes (the smallest is 1).
+    pub fn most(self) -> u32 {
+        match self {
+            Self::Weight => 1000,
+            Self::MaxRate => 10_000_000,
+        }
+    }
+}
+
+impl Tenants {
+    /// `tenant`'s value of `setting` in the config (a weight is always
+    /// set: 1 unless named).
+    pub fn configured(&self, setting: TenantSetting, tenant: &[u8]) -> Option<u32> {
+        match setting {
+            TenantSetting::Weight => Some(self.weight(tenant)),
+            TenantSetting::MaxRate => self.max_rate(tenant),
+        }
+    }
+}
+
 impl Business {
     /// The Redis keys this business reads: `K`, or its shards' keys, named
     /// as [`Business::shard_names`] says.
@@ -338,8 +377,20 @@ fn tenants(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Opti
         return None;
     }
     Some(Tenants {
-        weights: per_tenant(name, "tenant_weights", weights, 1000, problems),
-        max_rates: per_tenant(name, "tenant_max_rate", rates, 10_000_000, problems),
+        weights: per_tenant(
+            name,
+            "tenant_weights",
+            weights,
+            TenantSetting::Weight.most(),
+            problems,
+        ),
+        max_rates: per_tenant(
+            name,
+            "tenant_max_rate",
+            rates,
+            TenantSetting::MaxRate.most(),
+            problems,
+        ),
     })
 }
 

@@ -18,7 +18,10 @@
 -- KEYS[15] released HASH (tenant -> "<second> <moved in it> <moved in the
 --          second before>", seconds of Redis's clock): each tenant's
 --          released rate, for the listing; gone with its set
--- KEYS[16..] the sets of the tenants named in the triples, in that order
+-- KEYS[16] max_rates set at run time HASH (tenant -> members a second):
+--          reported, for delayd to size the tenant's budget in ARGV from
+--          the next claim on
+-- KEYS[17..] the sets of the tenants named in the triples, in that order
 -- ARGV[1..9] as claim.lua
 -- ARGV[10] the prefix of tenant set names ("{K}:tenant:"): the tenants
 --          reported are read under it (same cluster slot as K)
@@ -30,9 +33,10 @@
 --          its budget holds when full
 -- ARGV[14 + 3R..] triples: tenant, most members to move, weight (>= 1)
 -- Returns claim.lua's reply with one array appended: {tenant1, due1,
--- vtime1 or '', weight1 or '', tenant2, ...} for the first ARGV[11]
--- tenants in the index, not paused, whose earliest member is due, each
--- with its count of due members and its run-time weight. Its next due
+-- vtime1 or '', weight1 or '', max_rate1 or '', tenant2, ...} for the
+-- first ARGV[11] tenants in the index, not paused, whose earliest member
+-- is due, each with its count of due members and its run-time weight and
+-- max_rate. Its next due
 -- time (out[2]) is the earlier of K's head and the earliest head of a
 -- tenant not paused, a tenant at its max_rate counting from when its
 -- budget holds half a burst again.
@@ -60,6 +64,10 @@ local function fair_claim(claim)
   local weighted = redis.call('EXISTS', KEYS[13]) == 1
   local function set_weight(tenant)
     return weighted and redis.call('HGET', KEYS[13], tenant) or false
+  end
+  local rates_set = redis.call('EXISTS', KEYS[16]) == 1
+  local function set_max_rate(tenant)
+    return rates_set and redis.call('HGET', KEYS[16], tenant) or false
   end
   local now = now_ms()
   local unit = tonumber(ARGV[3])
@@ -180,7 +188,7 @@ local function fair_claim(claim)
     for pass = 1, 2 do
       for i = first_take, #ARGV, 3 do
         if room <= 0 then break end
-        local set, tenant = KEYS[16 + (i - first_take) / 3], ARGV[i]
+        local set, tenant = KEYS[17 + (i - first_take) / 3], ARGV[i]
         if not paused(tenant) and (pass == 1 or not intervals[tenant]) then
           local err = wrong_type(set)
           if err then return err end
@@ -216,6 +224,7 @@ local function fair_claim(claim)
         state[#state + 1] = due
         state[#state + 1] = redis.call('HGET', KEYS[11], tenant) or ''
         state[#state + 1] = set_weight(tenant) or ''
+        state[#state + 1] = set_max_rate(tenant) or ''
       end
     end
   end

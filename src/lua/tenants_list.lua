@@ -5,13 +5,14 @@
 -- KEYS[3] weights set at run time HASH (tenant -> weight)
 -- KEYS[4] released HASH (tenant -> "<second> <moved in it> <moved in the
 --         second before>", as claim_tenants.lua keeps it)
+-- KEYS[5] max_rates set at run time HASH (tenant -> members a second)
 -- ARGV[1] the prefix of tenant set names ("{K}:tenant:")
 -- ARGV[2] rank in the index of the page's first tenant
 -- ARGV[3] most tenants on the page (the caller bounds it)
 -- ARGV[4] ms per unit of score (1, or 1000 for scores in seconds)
 -- Returns {now ms (Redis's clock), tenants in the index, paused tenants,
 -- {tenant1, pending1, due1, head score1 or '', paused1 or '', weight1 or
--- '', released1, tenant2, ...}}: due counts members whose score is at or
+-- '', released1, max_rate1 or '', tenant2, ...}}: due counts members whose score is at or
 -- below now, released those claims moved out of its set in the last whole
 -- second of Redis's clock.
 
@@ -43,5 +44,6 @@ for _, tenant in ipairs(page) do
   rows[#rows + 1] = redis.call('HGET', KEYS[2], tenant) or ''
   rows[#rows + 1] = redis.call('HGET', KEYS[3], tenant) or ''
   rows[#rows + 1] = released(tenant)
+  rows[#rows + 1] = redis.call('HGET', KEYS[5], tenant) or ''
 end
 return {now, redis.call('ZCARD', KEYS[1]), redis.call('HLEN', KEYS[2]), rows}

@@ -1,10 +1,12 @@
 //! An operator's hold on one tenant of a business with tenants: pausing it,
-//! setting its weight at run time, and a page of tenants with their counts.
+//! setting its weight or `max_rate` at run time, and a page of tenants with
+//! their counts.
 //! Each lives in a hash under `K`'s hash tag that `claim_tenants.lua` reads
 //! in the claim it runs anyway, so none adds a command to the hot path.
 
 use super::tenants::parsed;
 use super::{int_of, scripts, Paused, Store, StoreError};
+use crate::config::TenantSetting;
 
 /// One tenant as a listing shows it (one key's view; a business with
 /// shards adds its keys' views up, `crate::tasks::tenants`).
@@ -24,6 +26,8 @@ pub struct TenantRow {
     pub weight: Option<u32>,
     /// Members claims moved out of its set in the last whole second.
     pub released_per_s: u64,
+    /// Its `max_rate` set at run time, if any (else the config's).
+    pub max_rate: Option<u32>,
 }
 
 /// A page of one key's tenants, and what is around it.
@@ -69,19 +73,23 @@ impl Store {
         Ok(was == 1)
     }
 
-    /// Sets `tenant`'s weight from now on, or with `None` returns it to the
-    /// config's; returns the weight set at run time before.
-    pub async fn set_tenant_weight(
+    /// Sets `tenant`'s `setting` from now on, or with `None` returns it to
+    /// the config's; returns the value set at run time before.
+    pub async fn set_tenant(
         &self,
+        setting: TenantSetting,
         tenant: &[u8],
-        weight: Option<u32>,
+        value: Option<u32>,
     ) -> Result<Option<u32>, StoreError> {
         let mut conn = self.conn.clone();
-        let key = self.keys.tenant_weights();
+        let key = match setting {
+            TenantSetting::Weight => self.keys.tenant_weights(),
+            TenantSetting::MaxRate => self.keys.tenant_max_rates(),
+        };
         let mut pipe = redis::pipe();
         pipe.atomic().hget(&key, tenant);
-        match weight {
-            Some(w) => pipe.hset(&key, tenant, w).ignore(),
+        match value {
+            Some(v) => pipe.hset(&key, tenant, v).ignore(),
             None => pipe.hdel(&key, tenant).ignore(),
         };
         let (before,): (Option<String>,) = pipe.query_async(&mut conn).await?;
@@ -97,6 +105,7 @@ impl Store {
             .key(self.keys.tenant_paused())
             .key(self.keys.tenant_weights())
             .key(self.keys.tenant_released())
+            .key(self.keys.tenant_max_rates())
             .arg(self.keys.tenant_prefix())
             .arg(offset)
             .arg(limit.max(1))
@@ -120,13 +129,13 @@ impl Store {
     }
 
     /// `{tenant, pending, due, head score or '', paused or '', weight or
-    /// '', released, ...}` as `tenants_list.lua` returns it.
+    /// '', released, max_rate or '', ...}` as `tenants_list.lua` returns it.
     fn rows(&self, a: Vec<redis::Value>) -> Result<Vec<TenantRow>, StoreError> {
         let text = |v: Option<redis::Value>| match v {
             Some(redis::Value::BulkString(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
             other => Err(StoreError::Reply(format!("tenant field {other:?}"))),
         };
-        let mut out = Vec::with_capacity(a.len() / 7);
+        let mut out = Vec::with_capacity(a.len() / 8);
         let mut it = a.into_iter();
         while let Some(t) = it.next() {
             let redis::Value::BulkString(tenant) = t else {
@@ -139,6 +148,7 @@ impl Store {
             let paused = Paused::parse(&text(it.next())?);
             let weight = parsed(it.next(), "weight")?;
             let released_per_s = int_of(it.next())?.max(0) as u64;
+            let max_rate = parsed(it.next(), "max_rate")?;
             out.push(TenantRow {
                 tenant,
                 pending,
@@ -147,6 +157,7 @@ impl Store {
                 paused,
                 weight,
                 released_per_s,
+                max_rate,
             });
         }
         Ok(out)

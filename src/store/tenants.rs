@@ -21,6 +21,8 @@ pub struct TenantDue {
     pub vtime: Option<f64>,
     /// Its weight set at run time, in place of the config's.
     pub weight: Option<u32>,
+    /// Its `max_rate` set at run time, in place of the config's.
+    pub max_rate: Option<u32>,
 }
 
 /// How many due members to move out of one tenant's set in a claim.
@@ -124,7 +126,8 @@ impl Store {
             .key(self.keys.tenant_paused())
             .key(self.keys.tenant_weights())
             .key(self.keys.tenant_rate())
-            .key(self.keys.tenant_released());
+            .key(self.keys.tenant_released())
+            .key(self.keys.tenant_max_rates());
         for t in takes {
             inv.key(self.keys.tenant_set(&t.tenant));
         }
@@ -161,9 +164,10 @@ impl Store {
     }
 }
 
-/// `{tenant, due, vtime or '', weight or '', ...}` as the script reports it.
+/// `{tenant, due, vtime or '', weight or '', max_rate or '', ...}` as the
+/// script reports it.
 fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
-    let mut out = Vec::with_capacity(a.len() / 3);
+    let mut out = Vec::with_capacity(a.len() / 5);
     let mut it = a.into_iter();
     while let Some(t) = it.next() {
         let redis::Value::BulkString(tenant) = t else {
@@ -172,11 +176,13 @@ fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
         let due = int_of(it.next())?.max(0) as u64;
         let vtime = parsed(it.next(), "vtime")?;
         let weight = parsed(it.next(), "weight")?;
+        let max_rate = parsed(it.next(), "max_rate")?;
         out.push(TenantDue {
             tenant,
             due,
             vtime,
             weight,
+            max_rate,
         });
     }
     Ok(out)

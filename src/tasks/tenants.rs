@@ -1,12 +1,12 @@
 //! One tenant of a business with tenants, steered over all the business's
-//! keys for the CLI and the API: pause and resume it, set its weight at
-//! run time, and list tenants with their counts. A business with shards
+//! keys for the CLI and the API: pause and resume it, set its weight or
+//! `max_rate` at run time, and list tenants with their counts. A business with shards
 //! has tenants on each key; each action applies to every key, and a
 //! listing adds each tenant's counts up over the keys.
 
 use std::collections::BTreeMap;
 
-use crate::config::Business;
+use crate::config::{Business, TenantSetting};
 use crate::store::{Paused, Store, StoreError, TenantRow};
 
 /// Most tenants one listing shows per key.
@@ -31,16 +31,18 @@ pub async fn resume(stores: &[Store], tenant: &[u8]) -> Result<usize, StoreError
     Ok(n)
 }
 
-/// Sets `tenant`'s weight on every key (`None`: back to the config's);
-/// returns the weight set at run time before, if any key had one.
-pub async fn set_weight(
+/// Sets `tenant`'s `setting` on every key (`None`: back to the config's);
+/// returns the value set at run time before, if any key had one. A
+/// `max_rate` is the business's: each key's budget takes its share.
+pub async fn set(
     stores: &[Store],
+    setting: TenantSetting,
     tenant: &[u8],
-    weight: Option<u32>,
+    value: Option<u32>,
 ) -> Result<Option<u32>, StoreError> {
     let mut before = None;
     for s in stores {
-        before = s.set_tenant_weight(tenant, weight).await?.or(before);
+        before = s.set_tenant(setting, tenant, value).await?.or(before);
     }
     Ok(before)
 }
@@ -66,6 +68,11 @@ pub struct TenantView {
     pub paused: Option<Paused>,
     /// Members claims released from its sets in the last whole second.
     pub released_per_s: u64,
+    /// The most members a second it is released at: set at run time, else
+    /// the config's; `None` when neither caps it.
+    pub max_rate: Option<u32>,
+    /// Whether that `max_rate` was set at run time.
+    pub max_rate_set_at_run_time: bool,
 }
 
 /// A listing: the tenants, the earliest head first, and the totals.
@@ -126,6 +133,10 @@ pub async fn list(
             weight_set_at_run_time: r.weight.is_some(),
             paused: r.paused,
             released_per_s: r.released_per_s,
+            max_rate: r
+                .max_rate
+                .or_else(|| b.tenants.as_ref().and_then(|t| t.max_rate(&r.tenant))),
+            max_rate_set_at_run_time: r.max_rate.is_some(),
         })
         .collect();
     rows.sort_by_key(|r| (r.next_due_ms.unwrap_or(i64::MAX), r.tenant.clone()));
@@ -145,4 +156,5 @@ fn add_up(m: &mut TenantRow, r: TenantRow) {
     };
     m.paused = m.paused.take().or(r.paused);
     m.weight = m.weight.or(r.weight);
+    m.max_rate = m.max_rate.or(r.max_rate);
 }

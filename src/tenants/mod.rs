@@ -22,8 +22,8 @@ pub const REPORTED: usize = 1000;
 #[derive(Debug, Default)]
 pub struct Fair {
     settings: Tenants,
-    /// The release budgets of the tenants with a `max_rate`, on this key.
-    budgets: Vec<TenantBudget>,
+    /// How many keys the business's members are spread over.
+    shards: usize,
     /// Tenants with due work at the last claim; the next choice uses them.
     seen: Mutex<Vec<TenantDue>>,
 }
@@ -34,14 +34,9 @@ impl Fair {
     /// so that the keys together hold it to its `max_rate` while its
     /// members are spread evenly over them.
     pub fn new(settings: Tenants, shards: usize) -> Self {
-        let budgets = settings
-            .max_rates
-            .iter()
-            .map(|(t, rate)| TenantBudget::new(t, *rate, shards))
-            .collect();
         Self {
             settings,
-            budgets,
+            shards,
             seen: Mutex::default(),
         }
     }
@@ -68,9 +63,9 @@ impl Fair {
         limit: usize,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let (takes, floor) = self.plan(limit);
+        let (takes, floor, budgets) = self.plan(limit);
         let (claim, seen) = store
-            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &self.budgets)
+            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &budgets)
             .await?;
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         Ok(claim)
@@ -84,27 +79,39 @@ impl Fair {
             .is_empty()
     }
 
-    /// The most a tenant with a `max_rate` can be released in one claim:
-    /// its budget when full. Its share is planned at no more, so the rest
-    /// of the batch goes to the others.
-    fn most_now(&self, tenant: &[u8]) -> Option<u64> {
-        let b = self
-            .budgets
+    /// The release budgets on this key: the config's `max_rate`s, each
+    /// replaced by one set at run time that the last claim reported (a
+    /// tenant is reported while it has due work, which is when its budget
+    /// matters).
+    fn budgets(&self, seen: &[TenantDue]) -> Vec<TenantBudget> {
+        let mut rates = self.settings.max_rates.clone();
+        for t in seen {
+            if let (Some(rate), Ok(name)) = (t.max_rate, std::str::from_utf8(&t.tenant)) {
+                rates.insert(name.to_string(), rate);
+            }
+        }
+        rates
             .iter()
-            .find(|b| b.tenant.as_bytes() == tenant)?;
-        Some(b.burst)
+            .map(|(t, rate)| TenantBudget::new(t, *rate, self.shards))
+            .collect()
     }
 
-    /// The next batch's takes from what the last claim saw.
-    fn plan(&self, limit: usize) -> (Vec<TenantTake>, f64) {
+    /// The next batch's takes from what the last claim saw, and the
+    /// budgets the script holds them to.
+    fn plan(&self, limit: usize) -> (Vec<TenantTake>, f64, Vec<TenantBudget>) {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let budgets = self.budgets(&seen);
+        // A capped tenant's share is planned at no more than its budget
+        // holds when full, so the rest of the batch goes to the others.
+        let most_now = |tenant: &[u8]| {
+            let b = budgets.iter().find(|b| b.tenant.as_bytes() == tenant)?;
+            Some(b.burst)
+        };
         let backlogs: Vec<share::Backlog> = seen
             .iter()
             .map(|t| share::Backlog {
                 tenant: &t.tenant,
-                due: self
-                    .most_now(&t.tenant)
-                    .map_or(t.due, |most| t.due.min(most)),
+                due: most_now(&t.tenant).map_or(t.due, |most| t.due.min(most)),
                 vtime: t.vtime,
                 weight: t.weight.unwrap_or_else(|| self.settings.weight(&t.tenant)),
             })
@@ -120,6 +127,57 @@ impl Fair {
                 weight: self.settings.weight(tenant),
             })
             .collect();
-        (takes, s.floor)
+        (takes, s.floor, budgets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(tenant: &str, due: u64, max_rate: Option<u32>) -> TenantDue {
+        TenantDue {
+            tenant: tenant.as_bytes().to_vec(),
+            due,
+            vtime: None,
+            weight: None,
+            max_rate,
+        }
+    }
+
+    #[test]
+    fn a_max_rate_set_at_run_time_replaces_the_configs_and_caps_the_planned_share() {
+        let settings = Tenants {
+            max_rates: [("acme".to_string(), 400), ("globex".to_string(), 1000)].into(),
+            ..Tenants::default()
+        };
+        let fair = Fair::new(settings, 1);
+        *fair.seen.lock().unwrap() = vec![
+            due("acme", 500, Some(100)),
+            due("globex", 500, None),
+            due("initech", 500, Some(50)),
+        ];
+        let (takes, _, budgets) = fair.plan(300);
+        let burst = |t: &str| budgets.iter().find(|b| b.tenant == t).map(|b| b.burst);
+        // 100/s and 50/s hold 2 members when full; 1000/s (the config's) 20.
+        assert_eq!(burst("acme"), Some(2));
+        assert_eq!(burst("globex"), Some(20));
+        assert_eq!(burst("initech"), Some(2));
+        let take = |t: &str| {
+            takes
+                .iter()
+                .find(|k| k.tenant == t.as_bytes())
+                .map(|k| k.count)
+        };
+        assert_eq!(take("acme"), Some(2));
+        assert_eq!(take("initech"), Some(2));
+        assert_eq!(take("globex"), Some(20));
+        // Reported without a run-time value, the config's cap is back.
+        *fair.seen.lock().unwrap() = vec![due("acme", 500, None)];
+        let (_, _, budgets) = fair.plan(300);
+        assert_eq!(
+            budgets.iter().find(|b| b.tenant == "acme").map(|b| b.burst),
+            Some(8)
+        );
     }
 }

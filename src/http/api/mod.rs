@@ -80,6 +80,10 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
             "/businesses/{business}/tenants/{tenant}/weight",
             post(tenants::weight),
         )
+        .route(
+            "/businesses/{business}/tenants/{tenant}/max_rate",
+            post(tenants::max_rate),
+        )
         .route("/businesses/{business}/schedules", get(schedules::list))
         .route(
             "/businesses/{business}/schedules/{schedule}/pause",

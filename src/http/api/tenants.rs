@@ -1,6 +1,7 @@
 //! `GET /businesses/{business}/tenants` (each tenant with pending, due now,
-//! oldest overdue, weight and pause) and `POST …/tenants/{tenant}/pause`,
-//! `/resume` and `/weight` (admin token), on a business with tenants.
+//! oldest overdue, weight, `max_rate` and pause) and
+//! `POST …/tenants/{tenant}/pause`, `/resume`, `/weight` and `/max_rate`
+//! (admin token), on a business with tenants.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query};
@@ -9,7 +10,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{bounded, ApiError, Shared};
-use crate::config::Business;
+use crate::config::{Business, TenantSetting};
 use crate::http::auth::require_admin;
 use crate::tasks::audit::Write;
 use crate::tasks::tenants::{self, MOST_LISTED};
@@ -102,30 +103,72 @@ pub async fn weight(
     Path(p): Path<(String, String)>,
     body: Result<Json<WeightBody>, JsonRejection>,
 ) -> Reply {
-    let (role, b, tenant) = target(&state, &headers, &p)?;
     let Json(body) = body?;
-    if let Some(w) = body.weight.filter(|w| !(1..=1000).contains(w)) {
+    set(&state, &headers, &p, TenantSetting::Weight, body.weight).await
+}
+
+/// Body of `POST …/tenants/{tenant}/max_rate`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaxRateBody {
+    /// 1 to 10,000,000 members a second, or `null` for the config's again.
+    max_rate: Option<u32>,
+}
+
+/// Sets one tenant's `max_rate` on every instance, or with `null` returns
+/// it to the config's: claims hold it from the first claim that sees the
+/// tenant with due work.
+pub async fn max_rate(
+    state: Shared,
+    headers: HeaderMap,
+    Path(p): Path<(String, String)>,
+    body: Result<Json<MaxRateBody>, JsonRejection>,
+) -> Reply {
+    let Json(body) = body?;
+    set(&state, &headers, &p, TenantSetting::MaxRate, body.max_rate).await
+}
+
+/// Sets `setting` of the tenant in the path to `value` (`None`: the
+/// config's again); answers with the value in force and the one before.
+async fn set(
+    state: &Shared,
+    headers: &HeaderMap,
+    p: &(String, String),
+    setting: TenantSetting,
+    value: Option<u32>,
+) -> Reply {
+    let (role, b, tenant) = target(state, headers, p)?;
+    let (field, most) = (setting.field(), setting.most());
+    if let Some(v) = value.filter(|v| !(1..=most).contains(v)) {
         return Err(ApiError::bad(format!(
-            "\"weight\" must be from 1 to 1000, or null for the config's (got {w})"
+            "\"{field}\" must be from 1 to {most}, or null for the config's (got {v})"
         )));
     }
     let stores = state.stores_of(&b.name)?;
     let before = bounded(
         &b.name,
-        tenants::set_weight(&stores, tenant.as_bytes(), body.weight),
+        tenants::set(&stores, setting, tenant.as_bytes(), value),
     )
     .await?;
     let config = b
         .tenants
         .as_ref()
-        .map_or(1, |t| t.weight(tenant.as_bytes()));
-    audit(&state, role.name(), b, "tenant_weight", &tenant, 1).await;
+        .and_then(|t| t.configured(setting, tenant.as_bytes()));
+    audit(
+        state,
+        role.name(),
+        b,
+        &format!("tenant_{field}"),
+        &tenant,
+        1,
+    )
+    .await;
     Ok(Json(json!({
         "business": b.name,
         "tenant": tenant,
-        "weight": body.weight.unwrap_or(config),
-        "set_at_run_time": body.weight.is_some(),
-        "before": before.unwrap_or(config),
+        field: value.or(config),
+        "set_at_run_time": value.is_some(),
+        "before": before.or(config),
     })))
 }
 

@@ -528,6 +528,8 @@ async function loadTenants(b) {
   for (const t of l.rows) {
     const one = path(b) + "/tenants/" + encodeURIComponent(t.tenant);
     const weight = el("input", { type: "number", min: "1", max: "1000", value: String(t.weight), "aria-label": "weight of " + t.tenant });
+    // Empty: the config's max rate again.
+    const maxRate = el("input", { type: "number", min: "1", max: "10000000", value: t.max_rate === null ? "" : String(t.max_rate), placeholder: "none", "aria-label": "max rate of " + t.tenant });
     const state = pauseCell(t.paused, l.now_ms);
     rows.push(el("tr", { "data-tenant": t.tenant },
       el("td", { class: "text" }, t.tenant),
@@ -537,12 +539,16 @@ async function loadTenants(b) {
       el("td", { "data-field": "overdue" }, t.oldest_overdue_ms ? span(t.oldest_overdue_ms) : "–"),
       el("td", { "data-field": "released" }, t.released_per_s),
       el("td", { "data-field": "weight" }, t.weight + (t.weight_set_at_run_time ? " (set)" : "")),
+      el("td", { "data-field": "max_rate" }, (t.max_rate === null ? "–" : t.max_rate + "/s") + (t.max_rate_set_at_run_time ? " (set)" : "")),
       state,
-      el("td", {},
+      el("td", { class: "actions" },
         pauseButton(one, t.paused),
         " ",
         el("span", { class: "write" }, weight,
-          el("button", { "data-act": "weight", onclick: () => act("POST", one + "/weight", { weight: Number(weight.value) }) }, "set weight")))));
+          el("button", { "data-act": "weight", onclick: () => act("POST", one + "/weight", { weight: Number(weight.value) }) }, "set weight")),
+        " ",
+        el("span", { class: "write" }, maxRate,
+          el("button", { "data-act": "max_rate", onclick: () => act("POST", one + "/max_rate", { max_rate: maxRate.value === "" ? null : Number(maxRate.value) }) }, "set max rate")))));
   }
   const body = $("tenants").tBodies[0];
   fill(body, rows);
