@@ -728,7 +728,7 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_caps_and_resumes_one_and_the_pending_tab_lists_one_tenants_tasks(
+async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_caps_and_resumes_one_and_the_pending_and_find_tabs_take_one_tenant(
 ) {
     let shop = BusinessSpec::with_extra("shop", "tenants = true");
     let c = ConsoleDaemon::start(&[&shop], Some(TOKEN)).await;
@@ -842,5 +842,16 @@ async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_caps_and_resumes_on
         t.contains("globex-0") && !t.contains("acme")
     })
     .await;
+
+    // The find tab's prefix search walks every tenant's set, or one's.
+    b.click("#tabs a[data-tab=\"find\"]").await;
+    b.type_into("#find-input", "acme-").await;
+    b.click("#find-go").await;
+    b.wait_text("#search-note", |t| t == "3 found; searched to the end")
+        .await;
+    b.type_into("#find-tenant", "globex").await;
+    b.click("#find-go").await;
+    b.wait_text("#search-note", |t| t == "0 found; searched to the end")
+        .await;
     b.close().await;
 }

@@ -237,7 +237,7 @@ pub async fn by_body<C: ConnectionLike>(
                 });
             }
         }
-        let due = due_of(conn, &keys[shard], &matches).await?;
+        let due = due_of(conn, business, &keys[shard], &matches).await?;
         for (mut m, s) in matches.into_iter().zip(due) {
             m.due_ms = s.map(|s| to_ms(s, business.score_unit));
             found.push(m);
@@ -262,18 +262,41 @@ pub async fn by_body<C: ConnectionLike>(
     })
 }
 
-/// The pending scores of the matched ids on `key`, in one pipeline.
+/// The pending scores of the matched ids on `key`: in `K` (one pipeline),
+/// else, on a business with tenants, in the tenant's set that holds it.
 async fn due_of<C: ConnectionLike>(
     conn: &mut C,
+    business: &Business,
     key: &str,
     matches: &[BodyMatch],
 ) -> Result<Vec<Option<f64>>, StoreError> {
     if matches.is_empty() {
         return Ok(Vec::new());
     }
+    let ids: Vec<&[u8]> = matches.iter().map(|m| &m.id[..]).collect();
+    let mut scores = scores_in(conn, key, &ids).await?;
+    for (m, score) in matches.iter().zip(scores.iter_mut()) {
+        if score.is_none() {
+            *score = match tenant_sets::find_for(conn, business, key, &m.id).await? {
+                Some(t) => Some(t.score),
+                // A claim may have moved it into `K` between the two looks.
+                None if business.tenants.is_some() => scores_in(conn, key, &[&m.id]).await?[0],
+                None => None,
+            };
+        }
+    }
+    Ok(scores)
+}
+
+/// The scores of `ids` in `key`, in one pipeline.
+async fn scores_in<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    ids: &[&[u8]],
+) -> Result<Vec<Option<f64>>, StoreError> {
     let mut pipe = redis::pipe();
-    for m in matches {
-        pipe.zscore(key, &m.id);
+    for id in ids {
+        pipe.zscore(key, id);
     }
     Ok(pipe.query_async(conn).await?)
 }

@@ -277,7 +277,10 @@ async function searchPage(b, q, cursor) {
 }
 
 async function search(b, prefix, cursor) {
-  const page = await searchPage(b, new URLSearchParams({ prefix, limit: "50" }), cursor);
+  const q = new URLSearchParams({ prefix, limit: "50" });
+  const tenant = $("find-tenant").value.trim();
+  if (b.tenants && tenant) q.set("tenant", tenant);
+  const page = await searchPage(b, q, cursor);
   if (!page) return;
   const { r, body } = page;
   for (const t of r.json.tasks) body.append(el("tr", {}, el("td", {}, when(t.due_ms)), el("td", { class: "text" }, shown(t.member))));
@@ -382,11 +385,13 @@ function bulkRequest() {
 }
 
 // A tenant field only where the business has tenants, and not for dead
-// members, which are kept per business.
+// members, which are kept per business, nor for a find by id (an id is
+// found in whichever tenant's set holds it).
 function tenantFields(b) {
   const dead = $("bulk-action").value === "requeue" || $("bulk-action").value === "purge";
   for (const l of document.querySelectorAll(".tenant-field")) {
-    l.hidden = !(b && b.tenants) || (dead && l.classList.contains("bulk-pending"));
+    l.hidden = !(b && b.tenants) || (dead && l.classList.contains("bulk-pending")) ||
+      (b.member === "id" && l.classList.contains("find-prefix"));
   }
 }
 
