@@ -81,7 +81,7 @@ pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, AmqpErr
     let start = rand::random_range(0..nodes.len());
     let mut last = None;
     for i in start..start + nodes.len() {
-        match nodes.connect(i, name, None, false).await {
+        match nodes.connect(i, name, false).await {
             Ok(c) => return Ok(c),
             Err(e) => last = Some(e),
         }
@@ -108,18 +108,6 @@ impl Role {
         match self {
             Role::Publish => "delayd",
             Role::Consume => "delayd intake",
-        }
-    }
-
-    /// The largest frame to ask for, where not the broker's (a `frame_max`
-    /// in the URL wins). lapin keeps 32 frames of buffer each way per
-    /// connection (4 MiB each at RabbitMQ's 128 KiB); deliveries in and acks
-    /// out fit 32 KiB frames, so the intake's connection holds a quarter of
-    /// that (a body above 32 KiB simply arrives in several frames).
-    fn frame_max(self) -> Option<u32> {
-        match self {
-            Role::Publish => None,
-            Role::Consume => Some(32 * 1024),
         }
     }
 
@@ -268,7 +256,7 @@ async fn supervise(nodes: Nodes, watch: Watch, stop: CancellationToken) {
         next = (next + 1) % nodes.len();
         let attempt = tokio::select! {
             _ = stop.cancelled() => return,
-            r = nodes.connect(node, watch.role.connection_name(), watch.role.frame_max(), watch.role == Role::Consume) => r,
+            r = nodes.connect(node, watch.role.connection_name(), watch.role == Role::Consume) => r,
         };
         match attempt {
             Ok(conn) => {

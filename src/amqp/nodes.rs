@@ -84,7 +84,6 @@ impl Nodes {
         &self,
         i: usize,
         conn_name: &str,
-        frame_max: Option<u32>,
         filter_unreadable: bool,
     ) -> Result<Connection, AmqpError> {
         let node = &self.nodes[i % self.nodes.len()];
@@ -106,12 +105,7 @@ impl Nodes {
             }
         };
         let props = ConnectionProperties::default().with_connection_name(conn_name.into());
-        let mut uri = node.uri.clone();
-        // A frame_max the URL sets is the user's: it stands.
-        if uri.query.frame_max.is_none() {
-            uri.query.frame_max = frame_max;
-        }
-        let attempt = Connection::connector(uri, runtime, open, props);
+        let attempt = Connection::connector(node.uri.clone(), runtime, open, props);
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => Err(AmqpError::Connect {

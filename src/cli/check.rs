@@ -119,7 +119,7 @@ async fn amqp_nodes(cfg: &Config) -> (Option<Connection>, bool) {
     let mut first = None;
     let mut failed = false;
     for i in 0..nodes.len() {
-        match nodes.connect(i, "delayd check", None, false).await {
+        match nodes.connect(i, "delayd check", false).await {
             Ok(c) => {
                 println!("amqp      {}: ok", nodes.name(i));
                 first.get_or_insert(c);
