@@ -371,14 +371,21 @@ fn tag_of(config: &Path) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_prints_its_table_and_cleans_up_also_when_terminated() {
+async fn bench_prints_its_table_with_servers_also_named_by_the_environment_and_cleans_up_also_when_terminated(
+) {
     let dir = tempfile::tempdir().unwrap();
     let config = real_config(dir.path(), &unique("test:bench"), "unused");
     let config = config.to_str().unwrap();
 
-    // A short complete run: every row of the table, exit 0.
+    // A short complete run: every row of the table, exit 0, with the
+    // servers named by the environment too (counted once, not twice).
     let before = bench_configs();
-    let (code, out, err) = short_bench(config, &[]);
+    let env = [
+        ("DELAYD_AMQP__URL", amqp_url()),
+        ("DELAYD_REDIS__URL", redis_url()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (code, out, err) = short_bench_with_env(config, &[], &env);
     assert_eq!(code, 0, "bench failed:\n{out}\n{err}");
     for row in [
         "raw confirmed publish (ceiling)",

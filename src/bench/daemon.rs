@@ -19,8 +19,10 @@ pub(super) fn start_daemon(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
     }
-    let bench_cfg =
-        config::load(&path).map_err(|e| BenchError::Usage(format!("bench: --business: {e}")))?;
+    // The file holds the configuration as the environment layered it
+    // already: read it, and run the child on it, without the environment.
+    let bench_cfg = config::load_as_written(&path)
+        .map_err(|e| BenchError::Usage(format!("bench: --business: {e}")))?;
     let business = bench_cfg
         .businesses
         .into_iter()
@@ -28,7 +30,13 @@ pub(super) fn start_daemon(
         .ok_or_else(|| BenchError::Usage("bench: no bench business".into()))?;
     state.keys = business.keys();
     let exe = std::env::current_exe().map_err(|e| fail("own path")(e.to_string()))?;
-    let child = Command::new(exe)
+    let mut run = Command::new(exe);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(config::is_config_var) {
+            run.env_remove(name);
+        }
+    }
+    let child = run
         .args(["run", "--config"])
         .arg(&path)
         .stdin(Stdio::null())

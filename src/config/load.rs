@@ -12,6 +12,24 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     load_with_env(path, env)
 }
 
+/// Reads and validates the file at `path` alone, without the `DELAYD_*`
+/// environment: for a file delayd wrote itself from a configuration
+/// already layered (the bench's), where the environment counted once.
+pub fn load_as_written(path: &Path) -> Result<Config, ConfigError> {
+    load_with_env(path, config::Map::new())
+}
+
+/// Whether the environment variable `name` addresses a config section
+/// (`DELAYD_REDIS__URL`, …), so that [`load`] reads it.
+pub fn is_config_var(name: &str) -> bool {
+    const SECTIONS: [&str; 5] = ["REDIS__", "AMQP__", "HTTP__", "LOG__", "BUSINESSES__"];
+    name.strip_prefix("DELAYD_").is_some_and(|rest| {
+        SECTIONS
+            .iter()
+            .any(|s| rest.to_ascii_uppercase().starts_with(s))
+    })
+}
+
 /// [`load`] with the given `DELAYD_*` variables instead of the process's.
 pub(crate) fn load_with_env(
     path: &Path,
@@ -50,18 +68,12 @@ pub(crate) fn load_with_env(
 /// same prefix are not ours: Kubernetes, for one, injects `DELAYD_PORT` and
 /// `DELAYD_SERVICE_HOST` for a Service named `delayd`.
 pub(super) fn delayd_env() -> Result<config::Map<String, String>, String> {
-    const SECTIONS: [&str; 5] = ["REDIS__", "AMQP__", "HTTP__", "LOG__", "BUSINESSES__"];
     let mut ours = config::Map::new();
     // `vars_os`: a variable that is not UTF-8 (ours or anyone's) must not
     // panic; only ours is refused, by name, its value unshown (a secret).
     for (name, value) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
-        let is_ours = name.strip_prefix("DELAYD_").is_some_and(|rest| {
-            SECTIONS
-                .iter()
-                .any(|s| rest.to_ascii_uppercase().starts_with(s))
-        });
-        if !is_ours {
+        if !is_config_var(name) {
             continue;
         }
         let value = value.into_string().map_err(|_| {

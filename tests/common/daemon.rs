@@ -196,6 +196,15 @@ pub fn assert_check_fails(config: &Path) -> CheckFailure {
 /// at 200 a second, a second each of lateness and idle) and `extra`
 /// arguments: (exit code, stdout, stderr).
 pub fn short_bench(config: &str, extra: &[&str]) -> (i32, String, String) {
+    short_bench_with_env(config, extra, &[])
+}
+
+/// [`short_bench`] with extra environment variables.
+pub fn short_bench_with_env(
+    config: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
     let mut args = vec![
         "bench",
         "--config",
@@ -207,5 +216,5 @@ pub fn short_bench(config: &str, extra: &[&str]) -> (i32, String, String) {
     ];
     args.extend(["--rate", "200", "--lateness-secs", "1", "--idle-secs", "1"]);
     args.extend_from_slice(extra);
-    delayd(&args)
+    delayd_with_env(&args, env)
 }
