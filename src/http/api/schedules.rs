@@ -10,7 +10,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, ApiError, Shared};
+use super::{bounded, count_within, ApiError, Shared};
 use crate::config::recurring_section::Schedule;
 use crate::config::Business;
 use crate::http::auth::require_admin;
@@ -41,14 +41,7 @@ pub async fn list(
     q: Result<Query<SchedulesQuery>, QueryRejection>,
 ) -> Reply {
     let Query(q) = q?;
-    let next = match q.next.unwrap_or(5) {
-        n @ 1..=MAX_NEXT => n,
-        n => {
-            return Err(ApiError::bad(format!(
-                "\"next\" must be between 1 and {MAX_NEXT} (got {n})"
-            )))
-        }
-    };
+    let next = count_within("next", q.next, 5, MAX_NEXT)?;
     let b = state.business(&name)?.clone();
     let conn = state.conn(&b.name)?;
     let key = cache_key(&b.name, next);

@@ -176,8 +176,8 @@ pub async fn search(
     })))
 }
 
-/// Refuses a `tenant` that cannot limit a read of `b` (no tenants, or not
-/// a name producers could write).
+/// Refuses a `tenant` that cannot name tasks of `b` (no tenants, or not a
+/// name producers could write).
 fn tenant_ok(b: &Business, tenant: Option<&str>) -> Result<(), ApiError> {
     match tenant.and_then(|t| tasks::tenant_refused(b, t.as_bytes())) {
         Some(why) => Err(ApiError::bad(format!("\"tenant\": {why}"))),
@@ -300,13 +300,7 @@ pub async fn schedule(
     let role = require_admin(&state, &headers, &name)?;
     let b = state.business(&name)?;
     let Json(req) = req?;
-    if let Some(why) = req
-        .tenant
-        .as_deref()
-        .and_then(|t| tasks::tenant_refused(b, t.as_bytes()))
-    {
-        return Err(ApiError::bad(format!("\"tenant\": {why}")));
-    }
+    tenant_ok(b, req.tenant.as_deref())?;
     let (member, body) = match (b.member, req.id) {
         (MemberMode::Id { .. }, None) => {
             return Err(ApiError::bad(format!(
