@@ -140,13 +140,7 @@ fn target<'a>(
 
 /// A 400 for a business without tenants.
 fn with_tenants(b: &Business) -> Result<(), ApiError> {
-    match b.tenants {
-        Some(_) => Ok(()),
-        None => Err(ApiError::bad(format!(
-            "business \"{}\" has no tenants (tenants = true in its config)",
-            b.name
-        ))),
-    }
+    tenants::none_in(b).map_or(Ok(()), |why| Err(ApiError::bad(why)))
 }
 
 async fn audit(state: &Shared, by: &str, b: &Business, action: &str, tenant: &str, n: usize) {
