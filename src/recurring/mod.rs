@@ -20,7 +20,8 @@ pub mod writer;
 use crate::config::recurring_section::Schedule;
 use crate::config::Business;
 
-/// Why `b` has no schedule to show or steer, in one line, when it has none.
+/// The one-line refusal for a business without recurring schedules; `None`
+/// when `b` has some.
 pub fn none_in(b: &Business) -> Option<String> {
     b.recurring.is_empty().then(|| {
         format!(

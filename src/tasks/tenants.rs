@@ -12,7 +12,8 @@ use crate::store::{Paused, Store, StoreError, TenantRow};
 /// Most tenants one listing shows per key.
 pub const MOST_LISTED: u64 = 1000;
 
-/// Why `b` has no tenant to steer or name, in one line: it has no tenants.
+/// The one-line refusal for a business without tenants; `None` when `b`
+/// has them.
 pub fn none_in(b: &Business) -> Option<String> {
     b.tenants.is_none().then(|| {
         format!(
