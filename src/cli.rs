@@ -346,6 +346,15 @@ fn parse_range(from: Option<&str>, to: Option<&str>) -> Result<crate::tasks::Ran
     .map_err(Failure::usage)
 }
 
+/// Refuses a `--tenant` that cannot name tasks of `b` (no tenants, or not
+/// a name producers could write).
+fn tenant_ok(b: &Business, tenant: Option<&str>) -> Result<(), Failure> {
+    match tenant.and_then(|t| crate::tasks::tenant_refused(b, t.as_bytes())) {
+        Some(why) => Err(Failure::usage(format!("--tenant: {why}"))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -182,11 +182,8 @@ pub async fn schedule<C: ConnectionLike>(
 /// Why `tenant` cannot be given for `business`, in one line: a business
 /// without tenants, or a name that cannot be a tenant's.
 pub fn tenant_refused(business: &Business, tenant: &[u8]) -> Option<String> {
-    if business.tenants.is_none() {
-        return Some(format!(
-            "business \"{}\" has no tenants (tenants = true in its config): leave the tenant out",
-            business.name
-        ));
+    if let Some(why) = tenants::none_in(business) {
+        return Some(format!("{why}: leave the tenant out"));
     }
     (!crate::config::intake_settings::names_a_tenant(tenant))
         .then(|| "a tenant is 1 to 200 bytes of text without control characters".to_string())

@@ -97,89 +97,90 @@ pub enum LineError {
 
 /// Reads what read.erl printed (or an export file holds).
 pub fn chunk(text: &str) -> Result<Chunk, LineError> {
-    let mut c = Chunk {
+    let first = Chunk {
         tables: true,
         ..Chunk::default()
     };
-    let mut ended = false;
-    for (n, fields) in ours(text) {
-        let bad = |what: &str| LineError::Malformed(n, what.to_string());
-        match fields.as_slice() {
-            ["node", node] => c.node = text_of(node).ok_or_else(|| bad("node"))?,
+    read(text, first, |c, fields| {
+        match fields {
+            ["node", node] => c.node = text_of(node).ok_or("node")?,
             ["notables"] => c.tables = false,
             ["held", h] => c.held = *h == "1",
             ["entry", ts, reference, rk, props, body] => c.entries.push(Entry {
-                due_ms: ts.parse().map_err(|_| bad("timestamp"))?,
+                due_ms: ts.parse().map_err(|_| "timestamp")?,
                 reference: reference.to_string(),
-                routing_key: bytes(rk).ok_or_else(|| bad("routing key"))?,
-                properties: bytes(props).ok_or_else(|| bad("properties"))?,
-                body: bytes(body).ok_or_else(|| bad("body"))?,
+                routing_key: bytes(rk).ok_or("routing key")?,
+                properties: bytes(props).ok_or("properties")?,
+                body: bytes(body).ok_or("body")?,
             }),
-            ["orphan", ts] => c.orphans.push(ts.parse().map_err(|_| bad("timestamp"))?),
+            ["orphan", ts] => c.orphans.push(ts.parse().map_err(|_| "timestamp")?),
             ["stats", vhost, name, count, size, lo, hi] => c.held_by.push(Held {
-                vhost: text_of(vhost).ok_or_else(|| bad("vhost"))?,
-                name: text_of(name).ok_or_else(|| bad("name"))?,
-                count: count.parse().map_err(|_| bad("count"))?,
-                bytes: size.parse().map_err(|_| bad("bytes"))?,
-                earliest_ms: lo.parse().map_err(|_| bad("earliest"))?,
-                latest_ms: hi.parse().map_err(|_| bad("latest"))?,
+                vhost: text_of(vhost).ok_or("vhost")?,
+                name: text_of(name).ok_or("name")?,
+                count: count.parse().map_err(|_| "count")?,
+                bytes: size.parse().map_err(|_| "bytes")?,
+                earliest_ms: lo.parse().map_err(|_| "earliest")?,
+                latest_ms: hi.parse().map_err(|_| "latest")?,
             }),
             ["cursor", key] => c.cursor = Some(key.to_string()),
             ["done"] => c.cursor = None,
-            ["end"] => ended = true,
-            _ => return Err(bad("unknown line")),
+            _ => return Err("unknown line"),
         }
-    }
-    if !ended {
-        return Err(LineError::Unfinished);
-    }
-    Ok(c)
+        Ok(())
+    })
 }
 
 /// Reads what commit.erl printed.
 pub fn committed(text: &str) -> Result<Committed, LineError> {
-    let mut c = Committed::default();
-    let mut ended = false;
-    for (n, fields) in ours(text) {
-        let bad = |what: &str| LineError::Malformed(n, what.to_string());
-        match fields.as_slice() {
+    read(text, Committed::default(), |c, fields| {
+        match fields {
             ["was_held", h] => c.was_held = *h == "1",
-            ["deleted", d] => c.deleted = d.parse().map_err(|_| bad("deleted"))?,
-            ["missing", m] => c.missing = m.parse().map_err(|_| bad("missing"))?,
-            ["gone", t, r] => c
-                .gone
-                .push((t.parse().map_err(|_| bad("gone"))?, r.to_string())),
-            ["end"] => ended = true,
-            _ => return Err(bad("unknown line")),
+            ["deleted", d] => c.deleted = d.parse().map_err(|_| "deleted")?,
+            ["missing", m] => c.missing = m.parse().map_err(|_| "missing")?,
+            ["gone", t, r] => c.gone.push((t.parse().map_err(|_| "gone")?, r.to_string())),
+            _ => return Err("unknown line"),
         }
-    }
-    if !ended {
-        return Err(LineError::Unfinished);
-    }
-    Ok(c)
+        Ok(())
+    })
 }
 
 /// Reads what check.erl printed.
 pub fn checked(text: &str) -> Result<Checked, LineError> {
-    let mut c = Checked::default();
-    let mut ended = false;
-    for (n, fields) in ours(text) {
-        let bad = |what: &str| LineError::Malformed(n, what.to_string());
-        match fields.as_slice() {
+    read(text, Checked::default(), |c, fields| {
+        match fields {
             ["present", t, r] => c
                 .present
-                .push((t.parse().map_err(|_| bad("present"))?, r.to_string())),
+                .push((t.parse().map_err(|_| "present")?, r.to_string())),
             ["deleted", t, r] => c
                 .deleted
-                .push((t.parse().map_err(|_| bad("deleted"))?, r.to_string())),
+                .push((t.parse().map_err(|_| "deleted")?, r.to_string())),
+            _ => return Err("unknown line"),
+        }
+        Ok(())
+    })
+}
+
+/// Folds the prefixed lines of `text` into `out` by `line`, which names
+/// the field it could not read; the `end` line must come, as only an
+/// expression that ran to its end prints it.
+fn read<T>(
+    text: &str,
+    mut out: T,
+    mut line: impl FnMut(&mut T, &[&str]) -> Result<(), &'static str>,
+) -> Result<T, LineError> {
+    let mut ended = false;
+    for (n, fields) in ours(text) {
+        match fields.as_slice() {
             ["end"] => ended = true,
-            _ => return Err(bad("unknown line")),
+            fields => {
+                line(&mut out, fields).map_err(|what| LineError::Malformed(n, what.to_string()))?
+            }
         }
     }
     if !ended {
         return Err(LineError::Unfinished);
     }
-    Ok(c)
+    Ok(out)
 }
 
 /// The prefixed lines, numbered from 1, split into their fields.

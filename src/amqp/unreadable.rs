@@ -401,14 +401,31 @@ mod tests {
         let mut t = vec![key.len() as u8];
         t.extend_from_slice(key);
         t.extend_from_slice(b"S\0\0\0\x01v");
+        headers(&t)
+    }
+
+    /// Properties of only headers (flag 13), whose field table is `table`.
+    fn headers(table: &[u8]) -> Vec<u8> {
         let mut p = vec![0x20, 0];
-        p.extend_from_slice(&(t.len() as u32).to_be_bytes());
-        p.extend_from_slice(&t);
+        p.extend_from_slice(&(table.len() as u32).to_be_bytes());
+        p.extend_from_slice(table);
         p
     }
 
     fn props_of(frame: &[u8]) -> BasicProperties {
         parse_properties(&frame[7 + 12..frame.len() - 1]).unwrap().1
+    }
+
+    /// What a fresh connection's frames become, fed `stream` in one piece.
+    fn fed(stream: &[u8]) -> Vec<u8> {
+        let (mut f, mut out) = (Frames::default(), Vec::new());
+        f.feed(stream, &mut out);
+        out
+    }
+
+    /// The properties a header frame carrying `props` leaves with.
+    fn rewritten(props: &[u8]) -> BasicProperties {
+        props_of(&fed(&header_frame(props)))
     }
 
     #[test]
@@ -426,9 +443,7 @@ mod tests {
 
     #[test]
     fn a_key_that_is_not_utf8_is_replaced_and_marked() {
-        let (mut f, mut out) = (Frames::default(), Vec::new());
-        f.feed(&header_frame(&with_key(b"ten\xffant")), &mut out);
-        let p = props_of(&out);
+        let p = rewritten(&with_key(b"ten\xffant"));
         let h = p.headers().as_ref().unwrap().inner();
         assert!(h.contains_key("ten?ant"));
         assert_eq!(
@@ -439,9 +454,7 @@ mod tests {
 
     #[test]
     fn a_short_string_property_that_is_not_utf8_is_named() {
-        let (mut f, mut out) = (Frames::default(), Vec::new());
-        f.feed(&header_frame(b"\x80\0\x04a\xc3(b"), &mut out);
-        let p = props_of(&out);
+        let p = rewritten(b"\x80\0\x04a\xc3(b");
         assert_eq!(p.content_type().as_ref().unwrap().as_str(), "a?(b");
         assert_eq!(
             reason(&p).unwrap(),
@@ -451,18 +464,14 @@ mod tests {
 
     #[test]
     fn an_unknown_type_code_leaves_only_the_marker() {
-        let (mut f, mut out) = (Frames::default(), Vec::new());
-        f.feed(&header_frame(b"\x20\0\0\0\0\x03\x01kZ"), &mut out);
-        let p = props_of(&out);
+        let p = rewritten(b"\x20\0\0\0\0\x03\x01kZ");
         assert_eq!(p.headers().as_ref().unwrap().inner().len(), 1);
         assert!(reason(&p).unwrap().contains("type code 'Z'"));
     }
 
     #[test]
     fn stray_bytes_after_the_properties_are_a_reason_too() {
-        let (mut f, mut out) = (Frames::default(), Vec::new());
-        f.feed(&header_frame(b"\x80\0\x01a!"), &mut out);
-        let p = props_of(&out);
+        let p = rewritten(b"\x80\0\x01a!");
         assert_eq!(p.content_type().as_ref().unwrap().as_str(), "a");
         assert_eq!(
             reason(&p).unwrap(),
@@ -481,8 +490,7 @@ mod tests {
         stream.push(FRAME_END);
         let header = header_frame(b"\0\0");
         stream.extend_from_slice(&header);
-        let (mut f, mut out) = (Frames::default(), Vec::new());
-        f.feed(&stream, &mut out);
+        let out = fed(&stream);
         let (deliver, rest) = out.split_at(stream.len() - header.len());
         assert!(deliver.ends_with(&[b'r', b'?', FRAME_END]));
         assert_eq!(
@@ -500,12 +508,8 @@ mod tests {
             t.extend_from_slice(&big_key);
             t.push(b'V');
         }
-        let mut p = vec![0x20, 0];
-        p.extend_from_slice(&(t.len() as u32).to_be_bytes());
-        p.extend_from_slice(&t);
-        let frame = header_frame(&p);
-        let (mut f, mut out) = (Frames::default(), Vec::new());
-        f.feed(&frame, &mut out);
+        let frame = header_frame(&headers(&t));
+        let out = fed(&frame);
         assert!(out.len() <= frame.len(), "{} > {}", out.len(), frame.len());
         assert!(reason(&props_of(&out)).is_some());
     }

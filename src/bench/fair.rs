@@ -213,6 +213,23 @@ async fn burst_pass(
     })
 }
 
+/// Starts a pass of two saturated tenants, each with its burst all due at
+/// once, and waits until it is due; returns [`start_pass`]'s offset and due.
+async fn saturated_pair(
+    s: &Setup<'_>,
+    redis: &mut RedisConn,
+    target: &Target,
+    pair: [(&str, u8); 2],
+) -> Result<(f64, i64), BenchError> {
+    let (n, size) = (s.sizes.saturated, s.ctx.args.size);
+    let (offset, due) = start_pass(s, redis, 2 * n).await?;
+    for tenant in pair {
+        fair_load::burst(redis, target, tenant, n, due, size).await?;
+    }
+    sleep_until_due(due, offset).await;
+    Ok((offset, due))
+}
+
 /// Two saturated tenants weighted 3:1, both due at once; the pass ends when
 /// either has drained (or after its seconds), the rest cancelled.
 async fn weights_pass(
@@ -220,11 +237,7 @@ async fn weights_pass(
     redis: &mut RedisConn,
     target: &Target,
 ) -> Result<Share, BenchError> {
-    let (n, size) = (s.sizes.saturated, s.ctx.args.size);
-    let (offset, due) = start_pass(s, redis, 2 * n).await?;
-    fair_load::burst(redis, target, ("a", b'a'), n, due, size).await?;
-    fair_load::burst(redis, target, ("b", b'b'), n, due, size).await?;
-    sleep_until_due(due, offset).await;
+    let (offset, due) = saturated_pair(s, redis, target, [("a", b'a'), ("b", b'b')]).await?;
     tokio::time::sleep(Duration::from_secs(s.sizes.secs)).await;
     for tenant in ["a", "b"] {
         fair_load::cancel_rest(redis, target, tenant, due).await?;
@@ -252,11 +265,8 @@ async fn capped_pass(
     redis: &mut RedisConn,
     target: &Target,
 ) -> Result<Capped, BenchError> {
-    let (n, size) = (s.sizes.saturated, s.ctx.args.size);
-    let (offset, due) = start_pass(s, redis, 2 * n).await?;
-    fair_load::burst(redis, target, ("c", b'c'), n, due, size).await?;
-    fair_load::burst(redis, target, ("u", b'u'), n, due, size).await?;
-    sleep_until_due(due, offset).await;
+    let n = s.sizes.saturated;
+    let (offset, due) = saturated_pair(s, redis, target, [("c", b'c'), ("u", b'u')]).await?;
     let samples = fair_load::set_sizes(redis, target, &["c", "u"], s.sizes.secs).await?;
     for tenant in ["c", "u"] {
         fair_load::cancel_rest(redis, target, tenant, due).await?;

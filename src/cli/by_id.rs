@@ -181,13 +181,7 @@ fn print_json(v: &serde_json::Value) {
 
 pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
     let (cfg, b) = load(&a.config.config, &a.business)?;
-    if let Some(why) = a
-        .tenant
-        .as_deref()
-        .and_then(|t| tasks::tenant_refused(&b, t.as_bytes()))
-    {
-        return Err(Failure::usage(format!("--tenant: {why}")));
-    }
+    super::tenant_ok(&b, a.tenant.as_deref())?;
     let (member, body) = match (b.member, &a.id) {
         (MemberMode::Id { .. }, None) => {
             return Err(Failure::usage(format!(
@@ -451,13 +445,7 @@ pub(super) async fn list(a: ListArgs) -> Result<(), Failure> {
         }
     }
     let range = super::parse_range(a.from.as_deref(), a.to.as_deref())?;
-    if let Some(why) = a
-        .tenant
-        .as_deref()
-        .and_then(|t| tasks::tenant_refused(&b, t.as_bytes()))
-    {
-        return Err(Failure::usage(format!("--tenant: {why}")));
-    }
+    super::tenant_ok(&b, a.tenant.as_deref())?;
     let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let page = tasks::list(
         &mut conn,

@@ -35,11 +35,8 @@ pub(super) struct RecurringArgs {
 pub(super) async fn recurring(a: RecurringArgs) -> Result<(), Failure> {
     let cfg = config::load(&a.config.config)?;
     let b = cfg.business(&a.business).map_err(Failure::usage)?;
-    if b.recurring.is_empty() {
-        return Err(Failure::usage(format!(
-            "business \"{}\" has no recurring schedules ([businesses.{}.recurring.NAME])",
-            b.name, b.name
-        )));
+    if let Some(why) = crate::recurring::none_in(b) {
+        return Err(Failure::usage(why));
     }
     if a.action.any() {
         return super::recurring_control::run(&cfg, b, &a.action).await;

@@ -39,18 +39,7 @@ pub(super) async fn run(cfg: &Config, b: &Business, a: &ActionArgs) -> Result<()
         (_, _, Some(n)) => ("schedule_run", n),
         _ => return Ok(()),
     };
-    let s = b
-        .recurring
-        .iter()
-        .find(|s| &s.name == name)
-        .ok_or_else(|| {
-            let known: Vec<&str> = b.recurring.iter().map(|s| s.name.as_str()).collect();
-            Failure::usage(format!(
-                "business \"{}\" has no schedule \"{name}\": its schedules are {}",
-                b.name,
-                known.join(", ")
-            ))
-        })?;
+    let s = crate::recurring::named(b, name).map_err(Failure::usage)?;
     let conn = redis_conn(cfg).await?;
     let redis = |e: crate::store::StoreError| {
         Failure::runtime(format!("business \"{}\": redis: {e}", b.name))

@@ -60,13 +60,7 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
             t.len()
         )));
     }
-    if let Some(why) = a
-        .tenant
-        .as_deref()
-        .and_then(|t| crate::tasks::tenant_refused(b, t.as_bytes()))
-    {
-        return Err(Failure::usage(format!("--tenant: {why}")));
-    }
+    super::tenant_ok(b, a.tenant.as_deref())?;
     let mut conn = redis_conn(&cfg).await?;
     let redis = |e| Failure::runtime(format!("business \"{}\": redis: {e}", b.name));
     let cursor = match (&a.prefix, &a.body) {

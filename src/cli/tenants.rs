@@ -57,11 +57,8 @@ struct ActionArgs {
 pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
     let cfg = config::load(&a.config.config)?;
     let b = cfg.business(&a.business).map_err(Failure::usage)?;
-    if b.tenants.is_none() {
-        return Err(Failure::usage(format!(
-            "business \"{}\" has no tenants (tenants = true in its config)",
-            b.name
-        )));
+    if let Some(why) = tenants::none_in(b) {
+        return Err(Failure::usage(why));
     }
     if !(1..=MOST_LISTED).contains(&a.limit) {
         return Err(Failure::usage(format!(

@@ -29,51 +29,35 @@ if id_mode and window > 0 then
 end
 local total = 0
 local delivered = 0
-local i = r + 4
-while i <= #ARGV do
-  local tag = tonumber(ARGV[i])
-  local n = tonumber(ARGV[i + 1])
-  local first, last = i + 2, i + 1 + n
-  i = last + 1
-  if n > 0 then
-    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, last))
-    local ours = {}
-    for k, score in ipairs(scores) do
-      if score and tag_of(score) == tag then
-        ours[#ours + 1] = ARGV[first + k - 1]
-      end
+each_held(KEYS[1], ARGV, r + 4, function(_, ours)
+  redis.call('ZREM', KEYS[1], unpack(ours))
+  if has_meta then redis.call('HDEL', KEYS[2], unpack(ours)) end
+  total = total + #ours
+  if id_mode then
+    local names = ours
+    if now and by_content then
+      local bodies = redis.call('HMGET', KEYS[5], unpack(ours))
+      names = {}
+      for k, m in ipairs(ours) do names[k] = dedup_name(m, bodies[k]) end
     end
-    if #ours > 0 then
-      redis.call('ZREM', KEYS[1], unpack(ours))
-      if has_meta then redis.call('HDEL', KEYS[2], unpack(ours)) end
-      total = total + #ours
-      if id_mode then
-        local names = ours
-        if now and by_content then
-          local bodies = redis.call('HMGET', KEYS[5], unpack(ours))
-          names = {}
-          for k, m in ipairs(ours) do names[k] = dedup_name(m, bodies[k]) end
-        end
-        local again = redis.call('ZMSCORE', KEYS[4], unpack(ours))
-        local done = {}
-        for k, sc in ipairs(again) do
-          if not sc then done[#done + 1] = ours[k] end
-        end
-        if #done > 0 then redis.call('HDEL', KEYS[5], unpack(done)) end
-        if now then
-          local rec = {}
-          local at = string.format('%.0f', now)
-          for _, m in ipairs(names) do
-            rec[#rec + 1] = at
-            rec[#rec + 1] = m
-          end
-          redis.call('ZADD', KEYS[6], unpack(rec))
-          delivered = delivered + #ours
-        end
+    local again = redis.call('ZMSCORE', KEYS[4], unpack(ours))
+    local done = {}
+    for k, sc in ipairs(again) do
+      if not sc then done[#done + 1] = ours[k] end
+    end
+    if #done > 0 then redis.call('HDEL', KEYS[5], unpack(done)) end
+    if now then
+      local rec = {}
+      local at = string.format('%.0f', now)
+      for _, m in ipairs(names) do
+        rec[#rec + 1] = at
+        rec[#rec + 1] = m
       end
+      redis.call('ZADD', KEYS[6], unpack(rec))
+      delivered = delivered + #ours
     end
   end
-end
+end)
 if delivered > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', string.format('%.0f', now - window))
   redis.call('PEXPIRE', KEYS[6], window)

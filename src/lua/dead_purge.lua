@@ -6,15 +6,7 @@
 -- Returns the number of members deleted. A named member that is not dead is
 -- left alone. In id mode a dead id's body goes with it, unless a producer
 -- has scheduled the id again.
-local members
-if #ARGV > 1 then
-  members = {}
-  for i = 2, math.min(#ARGV, tonumber(ARGV[1]) + 1) do
-    if redis.call('ZSCORE', KEYS[1], ARGV[i]) then members[#members + 1] = ARGV[i] end
-  end
-else
-  members = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-end
+local members = dead_picked(KEYS[1], tonumber(ARGV[1]), ARGV, 2)
 local has_body = redis.call('EXISTS', KEYS[5]) == 1
 for _, m in ipairs(members) do
   redis.call('ZREM', KEYS[1], m)

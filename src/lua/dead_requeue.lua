@@ -10,15 +10,7 @@ local err = wrong_type(KEYS[1])
 if err then return err end
 local now = now_ms()
 local unit = tonumber(ARGV[2])
-local members
-if #ARGV > 2 then
-  members = {}
-  for i = 3, math.min(#ARGV, tonumber(ARGV[1]) + 2) do
-    if redis.call('ZSCORE', KEYS[2], ARGV[i]) then members[#members + 1] = ARGV[i] end
-  end
-else
-  members = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
-end
+local members = dead_picked(KEYS[2], tonumber(ARGV[1]), ARGV, 3)
 for _, m in ipairs(members) do
   redis.call('ZADD', KEYS[1], 'NX', score_of(now, unit), m)
   redis.call('ZREM', KEYS[2], m)

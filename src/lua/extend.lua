@@ -8,26 +8,14 @@
 local now = now_ms()
 local lease = tonumber(ARGV[1])
 local total = 0
-local i = 2
-while i <= #ARGV do
-  local tag = tonumber(ARGV[i])
-  local n = tonumber(ARGV[i + 1])
-  local first, last = i + 2, i + 1 + n
-  i = last + 1
-  if n > 0 then
-    local deadline = inflight_score(now + lease, tag)
-    local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, first, last))
-    local args = {}
-    for k, score in ipairs(scores) do
-      if score and tag_of(score) == tag then
-        args[#args + 1] = deadline
-        args[#args + 1] = ARGV[first + k - 1]
-      end
-    end
-    if #args > 0 then
-      redis.call('ZADD', KEYS[1], 'XX', unpack(args))
-      total = total + #args / 2
-    end
+each_held(KEYS[1], ARGV, 2, function(tag, ours)
+  local deadline = inflight_score(now + lease, tag)
+  local args = {}
+  for _, m in ipairs(ours) do
+    args[#args + 1] = deadline
+    args[#args + 1] = m
   end
-end
+  redis.call('ZADD', KEYS[1], 'XX', unpack(args))
+  total = total + #ours
+end)
 return total

@@ -21,6 +21,44 @@ local function tag_of(score)
   return math.floor((s - math.floor(s)) * 1024 + 0.5)
 end
 
+-- Walks the groups {tag, n, m1..mn} of `args` from index `i` to its end,
+-- one per claim, calling each(tag, ours) with the group's members whose
+-- score in the in-flight set `inflight` still carries its tag, if any. The
+-- rest are not the claim's to settle: their lease expired and another claim
+-- holds them, or this call already ran once.
+local function each_held(inflight, args, i, each)
+  while i <= #args do
+    local tag = tonumber(args[i])
+    local n = tonumber(args[i + 1])
+    local first, last = i + 2, i + 1 + n
+    i = last + 1
+    if n > 0 then
+      local scores = redis.call('ZMSCORE', inflight, unpack(args, first, last))
+      local ours = {}
+      for k, score in ipairs(scores) do
+        if score and tag_of(score) == tag then
+          ours[#ours + 1] = args[first + k - 1]
+        end
+      end
+      if #ours > 0 then each(tag, ours) end
+    end
+  end
+end
+
+-- The dead members a purge or requeue acts on: those named in `args` from
+-- index `from` on (at most `most` of them) that are in the dead set `dead`,
+-- or, when none is named, the `most` oldest.
+local function dead_picked(dead, most, args, from)
+  if #args < from then
+    return redis.call('ZRANGE', dead, 0, most - 1)
+  end
+  local members = {}
+  for i = from, math.min(#args, most + from - 1) do
+    if redis.call('ZSCORE', dead, args[i]) then members[#members + 1] = args[i] end
+  end
+  return members
+end
+
 -- An error reply when `key` holds something other than a sorted set (an
 -- absent key is an empty one), else nil. Scripts that write K check it
 -- before any write: a ZADD failing after a ZREM would lose the member.

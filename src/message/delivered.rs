@@ -57,45 +57,29 @@ pub fn drop_delivery_count(props: &mut BasicProperties) -> Option<i64> {
 /// unset one).
 fn without_user_id(p: &BasicProperties) -> BasicProperties {
     let mut out = BasicProperties::default();
-    if let Some(v) = p.content_type() {
-        out = out.with_content_type(v.clone());
+    // One line per property, so one left out (and lost on delivery) shows.
+    macro_rules! copy {
+        ($($get:ident => $set:ident),* $(,)?) => {$(
+            if let Some(v) = p.$get() {
+                out = out.$set(v.clone());
+            }
+        )*};
     }
-    if let Some(v) = p.content_encoding() {
-        out = out.with_content_encoding(v.clone());
-    }
-    if let Some(v) = p.headers() {
-        out = out.with_headers(v.clone());
-    }
-    if let Some(v) = p.delivery_mode() {
-        out = out.with_delivery_mode(*v);
-    }
-    if let Some(v) = p.priority() {
-        out = out.with_priority(*v);
-    }
-    if let Some(v) = p.correlation_id() {
-        out = out.with_correlation_id(v.clone());
-    }
-    if let Some(v) = p.reply_to() {
-        out = out.with_reply_to(v.clone());
-    }
-    if let Some(v) = p.expiration() {
-        out = out.with_expiration(v.clone());
-    }
-    if let Some(v) = p.message_id() {
-        out = out.with_message_id(v.clone());
-    }
-    if let Some(v) = p.timestamp() {
-        out = out.with_timestamp(*v);
-    }
-    if let Some(v) = p.kind() {
-        out = out.with_type(v.clone());
-    }
-    if let Some(v) = p.app_id() {
-        out = out.with_app_id(v.clone());
-    }
-    if let Some(v) = p.cluster_id() {
-        out = out.with_cluster_id(v.clone());
-    }
+    copy!(
+        content_type => with_content_type,
+        content_encoding => with_content_encoding,
+        headers => with_headers,
+        delivery_mode => with_delivery_mode,
+        priority => with_priority,
+        correlation_id => with_correlation_id,
+        reply_to => with_reply_to,
+        expiration => with_expiration,
+        message_id => with_message_id,
+        timestamp => with_timestamp,
+        kind => with_type,
+        app_id => with_app_id,
+        cluster_id => with_cluster_id,
+    );
     out
 }
 

@@ -12,6 +12,17 @@ use crate::store::{Paused, Store, StoreError, TenantRow};
 /// Most tenants one listing shows per key.
 pub const MOST_LISTED: u64 = 1000;
 
+/// The one-line refusal for a business without tenants; `None` when `b`
+/// has them.
+pub fn none_in(b: &Business) -> Option<String> {
+    b.tenants.is_none().then(|| {
+        format!(
+            "business \"{}\" has no tenants (tenants = true in its config)",
+            b.name
+        )
+    })
+}
+
 /// Pauses `tenant` on every key, recording `by`; returns how many keys
 /// this call paused it on (0: it was paused already).
 pub async fn pause(stores: &[Store], tenant: &[u8], by: &str) -> Result<usize, StoreError> {

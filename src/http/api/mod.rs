@@ -219,10 +219,19 @@ const MAX_PAGE: usize = 1000;
 
 /// A page's `limit`: `default` when unset, else 1 to [`MAX_PAGE`].
 fn page_limit(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
-    match limit.unwrap_or(default) {
-        n @ 1..=MAX_PAGE => Ok(n),
+    count_within("limit", limit, default, MAX_PAGE)
+}
+
+/// A count the query gives in `field`: `default` when unset, else 1 to
+/// `most`, or a 400 naming the field and its range.
+fn count_within<T>(field: &str, v: Option<T>, default: T, most: T) -> Result<T, ApiError>
+where
+    T: Copy + PartialOrd + From<u8> + std::fmt::Display,
+{
+    match v.unwrap_or(default) {
+        n if (T::from(1)..=most).contains(&n) => Ok(n),
         n => Err(ApiError::bad(format!(
-            "\"limit\" must be between 1 and {MAX_PAGE} (got {n})"
+            "\"{field}\" must be between 1 and {most} (got {n})"
         ))),
     }
 }

@@ -10,11 +10,9 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, ApiError, Shared};
-use crate::config::recurring_section::Schedule;
-use crate::config::Business;
+use super::{bounded, count_within, ApiError, Shared};
 use crate::http::auth::require_admin;
-use crate::recurring::{control, view};
+use crate::recurring::{self, control, view};
 use crate::tasks::audit::Write;
 
 /// How long a schedules answer is reused, as the overview is.
@@ -41,14 +39,7 @@ pub async fn list(
     q: Result<Query<SchedulesQuery>, QueryRejection>,
 ) -> Reply {
     let Query(q) = q?;
-    let next = match q.next.unwrap_or(5) {
-        n @ 1..=MAX_NEXT => n,
-        n => {
-            return Err(ApiError::bad(format!(
-                "\"next\" must be between 1 and {MAX_NEXT} (got {n})"
-            )))
-        }
-    };
+    let next = count_within("next", q.next, 5, MAX_NEXT)?;
     let b = state.business(&name)?.clone();
     let conn = state.conn(&b.name)?;
     let key = cache_key(&b.name, next);
@@ -94,7 +85,7 @@ enum Act {
 async fn act(state: Shared, headers: HeaderMap, (b, s): (String, String), what: Act) -> Reply {
     let role = require_admin(&state, &headers, &b)?;
     let b = state.business(&b)?;
-    let s = schedule(b, &s)?;
+    let s = recurring::named(b, &s).map_err(ApiError::not_found)?;
     let conn = state.conn(&b.name)?;
     let (action, count, reply) = match what {
         Act::Pause => {
@@ -139,23 +130,4 @@ async fn act(state: Shared, headers: HeaderMap, (b, s): (String, String), what: 
     reply["business"] = b.name.clone().into();
     reply["schedule"] = s.name.clone().into();
     Ok(Json(reply))
-}
-
-/// The schedule called `name`, or a 404 naming the business's schedules.
-fn schedule<'a>(b: &'a Business, name: &str) -> Result<&'a Schedule, ApiError> {
-    b.recurring.iter().find(|s| s.name == name).ok_or_else(|| {
-        let known: Vec<&str> = b.recurring.iter().map(|s| s.name.as_str()).collect();
-        ApiError::not_found(if known.is_empty() {
-            format!(
-                "business \"{}\" has no recurring schedules ([businesses.{}.recurring.NAME])",
-                b.name, b.name
-            )
-        } else {
-            format!(
-                "business \"{}\" has no schedule \"{name}\": its schedules are {}",
-                b.name,
-                known.join(", ")
-            )
-        })
-    })
 }

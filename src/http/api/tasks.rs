@@ -79,20 +79,21 @@ pub async fn list(
         ),
     )
     .await?;
-    let rows: Vec<Value> = page
-        .tasks
-        .iter()
-        .map(|t| task_row(&t.member, t.due_ms))
-        .collect();
+    let rows = task_rows(page.tasks.iter().map(|t| (&t.member[..], t.due_ms)));
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
         "tasks": rows, "cursor": page.cursor,
     })))
 }
 
-/// One pending task of a page: its member as shown, its handle, its due time.
-pub(super) fn task_row(member: &[u8], due_ms: i64) -> Value {
-    json!({ "member": Shown::of(member), "handle": handle(member), "due_ms": due_ms })
+/// A page's pending tasks, each as its member (as shown), its handle and
+/// its due time.
+fn task_rows<'a>(tasks: impl Iterator<Item = (&'a [u8], i64)>) -> Vec<Value> {
+    tasks
+        .map(|(member, due_ms)| {
+            json!({ "member": Shown::of(member), "handle": handle(member), "due_ms": due_ms })
+        })
+        .collect()
 }
 
 /// Query of `GET /search`.
@@ -165,19 +166,15 @@ pub async fn search(
         ),
     )
     .await?;
-    let rows: Vec<Value> = page
-        .tasks
-        .iter()
-        .map(|t| task_row(&t.member, t.due_ms))
-        .collect();
+    let rows = task_rows(page.tasks.iter().map(|t| (&t.member[..], t.due_ms)));
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,
         "cursor": page.cursor, "partial": page.cursor.is_some(),
     })))
 }
 
-/// Refuses a `tenant` that cannot limit a read of `b` (no tenants, or not
-/// a name producers could write).
+/// Refuses a `tenant` that cannot name tasks of `b` (no tenants, or not a
+/// name producers could write).
 fn tenant_ok(b: &Business, tenant: Option<&str>) -> Result<(), ApiError> {
     match tenant.and_then(|t| tasks::tenant_refused(b, t.as_bytes())) {
         Some(why) => Err(ApiError::bad(format!("\"tenant\": {why}"))),
@@ -300,13 +297,7 @@ pub async fn schedule(
     let role = require_admin(&state, &headers, &name)?;
     let b = state.business(&name)?;
     let Json(req) = req?;
-    if let Some(why) = req
-        .tenant
-        .as_deref()
-        .and_then(|t| tasks::tenant_refused(b, t.as_bytes()))
-    {
-        return Err(ApiError::bad(format!("\"tenant\": {why}")));
-    }
+    tenant_ok(b, req.tenant.as_deref())?;
     let (member, body) = match (b.member, req.id) {
         (MemberMode::Id { .. }, None) => {
             return Err(ApiError::bad(format!(

@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, ApiError, Shared};
+use super::{bounded, count_within, ApiError, Shared};
 use crate::config::{Business, TenantSetting};
 use crate::http::auth::require_admin;
 use crate::tasks::audit::Write;
@@ -35,14 +35,7 @@ pub async fn list(
     q: Result<Query<TenantsQuery>, QueryRejection>,
 ) -> Reply {
     let Query(q) = q?;
-    let limit = match q.limit.unwrap_or(100) {
-        n @ 1..=MOST_LISTED => n,
-        n => {
-            return Err(ApiError::bad(format!(
-                "\"limit\" must be between 1 and {MOST_LISTED} (got {n})"
-            )))
-        }
-    };
+    let limit = count_within("limit", q.limit, 100, MOST_LISTED)?;
     let b = state.business(&name)?;
     with_tenants(b)?;
     let stores = state.stores_of(&b.name)?;
@@ -190,13 +183,7 @@ fn target<'a>(
 
 /// A 400 for a business without tenants.
 fn with_tenants(b: &Business) -> Result<(), ApiError> {
-    match b.tenants {
-        Some(_) => Ok(()),
-        None => Err(ApiError::bad(format!(
-            "business \"{}\" has no tenants (tenants = true in its config)",
-            b.name
-        ))),
-    }
+    tenants::none_in(b).map_or(Ok(()), |why| Err(ApiError::bad(why)))
 }
 
 async fn audit(state: &Shared, by: &str, b: &Business, action: &str, tenant: &str, n: usize) {
