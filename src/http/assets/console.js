@@ -341,7 +341,7 @@ async function act(method, p, body) {
   } else {
     showResult(r.json.error || "HTTP " + r.status, true);
   }
-  await refresh();
+  await inTurn();
 }
 
 // --- search by payload (id mode) ----------------------------------------------
@@ -436,7 +436,7 @@ async function bulkRun(b, action, body, n) {
     $("bulk-progress").textContent = action + ": " + total + " of at most " + n + " done in " + steps + " step" + (steps === 1 ? "" : "s") + (cursor ? "; going on…" : "");
   } while (cursor && steps < 10000);
   if (!cursor) showResult(action + ": " + total + " done", false);
-  await refresh();
+  await inTurn();
 }
 
 function wireBulk() {
@@ -670,11 +670,21 @@ async function refresh() {
   }
 }
 
+// One refresh at a time, in the order asked: a slow poll's answer must not
+// land after, and over, the answer to an action taken since (a row's
+// inputs would be rebuilt from the stale values under the user's typing).
+let turn = Promise.resolve();
+function inTurn() {
+  const next = turn.then(refresh);
+  turn = next.catch(() => {});
+  return next;
+}
+
 let busy = false;
 async function render() {
   if (busy) return;
   busy = true;
-  try { await refresh(); } finally { busy = false; }
+  try { await inTurn(); } finally { busy = false; }
 }
 
 function wire() {
