@@ -16,58 +16,16 @@ pub(super) fn validate_intake(
 ) -> Option<Settings> {
     let before = problems.len();
     let place = |field: &str| format!("business \"{name}\", field \"intake.{field}\"");
-    let mut named = |field: &str, v: Option<String>| -> String {
-        let s = required(&place(field), v, false, problems);
-        if !s.is_empty() {
-            check_short_string(&place(field), &s, problems);
-            if s.starts_with("amq.") {
-                problems.push(format!(
-                    "{} \"{s}\" starts with \"amq.\", a prefix the broker reserves for itself",
-                    place(field)
-                ));
-            }
-        }
-        s
-    };
-    let exchange = named("exchange", raw.exchange);
-    let queue = named("queue", raw.queue);
+    let exchange = broker_name(&place("exchange"), raw.exchange, problems);
+    let queue = broker_name(&place("queue"), raw.queue, problems);
     if !exchange.is_empty() && exchange == target {
         problems.push(format!("{}: \"{exchange}\" is also the business's exchange, where delayd delivers: each delivery would come back to the intake; producers publish to the intake exchange, consumers bind to the other", place("exchange")));
     }
     if member == Some("body") {
         problems.push(format!("business \"{name}\", field \"member\": an intake stores every message by its id, so it needs member = \"id\" (or no member setting, which implies it)"));
     }
-    let queue_type = one_of(
-        &place("queue_type"),
-        raw.queue_type.as_deref(),
-        &[
-            ("classic", "", QueueType::Classic),
-            ("quorum", "", QueueType::Quorum),
-        ],
-        problems,
-    );
-    let x_delay = one_of(
-        &place("x_delay"),
-        raw.x_delay.as_deref(),
-        &[
-            ("as-published", "", XDelay::AsPublished),
-            ("negated", "", XDelay::Negated),
-        ],
-        problems,
-    );
-    let user_id = one_of(
-        &place("user_id"),
-        raw.user_id.as_deref(),
-        &[
-            ("drop-others", "", UserId::DropOthers),
-            (
-                "keep",
-                "delayd's user needs the impersonator tag",
-                UserId::Keep,
-            ),
-        ],
-        problems,
-    );
+    let words = [&raw.queue_type, &raw.x_delay, &raw.user_id].map(|w| w.as_deref());
+    let (queue_type, x_delay, user_id) = choices(&place, words, problems);
     let mut range = |field: &str, v: Option<i64>, default: i64, max: i64| -> i64 {
         size_within(&place(field), v, default, max, problems)
     };
@@ -81,20 +39,12 @@ pub(super) fn validate_intake(
     let max_message_size = raw
         .max_message_size
         .map(|n| range("max_message_size", Some(n), 1, 512 << 20) as usize);
-    let dead_letter_exchange = raw.dead_letter_exchange;
-    if let Some(d) = &dead_letter_exchange {
-        check_short_string(&place("dead_letter_exchange"), d, problems);
-    }
-    let dead_letter_queue = raw.dead_letter_queue;
-    if let Some(q) = &dead_letter_queue {
-        check_short_string(&place("dead_letter_queue"), q, problems);
-        if dead_letter_exchange.is_none() {
-            problems.push(format!(
-                "{}: names the queue behind dead_letter_exchange, which is not set; set both, or neither",
-                place("dead_letter_queue")
-            ));
-        }
-    }
+    let (dead_letter_exchange, dead_letter_queue) = dead_letters(
+        &place,
+        raw.dead_letter_exchange,
+        raw.dead_letter_queue,
+        problems,
+    );
     let replica_wait = replica_wait(
         &place,
         &raw.replicas,
@@ -103,22 +53,12 @@ pub(super) fn validate_intake(
         mode,
         problems,
     );
-    let tenant_header = raw.tenant_header;
-    if let Some(h) = &tenant_header {
-        check_short_string(&place("tenant_header"), h, problems);
-        if h.is_empty() {
-            problems.push(format!(
-                "{} is empty; name the header that carries each message's tenant, or remove it",
-                place("tenant_header")
-            ));
-        }
-        if !tenants {
-            problems.push(format!(
-                "{} needs tenants = true on the business; add it or remove the header",
-                place("tenant_header")
-            ));
-        }
-    }
+    let tenant_header = tenant_header(
+        &place("tenant_header"),
+        raw.tenant_header,
+        tenants,
+        problems,
+    );
     (problems.len() == before).then(|| Settings {
         exchange,
         queue,
@@ -133,6 +73,107 @@ pub(super) fn validate_intake(
         replica_wait,
         tenant_header,
     })
+}
+
+/// An exchange or queue the intake declares: required, a short string, and
+/// not in the broker's own `amq.` namespace.
+fn broker_name(place: &str, v: Option<String>, problems: &mut Vec<String>) -> String {
+    let s = required(place, v, false, problems);
+    if !s.is_empty() {
+        check_short_string(place, &s, problems);
+        if s.starts_with("amq.") {
+            problems.push(format!(
+                "{place} \"{s}\" starts with \"amq.\", a prefix the broker reserves for itself"
+            ));
+        }
+    }
+    s
+}
+
+/// `queue_type`, `x_delay` and `user_id` as written: each one of its words.
+fn choices(
+    place: &dyn Fn(&str) -> String,
+    [queue_type, x_delay, user_id]: [Option<&str>; 3],
+    problems: &mut Vec<String>,
+) -> (QueueType, XDelay, UserId) {
+    let queue_type = one_of(
+        &place("queue_type"),
+        queue_type,
+        &[
+            ("classic", "", QueueType::Classic),
+            ("quorum", "", QueueType::Quorum),
+        ],
+        problems,
+    );
+    let x_delay = one_of(
+        &place("x_delay"),
+        x_delay,
+        &[
+            ("as-published", "", XDelay::AsPublished),
+            ("negated", "", XDelay::Negated),
+        ],
+        problems,
+    );
+    let user_id = one_of(
+        &place("user_id"),
+        user_id,
+        &[
+            ("drop-others", "", UserId::DropOthers),
+            (
+                "keep",
+                "delayd's user needs the impersonator tag",
+                UserId::Keep,
+            ),
+        ],
+        problems,
+    );
+    (queue_type, x_delay, user_id)
+}
+
+/// `dead_letter_exchange` and the queue behind it: short strings, and the
+/// queue only with the exchange.
+fn dead_letters(
+    place: &dyn Fn(&str) -> String,
+    exchange: Option<String>,
+    queue: Option<String>,
+    problems: &mut Vec<String>,
+) -> (Option<String>, Option<String>) {
+    if let Some(d) = &exchange {
+        check_short_string(&place("dead_letter_exchange"), d, problems);
+    }
+    if let Some(q) = &queue {
+        check_short_string(&place("dead_letter_queue"), q, problems);
+        if exchange.is_none() {
+            problems.push(format!(
+                "{}: names the queue behind dead_letter_exchange, which is not set; set both, or neither",
+                place("dead_letter_queue")
+            ));
+        }
+    }
+    (exchange, queue)
+}
+
+/// `tenant_header`: a header name, only on a business with tenants.
+fn tenant_header(
+    place: &str,
+    header: Option<String>,
+    tenants: bool,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    if let Some(h) = &header {
+        check_short_string(place, h, problems);
+        if h.is_empty() {
+            problems.push(format!(
+                "{place} is empty; name the header that carries each message's tenant, or remove it"
+            ));
+        }
+        if !tenants {
+            problems.push(format!(
+                "{place} needs tenants = true on the business; add it or remove the header"
+            ));
+        }
+    }
+    header
 }
 
 /// `replicas`, `replica_timeout` and `replica_ack`: by default one replica
