@@ -255,7 +255,6 @@ pub(super) fn validate_business(
     problems: &mut Vec<String>,
 ) -> Option<Business> {
     let before = problems.len();
-    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
     let Names {
         key,
         exchange,
@@ -263,26 +262,7 @@ pub(super) fn validate_business(
     } = names(name, &mut rb, problems);
     let sizes = sizes(name, &rb, problems);
     problems.extend(shards_share_a_slot(name, &key, mode, sizes.shards));
-    // One default in every mode: a producer's key names must not depend on
-    // where Redis runs.
-    let shard_names = one_of(
-        &field("shard_names"),
-        rb.shard_names.as_deref(),
-        &[
-            ("index", "K:0, K:1, ...", ShardNames::Index),
-            ("spread", "one slot range per shard", ShardNames::Spread),
-        ],
-        problems,
-    );
-    let max_rate_scope = one_of(
-        &field("max_rate_scope"),
-        rb.max_rate_scope.as_deref(),
-        &[
-            ("process", "", RateScope::Process),
-            ("cluster", "", RateScope::Cluster),
-        ],
-        problems,
-    );
+    let (shard_names, max_rate_scope, trace) = words(name, &rb, problems);
     problems.extend(shared_rate_without_rate(
         name,
         max_rate_scope,
@@ -310,19 +290,6 @@ pub(super) fn validate_business(
     let member = member_mode(name, &rb, intake.is_some(), &recurring, &timing, problems);
     let envelopes = rb.envelopes.unwrap_or(false);
     problems.extend(envelopes_by_body(name, envelopes, member));
-    let trace = one_of(
-        &format!("business \"{name}\", field \"trace\""),
-        rb.trace.as_deref(),
-        &[
-            ("off", "", Trace::Off),
-            (
-                "link",
-                "a new trace per publish, linked to the producer's",
-                Trace::Link,
-            ),
-        ],
-        problems,
-    );
     let tokens = business_tokens(name, &mut rb, problems);
     let tenants = tenants(name, &mut rb, problems);
     if problems.len() > before {
@@ -360,6 +327,49 @@ pub(super) fn validate_business(
         tokens,
         tenants,
     })
+}
+
+/// `shard_names`, `max_rate_scope` and `trace`: each one of its words.
+fn words(
+    name: &str,
+    rb: &RawBusiness,
+    problems: &mut Vec<String>,
+) -> (ShardNames, RateScope, Trace) {
+    let field = |f: &str| format!("business \"{name}\", field \"{f}\"");
+    // One default in every mode: a producer's key names must not depend on
+    // where Redis runs.
+    let shard_names = one_of(
+        &field("shard_names"),
+        rb.shard_names.as_deref(),
+        &[
+            ("index", "K:0, K:1, ...", ShardNames::Index),
+            ("spread", "one slot range per shard", ShardNames::Spread),
+        ],
+        problems,
+    );
+    let max_rate_scope = one_of(
+        &field("max_rate_scope"),
+        rb.max_rate_scope.as_deref(),
+        &[
+            ("process", "", RateScope::Process),
+            ("cluster", "", RateScope::Cluster),
+        ],
+        problems,
+    );
+    let trace = one_of(
+        &field("trace"),
+        rb.trace.as_deref(),
+        &[
+            ("off", "", Trace::Off),
+            (
+                "link",
+                "a new trace per publish, linked to the producer's",
+                Trace::Link,
+            ),
+        ],
+        problems,
+    );
+    (shard_names, max_rate_scope, trace)
 }
 
 /// `tenants = true` and its `[businesses.NAME.tenant_weights]` and
