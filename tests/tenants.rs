@@ -1101,17 +1101,22 @@ async fn a_max_rate_set_at_run_time_holds_and_default_returns_the_tenant_to_the_
     inbox.assert_each_once(&want, "a tenant capped at run time, then not");
 }
 
-/// In id mode, a search by body text shows a task waiting in its tenant's
-/// set as pending, with its due time, as it does one in `K`.
+/// In id mode, a search by body text shows tasks waiting in their tenants'
+/// sets as pending, with their due times, as it does one in `K`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_search_shows_a_task_in_its_tenants_set_as_pending_with_its_due_time() {
+async fn a_body_search_shows_tasks_in_their_tenants_sets_as_pending_with_their_due_times() {
     let b = BusinessSpec::with_extra("tenants_body", "tenants = true\nmember = \"id\"");
     let s = Setup::new(&[&b]).await;
     let cfg = s.config.to_str().unwrap();
     let needle = unique("needle");
     let at_ms = redis_now_ms(&mut s.redis.clone()).await + 3_600_000;
     let at = at_ms.to_string();
-    for (id, tenant) in [("in-acme", Some("acme")), ("in-k", None)] {
+    let tasks = [
+        ("in-acme", Some("acme")),
+        ("in-globex", Some("globex")),
+        ("in-k", None),
+    ];
+    for (id, tenant) in tasks {
         let mut args = vec!["schedule", "-c", cfg, &b.name, "--id", id, "--at-ms", &at];
         args.extend(tenant.map_or(vec![], |t| vec!["--tenant", t]));
         args.push(&needle);
@@ -1120,7 +1125,7 @@ async fn a_body_search_shows_a_task_in_its_tenants_set_as_pending_with_its_due_t
     }
     let (code, out, err) = delayd(&["search", "-c", cfg, &b.name, "--body", &needle]);
     assert_eq!(code, 0, "{out}{err}");
-    for id in ["in-acme", "in-k"] {
+    for (id, _) in tasks {
         let line = out
             .lines()
             .find(|l| l.contains(&format!("\t{id}\t")))

@@ -270,20 +270,18 @@ async fn due_of<C: ConnectionLike>(
     key: &str,
     matches: &[BodyMatch],
 ) -> Result<Vec<Option<f64>>, StoreError> {
-    if matches.is_empty() {
-        return Ok(Vec::new());
-    }
     let ids: Vec<&[u8]> = matches.iter().map(|m| &m.id[..]).collect();
     let mut scores = scores_in(conn, key, &ids).await?;
-    for (m, score) in matches.iter().zip(scores.iter_mut()) {
-        if score.is_none() {
-            *score = match tenant_sets::find_for(conn, business, key, &m.id).await? {
-                Some(t) => Some(t.score),
-                // A claim may have moved it into `K` between the two looks.
-                None if business.tenants.is_some() => scores_in(conn, key, &[&m.id]).await?[0],
-                None => None,
-            };
-        }
+    let missed: Vec<usize> = (0..ids.len()).filter(|&i| scores[i].is_none()).collect();
+    if business.tenants.is_none() || missed.is_empty() {
+        return Ok(scores);
+    }
+    let asked: Vec<&[u8]> = missed.iter().map(|&i| ids[i]).collect();
+    let in_tenants = tenant_sets::find_each(conn, key, &asked).await?;
+    // A claim may have moved one into `K` between the two looks.
+    let again = scores_in(conn, key, &asked).await?;
+    for ((&i, t), k) in missed.iter().zip(in_tenants).zip(again) {
+        scores[i] = t.map(|t| t.score).or(k);
     }
     Ok(scores)
 }
@@ -294,6 +292,9 @@ async fn scores_in<C: ConnectionLike>(
     key: &str,
     ids: &[&[u8]],
 ) -> Result<Vec<Option<f64>>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut pipe = redis::pipe();
     for id in ids {
         pipe.zscore(key, id);

@@ -49,31 +49,57 @@ pub async fn find<C: ConnectionLike>(
     key: &str,
     member: &[u8],
 ) -> Result<Option<InTenant>, StoreError> {
+    Ok(find_each(conn, key, &[member]).await?.pop().flatten())
+}
+
+/// [`find`] for each of `members`, reading the index once: the tenant set
+/// that holds each, in the same order. At most `PER_CALL` `ZSCORE`s go
+/// in one round trip, asked only for the members not found yet.
+pub async fn find_each<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    members: &[&[u8]],
+) -> Result<Vec<Option<InTenant>>, StoreError> {
     let fam = KeyFamily::new(key);
+    let mut found: Vec<Option<InTenant>> = vec![None; members.len()];
+    if members.is_empty() {
+        return Ok(found);
+    }
     let tenants: Vec<Vec<u8>> = redis::cmd("ZRANGE")
         .arg(fam.tenant_index())
         .arg(0)
         .arg(MOST_TENANTS - 1)
         .query_async(conn)
         .await?;
-    for chunk in tenants.chunks(PER_CALL) {
+    let mut at = 0;
+    while at < tenants.len() {
+        let missing: Vec<usize> = (0..members.len()).filter(|&i| found[i].is_none()).collect();
+        if missing.is_empty() {
+            break;
+        }
+        let chunk = &tenants[at..tenants.len().min(at + (PER_CALL / missing.len()).max(1))];
+        at += chunk.len();
         let mut pipe = redis::pipe();
         for t in chunk {
-            pipe.zscore(fam.tenant_set(t), member);
+            for &i in &missing {
+                pipe.zscore(fam.tenant_set(t), members[i]);
+            }
         }
         let scores: Vec<Option<f64>> = pipe.query_async(conn).await?;
-        let hit = chunk.iter().zip(scores).find_map(|(t, s)| {
-            s.map(|score| InTenant {
-                tenant: t.clone(),
-                set: fam.tenant_set(t),
-                score,
-            })
-        });
-        if hit.is_some() {
-            return Ok(hit);
+        let mut scores = scores.into_iter();
+        for t in chunk {
+            for &i in &missing {
+                if let (Some(score), None) = (scores.next().flatten(), &found[i]) {
+                    found[i] = Some(InTenant {
+                        tenant: t.clone(),
+                        set: fam.tenant_set(t),
+                        score,
+                    });
+                }
+            }
         }
     }
-    Ok(None)
+    Ok(found)
 }
 
 /// Moves `member` in its tenant's set to `score` (`ZADD XX`) and lowers
