@@ -106,11 +106,7 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
             .as_ref()
             .and_then(|s| s.configured(*setting, t.as_bytes()));
         let said = set_said(*setting, t, *v, config);
-        let action = match setting {
-            TenantSetting::Weight => "tenant_weight",
-            TenantSetting::MaxRate => "tenant_max_rate",
-        };
-        (action, t, 1, said)
+        (setting.audit_action(), t, 1, said)
     } else {
         let l = tenants::list(b, &stores, a.offset, a.limit)
             .await

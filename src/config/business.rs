@@ -123,6 +123,22 @@ impl TenantSetting {
         }
     }
 
+    /// The config's table of it, per tenant.
+    pub fn section(self) -> &'static str {
+        match self {
+            Self::Weight => "tenant_weights",
+            Self::MaxRate => "tenant_max_rate",
+        }
+    }
+
+    /// What the audit log names a change of it.
+    pub fn audit_action(self) -> &'static str {
+        match self {
+            Self::Weight => "tenant_weight",
+            Self::MaxRate => "tenant_max_rate",
+        }
+    }
+
     /// The largest value it takes (the smallest is 1).
     pub fn most(self) -> u32 {
         match self {
@@ -376,45 +392,36 @@ fn words(
 /// `[businesses.NAME.tenant_max_rate]`: weights from 1 to 1000, rates from
 /// 1 to 10,000,000 a second, and only on a business with tenants.
 fn tenants(name: &str, rb: &mut RawBusiness, problems: &mut Vec<String>) -> Option<Tenants> {
-    let weights = rb.tenant_weights.take().unwrap_or_default();
-    let rates = rb.tenant_max_rate.take().unwrap_or_default();
+    let weights = (TenantSetting::Weight, rb.tenant_weights.take());
+    let rates = (TenantSetting::MaxRate, rb.tenant_max_rate.take());
     if rb.tenants != Some(true) {
-        for (section, set) in [("tenant_weights", &weights), ("tenant_max_rate", &rates)] {
-            if !set.is_empty() {
+        for (setting, set) in [&weights, &rates] {
+            if set.as_ref().is_some_and(|s| !s.is_empty()) {
+                let section = setting.section();
                 problems.push(format!("business \"{name}\", section \"{section}\" needs tenants = true; add it or remove the section"));
             }
         }
         return None;
     }
     Some(Tenants {
-        weights: per_tenant(
-            name,
-            "tenant_weights",
-            weights,
-            TenantSetting::Weight.most(),
-            problems,
-        ),
-        max_rates: per_tenant(
-            name,
-            "tenant_max_rate",
-            rates,
-            TenantSetting::MaxRate.most(),
-            problems,
-        ),
+        weights: per_tenant(name, weights, problems),
+        max_rates: per_tenant(name, rates, problems),
     })
 }
 
-/// One per-tenant section's values, each from 1 to `max`; a value out of
-/// range is a problem naming the tenant.
+/// One per-tenant section's values, each from 1 to its setting's most; a
+/// value out of range is a problem naming the tenant.
 fn per_tenant(
     name: &str,
-    section: &str,
-    raw: std::collections::BTreeMap<String, i64>,
-    max: u32,
+    (setting, raw): (
+        TenantSetting,
+        Option<std::collections::BTreeMap<String, i64>>,
+    ),
     problems: &mut Vec<String>,
 ) -> std::collections::BTreeMap<String, u32> {
+    let (section, max) = (setting.section(), setting.most());
     let mut out = std::collections::BTreeMap::new();
-    for (tenant, v) in raw {
+    for (tenant, v) in raw.unwrap_or_default() {
         match u32::try_from(v) {
             Ok(v) if (1..=max).contains(&v) => {
                 out.insert(tenant, v);

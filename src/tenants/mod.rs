@@ -7,6 +7,7 @@
 
 pub mod share;
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ pub struct Fair {
     settings: Tenants,
     /// How many keys the business's members are spread over.
     shards: usize,
+    /// The release budgets of the config's `max_rate`s, on this key.
+    budgets: Vec<TenantBudget>,
     /// Tenants with due work at the last claim; the next choice uses them.
     seen: Mutex<Vec<TenantDue>>,
 }
@@ -34,9 +37,15 @@ impl Fair {
     /// so that the keys together hold it to its `max_rate` while its
     /// members are spread evenly over them.
     pub fn new(settings: Tenants, shards: usize) -> Self {
+        let budgets = settings
+            .max_rates
+            .iter()
+            .map(|(t, rate)| TenantBudget::new(t, *rate, shards))
+            .collect();
         Self {
             settings,
             shards,
+            budgets,
             seen: Mutex::default(),
         }
     }
@@ -79,26 +88,34 @@ impl Fair {
             .is_empty()
     }
 
-    /// The release budgets on this key: the config's `max_rate`s, each
-    /// replaced by one set at run time that the last claim reported (a
-    /// tenant is reported while it has due work, which is when its budget
-    /// matters).
-    fn budgets(&self, seen: &[TenantDue]) -> Vec<TenantBudget> {
-        let mut rates = self.settings.max_rates.clone();
-        for t in seen {
-            if let (Some(rate), Ok(name)) = (t.max_rate, std::str::from_utf8(&t.tenant)) {
-                rates.insert(name.to_string(), rate);
-            }
-        }
-        rates
+    /// The release budgets on this key: the config's, each replaced by a
+    /// `max_rate` set at run time that the last claim reported (a tenant is
+    /// reported while it has due work, which is when its budget matters).
+    /// The config's alone, unless some tenant has one set at run time.
+    fn budgets(&self, seen: &[TenantDue]) -> Cow<'_, [TenantBudget]> {
+        let set: Vec<(&str, u32)> = seen
             .iter()
-            .map(|(t, rate)| TenantBudget::new(t, *rate, self.shards))
-            .collect()
+            .filter_map(|t| Some((std::str::from_utf8(&t.tenant).ok()?, t.max_rate?)))
+            .collect();
+        if set.is_empty() {
+            return Cow::Borrowed(&self.budgets);
+        }
+        let mut all: Vec<TenantBudget> = self
+            .budgets
+            .iter()
+            .filter(|b| !set.iter().any(|(t, _)| *t == b.tenant))
+            .cloned()
+            .collect();
+        all.extend(
+            set.into_iter()
+                .map(|(t, rate)| TenantBudget::new(t, rate, self.shards)),
+        );
+        Cow::Owned(all)
     }
 
     /// The next batch's takes from what the last claim saw, and the
     /// budgets the script holds them to.
-    fn plan(&self, limit: usize) -> (Vec<TenantTake>, f64, Vec<TenantBudget>) {
+    fn plan(&self, limit: usize) -> (Vec<TenantTake>, f64, Cow<'_, [TenantBudget]>) {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let budgets = self.budgets(&seen);
         // A capped tenant's share is planned at no more than its budget

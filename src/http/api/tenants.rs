@@ -147,15 +147,7 @@ async fn set(
         .tenants
         .as_ref()
         .and_then(|t| t.configured(setting, tenant.as_bytes()));
-    audit(
-        state,
-        role.name(),
-        b,
-        &format!("tenant_{field}"),
-        &tenant,
-        1,
-    )
-    .await;
+    audit(state, role.name(), b, setting.audit_action(), &tenant, 1).await;
     Ok(Json(json!({
         "business": b.name,
         "tenant": tenant,
