@@ -23,6 +23,7 @@ mod load;
 mod raw;
 pub mod recurring_section;
 mod redis_section;
+mod tenants_section;
 #[cfg(test)]
 mod tests;
 mod whole;
@@ -34,6 +35,8 @@ use intake_section::*;
 pub use load::*;
 use raw::*;
 pub use redis_section::*;
+use tenants_section::tenants;
+pub use tenants_section::{TenantSetting, Tenants};
 
 /// A configuration problem a user can fix by editing the file or environment.
 #[derive(Debug, thiserror::Error)]
