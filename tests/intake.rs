@@ -2125,12 +2125,12 @@ async fn hostile_tenant_headers_go_to_the_default_tenant_and_are_each_delivered_
 /// messages, due during that drain, late: in due order they would wait
 /// seconds behind it. The light due times are set from the burst's first
 /// stored due time, not from the clock after its confirms, which a loaded
-/// machine can push past the drain. Lateness is taken at delayd's release,
-/// what the fair claim decides: the earlier of the member seen gone from its
-/// tenant's set and its arrival. The path after the release (publish, the
-/// broker, this process's consumer) is shared with the burst's 2,000
-/// messages a second, and on a loaded machine added up to 180 ms to a
-/// message released on time.
+/// machine can push past the drain. What is asserted is what the fair claim
+/// decides: no claim run once a light message was due (on Redis's clock)
+/// moved the heavy tenant's members and left it waiting. Milliseconds are
+/// printed, not asserted: on a loaded machine (CI at d53985c) a stall of
+/// the whole host made one 211 ms late, and a stall says nothing of
+/// fairness.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_late() {
     let (t, d) = Intake::started(
@@ -2201,7 +2201,7 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
         .map(|(t, id)| (t.as_str(), id.clone()))
         .collect();
     let dues = stored_in_tenants(&t, &named, &d).await;
-    let released = watch_released(&t.redis, &t.key, &named);
+    let released = watch_released(&t.redis, &t.key, &named, "heavy");
     let heavy: HashSet<Vec<u8>> = (0..6_000)
         .map(|i| format!("heavy-{i}").into_bytes())
         .collect();
@@ -2230,7 +2230,7 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
     );
     let released = released.await.unwrap();
     let (mut late, mut delivered) = (Vec::new(), Vec::new());
-    for (((_, id), due), at) in light.iter().zip(&dues).zip(&released) {
+    for (((_, id), due), at) in light.iter().zip(&dues).zip(&released.at) {
         let r = got_light.iter().find(|r| r.body == id.as_bytes()).unwrap();
         assert!(r.at_ms >= *due as i64, "a light message arrived early");
         // Each is a moment after the release, seen by this process: the
@@ -2240,20 +2240,21 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
     }
     late.sort();
     delivered.sort();
-    let max = *late.last().unwrap();
     eprintln!(
-        "light lateness ms at release: p50 {} max {max}; at the consumer: p50 {} max {}; heavy's last {} ms after the last light due time",
+        "light lateness ms at release: p50 {} max {}; at the consumer: p50 {} max {}; heavy's last {} ms after the last light due time; heavy members released past a due light one: {:?}",
         late[late.len() / 2],
+        late.last().unwrap(),
         delivered[delivered.len() / 2],
         delivered.last().unwrap(),
-        heavy_last - last_light_due
+        heavy_last - last_light_due,
+        released.passed_over_by
     );
-    // Before claims served newly due tenants at once: 250-500 ms; now
-    // about 25 ms on an idle 2-core VM.
-    assert!(
-        max < 200,
-        "a light message was released {max} ms late behind the heavy burst"
-    );
+    for ((tenant, _), passed) in light.iter().zip(&released.passed_over_by) {
+        assert_eq!(
+            *passed, 0,
+            "claims run after {tenant}'s message was due released {passed} of the heavy tenant's members and left it waiting"
+        );
+    }
     delete_topology(&admin, &[&light_queue], &[]).await;
     t.stop(d).await;
 }

@@ -98,10 +98,12 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
     let _turn = TIMING.lock().await;
     // max_rate makes the heavy tenant's 20,000 members a 5 s drain, so a
     // release in due order would hold every light member behind them for
-    // seconds. Lateness is taken at release: the earlier of the member seen
-    // gone from its tenant's set and its arrival. The consumer reads the
-    // light members behind the drain in one queue, and on a loaded machine
-    // (a fresh-clone run at 91eb7b4) that alone made one 164 ms late.
+    // seconds. Asserted is what the fair claim decides: no claim run once a
+    // light member was due (on Redis's clock) moved heavy's members and
+    // left it waiting. The milliseconds, taken at release (the earlier of
+    // the member seen gone from its tenant's set and its arrival), are
+    // printed: a loaded host stalls everything alike, which says nothing
+    // of fairness.
     let b = BusinessSpec::with_extra("tenants_light", "tenants = true\nmax_rate = 4000");
     let s = Setup::new(&[&b]).await;
     let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
@@ -133,7 +135,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
             (tenants[k / 4].as_str(), member)
         })
         .collect();
-    let released = watch_released(&redis, &b.key, &named);
+    let released = watch_released(&redis, &b.key, &named, "heavy");
     let mut want = bodies(&heavy);
     want.extend(bodies(&light));
 
@@ -142,7 +144,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
     let released = released.await.unwrap();
     let mut late: Vec<i64> = named
         .iter()
-        .zip(&released)
+        .zip(&released.at)
         .map(|((_, m), at)| {
             let r = got.iter().find(|r| r.body == m.as_bytes()).unwrap();
             assert!(r.at_ms >= r.due(), "a light member arrived early");
@@ -163,21 +165,20 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
         heavy_last > last_light_due + 300,
         "the heavy drain ended before the light members came due: the test shows nothing"
     );
-    let max = *late.last().unwrap();
     eprintln!(
-        "light lateness ms at release: p50 {} p99 {} max {max}; heavy drained {} ms after its due time",
+        "light lateness ms at release: p50 {} p99 {} max {}; heavy drained {} ms after its due time; heavy members released past a due light one: {}",
         late[late.len() / 2],
         late[late.len() * 99 / 100],
-        heavy_last - (now + 500)
+        late.last().unwrap(),
+        heavy_last - (now + 500),
+        released.passed_over_by.iter().sum::<u64>()
     );
-    // Before claims served newly due tenants at once, light members went
-    // out 150 ms (idle) to 500 ms (loaded) late here; now about 30 ms on
-    // an idle 2-core VM.
-    let p99 = late[late.len() * 99 / 100];
-    assert!(
-        p99 < 120 && max < 300,
-        "light members were late behind the heavy backlog: p99 {p99} ms, max {max} ms"
-    );
+    for ((_, member), passed) in named.iter().zip(&released.passed_over_by) {
+        assert_eq!(
+            *passed, 0,
+            "claims run after {member} was due released {passed} of the heavy tenant's members and left it waiting"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -369,41 +369,81 @@ pub async fn schedule_at(
     zadd_many(conn, key, &items).await;
 }
 
-/// When each of `ids` (tenant, member) left its tenant's set of `key`
-/// (epoch ms), polled every few milliseconds: the time a claim released
-/// it, or a little after. Panics if one is still there after 30 s.
+/// What [`watch_released`] saw of each light member.
+pub struct Released {
+    /// When each left its tenant's set (epoch ms on this host's clock): the
+    /// time a claim released it, or a little after.
+    pub at: Vec<i64>,
+    /// How many of the heavy tenant's members left its set, by claims run
+    /// on Redis's clock at or after each light member's due time, while
+    /// that member stayed in its own set: claims that passed it over.
+    pub passed_over_by: Vec<u64>,
+}
+
+/// Watches `ids` (tenant, member) in their tenants' sets of `key` beside
+/// the set of the tenant `heavy`, in atomic snapshots a few milliseconds
+/// apart, each with Redis's clock. A claim is atomic too, so a claim that
+/// ran between two snapshots in which a member was due and still waiting
+/// passed it over: counted by heavy's set shrinking. That count does not
+/// depend on how loaded the machine is; the times do. Panics if one is
+/// still there after 30 s.
 pub fn watch_released(
     conn: &redis::aio::MultiplexedConnection,
     key: &str,
     ids: &[(&str, String)],
-) -> tokio::task::JoinHandle<Vec<i64>> {
+    heavy: &str,
+) -> tokio::task::JoinHandle<Released> {
     let f = family(key);
+    let heavy_set = f.tenant_set(heavy.as_bytes());
     let sets: Vec<(Vec<u8>, String)> = ids
         .iter()
         .map(|(tenant, id)| (f.tenant_set(tenant.as_bytes()), id.clone()))
         .collect();
     let mut r = conn.clone();
     tokio::spawn(async move {
-        let mut left: Vec<Option<i64>> = vec![None; sets.len()];
+        let mut at: Vec<Option<i64>> = vec![None; sets.len()];
+        let mut passed_over_by = vec![0u64; sets.len()];
+        // Heavy's size at the last snapshot in which each was due and waiting.
+        let mut waiting_beside: Vec<Option<u64>> = vec![None; sets.len()];
         let start = Instant::now();
-        while left.iter().any(Option::is_none) {
+        while at.iter().any(Option::is_none) {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "not all released within 30 s"
             );
             let mut pipe = redis::pipe();
+            pipe.atomic().cmd("TIME").zcard(&heavy_set);
             for (set, id) in &sets {
                 pipe.zscore(set, id);
             }
-            let scores: Vec<Option<f64>> = pipe.query_async(&mut r).await.unwrap();
+            let mut v: Vec<redis::Value> = pipe.query_async(&mut r).await.unwrap();
+            let scores: Vec<Option<f64>> = v
+                .split_off(2)
+                .into_iter()
+                .map(|s| redis::from_redis_value(s).unwrap())
+                .collect();
+            let mut v = v.into_iter();
+            let (secs, micros): (u64, u64) = redis::from_redis_value(v.next().unwrap()).unwrap();
+            let heavy_left: u64 = redis::from_redis_value(v.next().unwrap()).unwrap();
+            let redis_ms = (secs * 1000 + micros / 1000) as f64;
             let now = wall_ms();
-            for (at, score) in left.iter_mut().zip(&scores) {
-                if score.is_none() && at.is_none() {
-                    *at = Some(now);
+            for (i, score) in scores.iter().enumerate() {
+                match score {
+                    None if at[i].is_none() => at[i] = Some(now),
+                    Some(due) if *due <= redis_ms => {
+                        if let Some(before) = waiting_beside[i] {
+                            passed_over_by[i] += before.saturating_sub(heavy_left);
+                        }
+                        waiting_beside[i] = Some(heavy_left);
+                    }
+                    _ => {}
                 }
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        left.into_iter().flatten().collect()
+        Released {
+            at: at.into_iter().flatten().collect(),
+            passed_over_by,
+        }
     })
 }
