@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs test binaries against one server set (deploy/local/lib.sh), with the
-# release build that deploy/local/test.sh made: the matrix's further sets.
+# test build that deploy/local/test.sh made: the matrix's further sets.
 #
 #   deploy/local/test-set.sh SET [cargo test args]   e.g. rabbitmq4-valkey8 --test intake
 #
@@ -30,7 +30,6 @@ exit_trap stop_noted_servers
 start_servers
 log "DELAYD_TEST_REDIS_URL=$DELAYD_TEST_REDIS_URL DELAYD_TEST_AMQP_URL=$DELAYD_TEST_AMQP_URL"
 rc=0
-use_release_daemon
 "${CARGO_TEST[@]}" --no-fail-fast "$@" || rc=$?
 if [[ "$SET_RABBITMQ" == 4 ]]; then
 	"${CARGO_TEST[@]}" --test intake_amqp10 -- --include-ignored || rc=$?

@@ -9,8 +9,8 @@
 #    promtool for the alert rules, the producer examples' Redis clients)
 #    when missing, all but the linker while cargo compiles; cargo itself is
 #    assumed;
-# 2. runs cargo fmt --check, and builds the release daemon and the test
-#    binaries (built lighter: CARGO_TEST in lib.sh);
+# 2. runs cargo fmt --check, and builds the test binaries and the daemon
+#    they run (built lighter: CARGO_TEST in lib.sh);
 # 3. starts the servers (deploy/local/servers.sh start), exports
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests, runs
 #    promtool's check and unit tests of deploy/prometheus/alerts.yml, then,
@@ -294,11 +294,7 @@ if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; t
 	bg_step "image build" "$DELAYD_LOCAL_DIR/image-build.log" "${LOWEST_PRIORITY[@]}" deploy/container/test.sh --build-only
 fi
 step "format" cargo fmt --all -- --check
-log "==> cargo build --release --bin delayd (the daemon the tests run)"
-daemon_t0="$(date +%s)"
-use_release_daemon
-results+=("daemon: ok ($(($(date +%s) - daemon_t0))s)")
-# The test binaries, built once for every set.
+# The test binaries and the daemon they run, built once for every set.
 step "build " "${CARGO_TEST[@]}" --no-run "$@"
 wait_packages
 step "alerts" sh -c 'promtool check rules deploy/prometheus/alerts.yml && promtool test rules deploy/prometheus/alerts.test.yml'
