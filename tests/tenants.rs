@@ -1137,3 +1137,51 @@ async fn a_body_search_shows_tasks_in_their_tenants_sets_as_pending_with_their_d
         );
     }
 }
+
+/// In id mode the periodic sweep deletes a body only when its id is in no
+/// set delayd reads: a task waiting in its tenant's set keeps its body
+/// across sweeps and is delivered, not made dead for "no body". (The sweep
+/// looked in `K`, in flight and the dead set only: the standing nemesis
+/// over a business with tenants, lease 5 s, found its tasks dead.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_waiting_in_their_tenants_sets_keep_their_bodies_across_sweeps_and_are_delivered() {
+    // A 1 s lease sweeps every second; the tasks wait 4 s.
+    let b = BusinessSpec::with_extra(
+        "tenants_swept",
+        "tenants = true\nmember = \"id\"\nlease = \"1s\"",
+    );
+    let s = Setup::new(&[&b]).await;
+    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let d = Daemon::start(&s.config);
+    let f = family(&b.key);
+    let due = redis_now_ms(&mut redis).await + 4_000;
+    let mut want = HashSet::new();
+    for t in ["acme", "globex"] {
+        let mut p = redis::pipe();
+        p.atomic();
+        for i in 0..50 {
+            let id = format!("{t}-{i}");
+            let body = unique(&format!("body-{id}"));
+            p.hset(&f.body, &id, &body).ignore();
+            p.zadd(f.tenant_set(t.as_bytes()), &id, due).ignore();
+            want.insert(body.into_bytes());
+        }
+        p.cmd("ZADD")
+            .arg(f.tenant_index())
+            .arg("LT")
+            .arg(due)
+            .arg(t)
+            .ignore();
+        let () = p.query_async(&mut redis).await.unwrap();
+    }
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    inbox.assert_each_once(&want, "tasks in their tenants' sets across sweeps");
+    let dead: u64 = zcard(&mut redis, &f.dead).await;
+    assert_eq!(
+        dead,
+        0,
+        "tasks made dead: {:?}",
+        dead_reason(&mut redis, &b.key, b"acme-0").await
+    );
+}
