@@ -4,6 +4,8 @@
 //! At the end every publish the broker confirmed is delivered (at least
 //! once) or in the business's dead set with a reason, and the duplicates
 //! are no more than delayd's counters of the events that may cost one.
+//! It runs twice at once: for a business without tenants, and for one with
+//! tenants named by the intake's header (none left in its index at the end).
 //!
 //! Private Redis and RabbitMQ (restarted by the test). The CI run makes
 //! one pass over the faults (about a minute); `DELAYD_NEMESIS_SECS=600`
@@ -15,7 +17,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::nemesis::{self, Fault, RedisSide};
+use common::nemesis::{self, Fault, RedisSide, Tenancy};
 use common::*;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -113,13 +115,14 @@ async fn config_set(c: &mut redis::aio::MultiplexedConnection, name: &str, value
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_nemesis() {
+/// The nemesis over a private standalone Redis, for `tenancy`: the two
+/// tests run at once, each with its own Redis, RabbitMQ node and instances.
+async fn nemesis_over_standalone(what: &str, tenancy: Tenancy) {
     let dir = tempfile::tempdir().unwrap();
     let mut redis = PrivateRedis::new(dir.path());
     tokio::task::block_in_place(|| redis.start());
     nemesis::run(
-        "nemesis",
+        what,
         Standalone(redis),
         dir.path(),
         &[
@@ -129,6 +132,18 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_ne
             Fault::RabbitRestart,
             Fault::MemoryAlarm,
         ],
+        tenancy,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_standing_nemesis() {
+    nemesis_over_standalone("nemesis", Tenancy::None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_confirmed_intake_publish_to_a_business_with_tenants_is_delivered_or_dead_under_a_standing_nemesis(
+) {
+    nemesis_over_standalone("tenants nemesis", Tenancy::ByHeader).await;
 }

@@ -284,23 +284,32 @@ async fn zadd_replicated(
 
 /// A business in sentinel mode with a consumer on its queue.
 struct Flow {
-    _consumers: Consumers,
+    _consumers: Arc<Consumers>,
     b: BusinessSpec,
     config: PathBuf,
     inbox: Inbox,
 }
 
 async fn flow(s: &Sentinels, name: &str, extra: &str) -> Flow {
-    let mut b = BusinessSpec::random(name);
-    b.extra = extra.to_string();
-    let c = Consumers::on(&amqp_url(), &[&b]).await;
-    let config = write_config_redis(c.dir.path(), &s.section("main"), &amqp_url(), "off", &[&b]);
-    Flow {
-        inbox: c.inbox(),
-        _consumers: c,
-        b,
-        config,
-    }
+    let b = BusinessSpec::with_extra(name, extra);
+    flows(s, vec![b]).await.pop().unwrap()
+}
+
+/// One flow per business, all in one config a daemon serves together.
+async fn flows(s: &Sentinels, bs: Vec<BusinessSpec>) -> Vec<Flow> {
+    let refs: Vec<&BusinessSpec> = bs.iter().collect();
+    let c = Consumers::on(&amqp_url(), &refs).await;
+    let config = write_config_redis(c.dir.path(), &s.section("main"), &amqp_url(), "off", &refs);
+    let c = Arc::new(c);
+    bs.into_iter()
+        .zip(c.inboxes.clone())
+        .map(|(b, inbox)| Flow {
+            _consumers: c.clone(),
+            b,
+            config: config.clone(),
+            inbox,
+        })
+        .collect()
 }
 
 impl Flow {
@@ -376,7 +385,8 @@ async fn drain_through_sentinel_delivers_every_member_exactly_once_and_empties_t
 
 /// The scanners claim, publish and ack on the master whatever its replica
 /// does: stopped (SIGSTOP) for 0.5 to 2 s again and again while members
-/// fall due over 8 s, it costs no duplicate and keeps nothing behind.
+/// fall due over 8 s, it costs no duplicate and keeps nothing behind, for a
+/// business without tenants and one with them alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_while_the_replica_lags_again_and_again_delivers_every_member_exactly_once_and_empties_the_family(
 ) {
@@ -397,8 +407,10 @@ async fn a_drain_while_the_replica_lags_again_and_again_delivers_every_member_ex
     .await;
 }
 
-/// 2000 members due over `spread_ms`, drained by one daemon with two
-/// scanners while `meanwhile` runs: each delivered once, the family gone.
+/// 2000 members due over `spread_ms` in each of two businesses, one without
+/// tenants (members in `K`) and one with (members spread over four tenants'
+/// sets), drained by one daemon with two scanners each while `meanwhile`
+/// runs: each delivered once, both families gone.
 async fn drain<F, Fut>(s: &'static Sentinels, name: &str, spread_ms: i64, meanwhile: F)
 where
     F: FnOnce(&'static Sentinels) -> Fut,
@@ -406,7 +418,14 @@ where
 {
     s.heal();
     let mut c = s.master_conn().await;
-    let f = flow(s, name, "scanners = 2").await;
+    let flows = flows(
+        s,
+        vec![
+            BusinessSpec::with_extra(name, "scanners = 2"),
+            BusinessSpec::with_extra(&format!("{name}_tenants"), "scanners = 2\ntenants = true"),
+        ],
+    )
+    .await;
     let now = redis_now_ms(&mut c).await;
     let want: Vec<String> = (0..2000).map(|i| format!("m-{i}")).collect();
     let items: Vec<(f64, Vec<u8>)> = want
@@ -417,15 +436,24 @@ where
             (due as f64, m.clone().into_bytes())
         })
         .collect();
-    zadd_many(&mut c, &f.b.key, &items).await;
-    let daemon = Daemon::start(&f.config);
+    zadd_many(&mut c, &flows[0].b.key, &items).await;
+    for t in 0..4 {
+        let mine: Vec<(f64, Vec<u8>)> = items.iter().skip(t).step_by(4).cloned().collect();
+        zadd_tenant(&mut c, &flows[1].b.key, &format!("t{t}"), &mine).await;
+    }
+    let daemon = Daemon::start(&flows[0].config);
     meanwhile(s).await;
-    f.wait_all(&want, Duration::from_secs(60), &daemon).await;
-    f.inbox.settle(Duration::from_millis(500)).await;
-    let want: std::collections::HashSet<Vec<u8>> =
+    let want_bodies: std::collections::HashSet<Vec<u8>> =
         want.iter().map(|m| m.as_bytes().to_vec()).collect();
-    f.inbox.assert_each_once(&want, "a clean run");
-    f.assert_family_gone(s).await;
+    for f in &flows {
+        f.wait_all(&want, Duration::from_secs(60), &daemon).await;
+    }
+    for f in &flows {
+        f.inbox.settle(Duration::from_millis(500)).await;
+        f.inbox
+            .assert_each_once(&want_bodies, &format!("a clean run of {}", f.b.name));
+        f.assert_family_gone(s).await;
+    }
     let log = daemon.logs();
     assert!(!log.contains("panicked"), "{log}");
 }
@@ -963,6 +991,7 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_nemesis_wit
             Fault::RabbitRestart,
             Fault::MemoryAlarm,
         ],
+        nemesis::Tenancy::None,
     )
     .await;
 }

@@ -10,7 +10,10 @@
 //! the dead road is taken too. Each copy beyond the first must be one that
 //! the events `docs/semantics.md` lists account for, as delayd's own
 //! counters count them: expired leases recovered, unconfirmed members
-//! handed back, intake deliveries the broker marked redelivered.
+//! handed back, intake deliveries the broker marked redelivered. A run
+//! over a business with tenants ([`Tenancy::ByHeader`]) holds the same
+//! ends, its publishes spread over tenants by the intake's header, and
+//! leaves no tenant in the business's index.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -96,10 +99,17 @@ async fn confirming_channel(url: &str) -> Option<(Connection, Channel)> {
 
 /// Publishes batches of ten to `exchange` until `stop`, each with
 /// `x-delay` between 0 and 3 s and every other one with a `message_id`,
-/// persistent, and records which the broker confirmed. Reconnects after
-/// any failure; a publish that fails or is not confirmed within 10 s is
-/// refused, never retried (a retry would be a new publish).
-async fn produce(url: String, exchange: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
+/// persistent, and with `tenancy`'s header, and records which the broker
+/// confirmed. Reconnects after any failure; a publish that fails or is not
+/// confirmed within 10 s is refused, never retried (a retry would be a new
+/// publish).
+async fn produce(
+    url: String,
+    exchange: String,
+    tenancy: Tenancy,
+    ledger: Arc<Ledger>,
+    stop: Arc<AtomicBool>,
+) {
     let mut rng = StdRng::from_os_rng();
     let mut conn: Option<(Connection, Channel)> = None;
     while !stop.load(Ordering::Relaxed) {
@@ -119,6 +129,9 @@ async fn produce(url: String, exchange: String, ledger: Arc<Ledger>, stop: Arc<A
                 "x-delay".into(),
                 AMQPValue::LongInt(rng.random_range(0..=3000)),
             );
+            if let Some(tenant) = tenancy.tenant_of(seq) {
+                h.insert(TENANT_HEADER.into(), AMQPValue::LongString(tenant.into()));
+            }
             let mut props = BasicProperties::default()
                 .with_headers(h)
                 .with_delivery_mode(2);
@@ -260,6 +273,39 @@ pub enum Fault<R> {
     MemoryAlarm,
     /// One of the Redis side's faults.
     Redis(R),
+}
+
+/// The business the nemesis runs: without tenants, or with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tenancy {
+    /// A business without tenants.
+    None,
+    /// `tenants = true`, each publish in one of [`TENANTS`] tenants named by
+    /// the intake's `tenant_header`, or (one in five) in the default tenant.
+    ByHeader,
+}
+
+/// How many tenants a [`Tenancy::ByHeader`] run spreads its publishes over.
+pub const TENANTS: u64 = 4;
+const TENANT_HEADER: &str = "x-tenant";
+
+impl Tenancy {
+    /// The tenant publish `seq` names, if any.
+    fn tenant_of(self, seq: u64) -> Option<String> {
+        let t = seq % (TENANTS + 1);
+        (self == Tenancy::ByHeader && t < TENANTS).then(|| format!("tenant-{t}"))
+    }
+
+    /// The business's settings, and its intake section's, for this tenancy.
+    fn settings(self) -> (&'static str, String) {
+        match self {
+            Tenancy::None => ("", String::new()),
+            Tenancy::ByHeader => (
+                "tenants = true\n",
+                format!("tenant_header = \"{TENANT_HEADER}\"\n"),
+            ),
+        }
+    }
 }
 
 /// What delayd's counters say could have cost a duplicate, summed over
@@ -419,8 +465,15 @@ fn plan() -> (Option<u64>, u64) {
 /// order, or cycles of them for `DELAYD_NEMESIS_SECS`), a private RabbitMQ
 /// node in `dir`, and checks the end: every confirmed publish delivered or
 /// dead with its reason, and no more duplicates than delayd's counters
-/// account for. `what` names the run in what it prints.
-pub async fn run<R: RedisSide>(what: &str, redis: R, dir: &Path, faults: &[Fault<R::Fault>]) {
+/// account for, over a business of `tenancy`. `what` names the run in what
+/// it prints.
+pub async fn run<R: RedisSide>(
+    what: &str,
+    redis: R,
+    dir: &Path,
+    faults: &[Fault<R::Fault>],
+    tenancy: Tenancy,
+) {
     let (secs, seed) = plan();
     eprintln!("{what}: seed {seed} (DELAYD_NEMESIS_SEED={seed} replays the schedule)");
     let started = Instant::now();
@@ -433,13 +486,14 @@ pub async fn run<R: RedisSide>(what: &str, redis: R, dir: &Path, faults: &[Fault
     let key = unique("test:nemesis");
     // A short lease: what a killed instance had claimed is recovered
     // within seconds, so the run settles soon after the last publish.
+    let (tenants, intake_tenants) = tenancy.settings();
     let spec = BusinessSpec {
         name: BUSINESS.into(),
         key: key.clone(),
         exchange: target.into(),
         routing_key: String::new(),
         extra: format!(
-            "properties = \"standard\"\nlease = \"5s\"\nretry_backoff = \"100ms\"\n[businesses.{BUSINESS}.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nmax_message_size = {MAX_MESSAGE_SIZE}\n"
+            "properties = \"standard\"\nlease = \"5s\"\nretry_backoff = \"100ms\"\n{tenants}[businesses.{BUSINESS}.intake]\nexchange = \"{intake}\"\nqueue = \"{intake}.q\"\nmax_message_size = {MAX_MESSAGE_SIZE}\n{intake_tenants}"
         ),
     };
     let config = write_config_redis(
@@ -474,6 +528,7 @@ pub async fn run<R: RedisSide>(what: &str, redis: R, dir: &Path, faults: &[Fault
             tokio::spawn(produce(
                 world.rabbit.url(),
                 intake.to_string(),
+                tenancy,
                 ledger.clone(),
                 stop.clone(),
             ))
@@ -628,6 +683,16 @@ pub async fn run<R: RedisSide>(what: &str, redis: R, dir: &Path, faults: &[Fault
             "publish {seq} is dead: {reason:?}"
         );
     }
+    if tenancy == Tenancy::ByHeader {
+        let left = members(&mut conn, &family(&key).tenant_index()).await;
+        assert!(
+            left.is_empty(),
+            "seed {seed}: every publish settled, yet the tenant index still names {:?}",
+            left.iter()
+                .map(|t| String::from_utf8_lossy(t))
+                .collect::<Vec<_>>()
+        );
+    }
     let oversized: Vec<u64> = confirmed
         .iter()
         .filter(|s| oversize(**s))
@@ -668,7 +733,10 @@ async fn seqs_of(
     out
 }
 
-async fn members(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<Vec<u8>> {
+async fn members(
+    c: &mut redis::aio::MultiplexedConnection,
+    key: impl redis::ToRedisArgs,
+) -> Vec<Vec<u8>> {
     redis::cmd("ZRANGE")
         .arg(key)
         .arg(0)
@@ -693,7 +761,7 @@ async fn dead(c: &mut redis::aio::MultiplexedConnection, key: &str) -> HashMap<u
             .unwrap();
         let seq = seqs.get(&id).unwrap_or_else(|| {
             panic!(
-                "dead id {} has no readable envelope",
+                "dead id {} has no readable envelope (dead for {reason:?})",
                 String::from_utf8_lossy(&id)
             )
         });
@@ -718,7 +786,7 @@ async fn within<T>(
 }
 
 /// Where the `lost` sequence numbers are, for the failure message: pending
-/// in `K`, in flight, or nowhere delayd keeps them.
+/// in `K` or in a tenant's set, in flight, or nowhere delayd keeps them.
 async fn whereabouts(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
@@ -727,8 +795,16 @@ async fn whereabouts(
     let f = family(key);
     let lost: HashSet<u64> = lost.iter().copied().collect();
     let mut out = Vec::new();
-    for (name, set) in [("pending", &f.pending), ("in flight", &f.inflight)] {
-        let ids = members(conn, set).await;
+    let mut sets: Vec<(String, Vec<u8>)> = vec![
+        ("pending".into(), f.pending.clone().into_bytes()),
+        ("in flight".into(), f.inflight.clone().into_bytes()),
+    ];
+    for tenant in members(conn, &f.tenant_index()).await {
+        let name = format!("in tenant {}'s set", String::from_utf8_lossy(&tenant));
+        sets.push((name, f.tenant_set(&tenant)));
+    }
+    for (name, set) in sets {
+        let ids = members(conn, &set).await;
         let here = seqs_of(conn, &f.body, &ids)
             .await
             .into_values()
