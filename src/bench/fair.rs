@@ -5,6 +5,7 @@
 //! the run, each pass writing into one of them while the others idle.
 
 use super::fair_load::{self, Target};
+use super::fair_release;
 use super::fair_report::{self, Burst, Capped, Pass, Share};
 use super::fair_sizes::FairSizes;
 use super::*;
@@ -200,12 +201,28 @@ async fn burst_pass(
     sleep_until_due(due, offset).await;
     let load = (z.light_rate, z.secs);
     let size = s.ctx.args.size;
-    let written = fair_load::light(redis, target, &s.light_tenants, load, size, offset).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let heavy_set = fair_release::Heavy {
+        set: target.set("heavy"),
+        due,
+    };
+    let limit = Duration::from_secs(300);
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    let watch = fair_release::watch(redis.clone(), heavy_set, rx, closed_tx, limit);
+    let watcher = tokio::spawn(watch);
+    let light = (&s.light_tenants[..], load);
+    let written = fair_load::light(redis, target, light.0, light.1, (size, offset), &tx).await;
+    drop(tx);
+    let written = written?;
+    // The watcher stops counting heavy members before the cancel below.
+    let _ = closed.await;
     let cancelled = fair_load::cancel_rest(redis, target, "heavy", due).await?;
     let mut late = end_pass(s, redis, target, offset).await?;
+    let released = watcher.await.map_err(|e| fail("bench")(e.to_string()))??;
     Ok(Burst {
         heavy: late.remove(&b'h').unwrap_or_default(),
         light: late.remove(&b'l').unwrap_or_default(),
+        released,
         light_written: written,
         cancelled,
         staged_late: staged_late.max(0),

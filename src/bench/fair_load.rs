@@ -18,7 +18,7 @@ pub(super) struct Target {
 
 impl Target {
     /// The set `tenant`'s members go to: its own, or `K`.
-    fn set(&self, tenant: &str) -> Vec<u8> {
+    pub fn set(&self, tenant: &str) -> Vec<u8> {
         if self.tenants {
             self.fam.tenant_set(tenant.as_bytes())
         } else {
@@ -114,15 +114,15 @@ pub(super) async fn burst(
 
 /// Light tenants' members, each due as it is written: `rate` per second in
 /// all for `secs`, member `i` to tenant `i mod tenants`, one transaction
-/// per 10 ms. `offset` is this machine's clock minus Redis's. Returns how
-/// many were written.
+/// per 10 ms. `offset` is this machine's clock minus Redis's. Each member
+/// written goes to `watch` as well. Returns how many were written.
 pub(super) async fn light(
     redis: &mut RedisConn,
     target: &Target,
     tenants: &[String],
     (rate, secs): (u32, u64),
-    size: usize,
-    offset: f64,
+    (size, offset): (usize, f64),
+    watch: &tokio::sync::mpsc::UnboundedSender<super::fair_release::Written>,
 ) -> Result<usize, BenchError> {
     let total = (rate as u64 * secs) as usize;
     let started = Instant::now();
@@ -143,6 +143,11 @@ pub(super) async fn light(
             target.add(&mut pipe, t, items);
         }
         send_pipe(redis, &pipe).await?;
+        for (t, items) in tenants.iter().zip(by_tenant) {
+            for (due, member) in items {
+                let _ = watch.send((target.set(t), member, due));
+            }
+        }
     }
     Ok(total)
 }

@@ -9,6 +9,8 @@ use super::report::{heading, percentile, row};
 pub(super) struct Burst {
     pub heavy: Vec<f64>,
     pub light: Vec<f64>,
+    /// The light members at delayd's release (`fair_release`).
+    pub released: super::fair_release::Released,
     /// Light members written (all due as written).
     pub light_written: usize,
     /// Heavy members still pending at the end of the window, cancelled.
@@ -191,8 +193,24 @@ fn pass_rows(pass: &Pass) {
         },
         rate_label(pass)
     );
-    lateness_row(&format!("{on}: light"), &b.light, b.light_written);
-    lateness_row(&format!("{on}: heavy"), &b.heavy, b.heavy.len());
+    lateness_row(
+        &format!("{on}: light, at the consumer"),
+        &b.light,
+        &received(&b.light, b.light_written),
+    );
+    lateness_row(
+        &format!("{on}: light, at release"),
+        &b.released.late_ms,
+        &format!(
+            "Redis's clock, 2 ms snapshots; {} heavy members released past a due light one",
+            b.released.passed_over
+        ),
+    );
+    lateness_row(
+        &format!("{on}: heavy"),
+        &b.heavy,
+        &received(&b.heavy, b.heavy.len()),
+    );
     let mut note = format!(
         "heavy members/s; {} cancelled after the window",
         b.cancelled
@@ -210,7 +228,8 @@ fn pass_rows(pass: &Pass) {
     );
 }
 
-fn lateness_row(label: &str, sorted: &[f64], sent: usize) {
+/// A lateness row: p99, then p50 and max, then `tail`.
+fn lateness_row(label: &str, sorted: &[f64], tail: &str) {
     if sorted.is_empty() {
         row(label, "no samples", "");
         return;
@@ -219,12 +238,16 @@ fn lateness_row(label: &str, sorted: &[f64], sent: usize) {
         label,
         &format!("p99 {:.1} ms", percentile(sorted, 0.99)),
         &format!(
-            "p50 {:.1} ms, max {:.1} ms; {} of {sent} received",
+            "p50 {:.1} ms, max {:.1} ms; {tail}",
             percentile(sorted, 0.50),
             sorted.last().copied().unwrap_or(0.0),
-            sorted.len()
         ),
     );
+}
+
+/// `n of sent received`, for a row taken at the consumer.
+fn received(sorted: &[f64], sent: usize) -> String {
+    format!("{} of {sent} received", sorted.len())
 }
 
 #[cfg(test)]

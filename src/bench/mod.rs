@@ -15,6 +15,7 @@ mod daemon;
 mod drain;
 mod fair;
 mod fair_load;
+mod fair_release;
 mod fair_report;
 mod fair_sizes;
 mod far_writes;
