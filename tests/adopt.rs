@@ -1,6 +1,6 @@
 //! `delayd adopt` against the real delayed-message plugin: nodes of the
 //! set's RabbitMQ (3.10, or 4.0 on the RabbitMQ 4 sets) running the
-//! archived plugin built for it from `deploy/local/peers`
+//! archived plugin built for it from `deploy/local/vendor`
 //! (`DELAYD_RABBITMQ_DELAYED_PLUGIN=1`), started once per node set for this
 //! test binary (one node, a two-node cluster, one node a test restarts) and
 //! killed by their watchers when it exits.

@@ -62,7 +62,7 @@ rmq_prepare() {
 	chmod 400 "$dir/home/.erlang.cookie"
 	# No plugins: delayd needs plain AMQP only, and fewer plugins boot faster.
 	# With DELAYD_RABBITMQ_DELAYED_PLUGIN=1, the delayed-message plugin that
-	# `delayd adopt` empties (built from deploy/local/peers once, see
+	# `delayd adopt` empties (built from deploy/local/vendor once, see
 	# rmq_delayed_plugin); the directory it lives in is remembered in
 	# DIR/plugins_dir for rmq_env.
 	printf '[].\n' >"$dir/enabled_plugins"
@@ -199,13 +199,13 @@ rmq_broker_plugins() {
 
 # rmq_delayed_plugin: prints a directory holding the archived
 # rabbitmq-delayed-message-exchange plugin, compiled for the set's broker
-# from the unmodified sources in deploy/local/peers (or DELAYD_DELAYED_PLUGIN_SRC),
+# from the unmodified sources in deploy/local/vendor (or DELAYD_DELAYED_PLUGIN_SRC),
 # once per broker version under .local/delayed-plugin/ and reused after.
 # build.sh needs erlc (erlang-base) and the broker's headers: Debian 12's for
 # RabbitMQ 3.10, and for RabbitMQ 4.0 those of the Debian 13 tree, where it
 # runs (trixie.sh exec; the repository is seen at the same path there).
 rmq_delayed_plugin() {
-	local src="${DELAYD_DELAYED_PLUGIN_SRC:-$DELAYD_REPO_ROOT/deploy/local/peers/rabbitmq-delayed-message-exchange}"
+	local src="${DELAYD_DELAYED_PLUGIN_SRC:-$DELAYD_REPO_ROOT/deploy/local/vendor/rabbitmq-delayed-message-exchange}"
 	[[ -x "$src/build.sh" || -f "$src/build.sh" ]] || die "no delayed-message plugin sources at $src (set DELAYD_DELAYED_PLUGIN_SRC)"
 	local ver out build=(bash "$src/build.sh")
 	[[ "$SET_RABBITMQ" == 3 ]] || build=("$DELAYD_REPO_ROOT/deploy/local/trixie.sh" exec bash "$src/build.sh")

@@ -25,7 +25,7 @@
 #   DELAYD_RABBITMQ_COOKIE     the Erlang cookie (the same for a cluster's nodes)
 #   DELAYD_RABBITMQ_WATCH_PID  kill the node once this process has exited
 #   DELAYD_RABBITMQ_DELAYED_PLUGIN=1  run the archived delayed-message plugin
-#       (compiled once from deploy/local/peers for the set's broker), for
+#       (compiled once from deploy/local/vendor for the set's broker), for
 #       `delayd adopt` tests
 set -euo pipefail
 
