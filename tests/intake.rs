@@ -1029,7 +1029,8 @@ async fn a_batch_half_stored_at_the_stop_is_handed_back_only_in_its_unstored_hal
 async fn kill_9_mid_intake_loses_nothing() {
     // A short lease, so what the killed process had claimed comes back soon.
     let t = Intake::new(ExchangeKind::Direct, &[""], "lease = \"2s\"", "").await;
-    let port = listen_on_free_port(&t.config, 30000..40000);
+    // Below the ephemeral range: the restarted instance binds it again.
+    let port = listen_on_free_port(&t.config, 25000..26000);
     let mut d = t.start().await;
     let n = 20_000usize;
     let producer = {
@@ -1096,7 +1097,8 @@ async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_deliv
         "queue_type = \"quorum\"",
     )
     .await;
-    let port = listen_on_free_port(&t.config, 30000..40000);
+    // Below the ephemeral range: the restarted instance binds it again.
+    let port = listen_on_free_port(&t.config, 25000..26000);
     // A Redis of its own: the pause below stops every writer of a server,
     // and the other tests' must go on.
     let redis_server = PrivateRedis::started(t.dir.path());
