@@ -1157,22 +1157,19 @@ async fn tasks_waiting_in_their_tenants_sets_keep_their_bodies_across_sweeps_and
     let due = redis_now_ms(&mut redis).await + 4_000;
     let mut want = HashSet::new();
     for t in ["acme", "globex"] {
+        // Bodies first, then the ids, as a producer writes them: no id is
+        // ever there without its body.
+        let mut ids = Vec::new();
         let mut p = redis::pipe();
-        p.atomic();
         for i in 0..50 {
             let id = format!("{t}-{i}");
             let body = unique(&format!("body-{id}"));
             p.hset(&f.body, &id, &body).ignore();
-            p.zadd(f.tenant_set(t.as_bytes()), &id, due).ignore();
             want.insert(body.into_bytes());
+            ids.push((due as f64, id.into_bytes()));
         }
-        p.cmd("ZADD")
-            .arg(f.tenant_index())
-            .arg("LT")
-            .arg(due)
-            .arg(t)
-            .ignore();
         let () = p.query_async(&mut redis).await.unwrap();
+        zadd_tenant(&mut redis, &b.key, t, &ids).await;
     }
     wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
     inbox.settle(Duration::from_millis(500)).await;

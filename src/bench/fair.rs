@@ -210,8 +210,8 @@ async fn burst_pass(
     let (closed_tx, closed) = tokio::sync::oneshot::channel();
     let watch = fair_release::watch(redis.clone(), heavy_set, rx, closed_tx, limit);
     let watcher = tokio::spawn(watch);
-    let light = (&s.light_tenants[..], load);
-    let written = fair_load::light(redis, target, light.0, light.1, (size, offset), &tx).await;
+    let tenants = &s.light_tenants;
+    let written = fair_load::light(redis, target, tenants, load, (size, offset), &tx).await;
     drop(tx);
     let written = written?;
     // The watcher stops counting heavy members before the cancel below.
