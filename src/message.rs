@@ -222,6 +222,7 @@ mod tests {
             due_ms: 0,
             attempt: 1,
             body: Some(env.clone()),
+            tenant: None,
         };
         assert!(claimed.body().len() > 4000, "the envelope holds the header");
         assert_eq!(published_body(business, &claimed), b"small body");

@@ -101,6 +101,11 @@ pub struct Claimed {
     pub attempt: u32,
     /// Id mode: the body read beside the id in the claim call.
     pub body: Option<Vec<u8>>,
+    /// With tenants: the tenant whose set the claim moved it from (`None`
+    /// for a member that was already in `K`). Its ack looks for the id
+    /// scheduled again there, and its tenant's unconfirmed publishes count
+    /// it.
+    pub tenant: Option<std::sync::Arc<[u8]>>,
 }
 
 impl Claimed {
@@ -273,7 +278,7 @@ pub struct SweepOutcome {
 }
 
 /// Appends one settle call's groups as ARGV `{tag, n, m1..mn}`, the layout
-/// `ack.lua` and `extend.lua` read.
+/// `extend.lua` reads (and `ack.lua`, after its tenants).
 fn push_groups(inv: &mut redis::ScriptInvocation<'_>, call: &[(u16, &[&[u8]])]) {
     for (tag, members) in call {
         inv.arg(tag).arg(members.len());
@@ -449,13 +454,17 @@ impl Store {
     /// Forgets members the broker confirmed, and, in the same atomic step,
     /// the records of the claims this completes. Members another claim
     /// holds now are left alone, so repeating the call is harmless.
-    pub async fn ack(&self, groups: &[Held<&[u8]>], records: &[String]) -> Result<u64, StoreError> {
+    pub async fn ack(
+        &self,
+        groups: &[Held<&Claimed>],
+        records: &[String],
+    ) -> Result<u64, StoreError> {
         if groups.iter().all(|g| g.1.is_empty()) && records.is_empty() {
             return Ok(0);
         }
         let mut conn = self.conn.clone();
         let mut total = 0;
-        let calls = calls(groups, |m| m.len());
+        let calls = calls(groups, |c| c.member.len());
         let last = calls.len() - 1;
         for (i, call) in calls.into_iter().enumerate() {
             // The records go with the last call: deleted only if all of
@@ -474,10 +483,34 @@ impl Store {
             for r in records {
                 inv.arg(r.as_str());
             }
-            push_groups(&mut inv, &call);
+            self.push_owners(&mut inv, &call);
+            for (tag, members) in &call {
+                inv.arg(tag).arg(members.len());
+                for c in *members {
+                    inv.arg(&c.member[..]);
+                }
+            }
             total += inv.invoke_async::<u64>(&mut conn).await?;
         }
         Ok(total)
+    }
+
+    /// Appends `ack.lua`'s tenant section: the prefix of tenant set names
+    /// and, in id mode, the tenant each claimed id was moved from, where a
+    /// producer may have scheduled it again while it was in flight.
+    fn push_owners(&self, inv: &mut redis::ScriptInvocation<'_>, call: &[(u16, &[&Claimed])]) {
+        let owned: Vec<(&[u8], &[u8])> = if self.tenants && self.member.is_id() {
+            call.iter()
+                .flat_map(|(_, ms)| ms.iter())
+                .filter_map(|c| Some((&c.member[..], c.tenant.as_deref()?)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        inv.arg(self.keys.tenant_prefix()).arg(owned.len());
+        for (m, t) in owned {
+            inv.arg(m).arg(t);
+        }
     }
 
     /// Hands members back to pending (or, refused too often, to the dead
@@ -829,6 +862,7 @@ fn parse_claim(reply: Vec<redis::Value>, id_mode: bool) -> Result<Claim, StoreEr
             due_ms,
             attempt,
             body,
+            tenant: None,
         });
     }
     Ok(Claim {

@@ -132,13 +132,9 @@ async fn cancelled_member_readded_starts_fresh_and_leaves_nothing_behind() {
         m.due_ms, new_due,
         "a re-added member keeps its new due time"
     );
-    let members: Vec<&[u8]> = vec![b"m"];
-    s.ack(
-        &[(c2.tag, members)],
-        &c2.record.iter().cloned().collect::<Vec<_>>(),
-    )
-    .await
-    .unwrap();
+    s.ack(&held(&c2), &c2.record.iter().cloned().collect::<Vec<_>>())
+        .await
+        .unwrap();
     // n was cancelled for good: one sweep deletes what it left.
     let swept = s.sweep(LEASE).await.unwrap();
     assert_eq!(
@@ -178,7 +174,8 @@ async fn settle_writes_repeated_after_a_lost_reply_change_nothing() {
         );
         // A repeated ack of the first claim leaves the second claim's member too.
         let m: Vec<&[u8]> = vec![b"m"];
-        assert_eq!(s.ack(&[(first.tag, m.clone())], &[]).await.unwrap(), 0);
+        let held_m: Vec<&Claimed> = second.members.iter().collect();
+        assert_eq!(s.ack(&[(first.tag, held_m.clone())], &[]).await.unwrap(), 0);
         assert!(
             zscore(&mut conn, &f.inflight, b"m").await.is_some(),
             "{mode:?}: ack of an old claim"
@@ -186,7 +183,7 @@ async fn settle_writes_repeated_after_a_lost_reply_change_nothing() {
         assert_eq!(s.extend(&[(first.tag, m.clone())], LEASE).await.unwrap(), 0);
         assert_eq!(
             s.ack(
-                &[(second.tag, m)],
+                &[(second.tag, held_m)],
                 &second.record.iter().cloned().collect::<Vec<_>>()
             )
             .await
@@ -250,8 +247,7 @@ async fn orphan_claim_records_are_swept_without_any_lease_expiring() {
     let c = s.claim(10, lease).await.unwrap();
     assert!(c.record.is_some());
     // Both acked, but the record's deletion was lost (failed HDEL, lost reply).
-    let m: Vec<&[u8]> = vec![b"a", b"b"];
-    assert_eq!(s.ack(&[(c.tag, m)], &[]).await.unwrap(), 2);
+    assert_eq!(s.ack(&held(&c), &[]).await.unwrap(), 2);
     assert_eq!(hlen(&mut conn, &f.claims).await, 1);
     // Younger than a lease: kept (its claim may still be settling).
     s.sweep(lease).await.unwrap();

@@ -1182,3 +1182,146 @@ async fn tasks_waiting_in_their_tenants_sets_keep_their_bodies_across_sweeps_and
         dead_reason(&mut redis, &b.key, b"acme-0").await
     );
 }
+
+/// Writes task `id` with `body` into `tenant`'s set, due at `due` ms, as an
+/// id-mode producer does: the body first, then the id and the index entry.
+async fn schedule_in_tenant(
+    redis: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    tenant: &str,
+    (id, body): (&str, &str),
+    due: i64,
+) {
+    let () = redis::cmd("HSET")
+        .arg(&family(key).body)
+        .arg(id)
+        .arg(body)
+        .query_async(redis)
+        .await
+        .unwrap();
+    zadd_tenant(redis, key, tenant, &[(due as f64, id.as_bytes().to_vec())]).await;
+}
+
+/// The members in flight, as text.
+async fn in_flight(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let got: Vec<Vec<u8>> = query(redis, "ZRANGE", (&family(key).inflight, 0, -1)).await;
+    got.iter()
+        .map(|m| String::from_utf8_lossy(m).into_owned())
+        .collect()
+}
+
+/// In id mode, an id a producer schedules again in its tenant's set while
+/// its previous copy is in flight (claimed and published, its confirm
+/// still owed) keeps its new body, and the new copy is delivered: the
+/// previous copy's ack looks for the id in the tenant's set it was claimed
+/// from, not only in `K`. (It looked in `K` only: the new copy went dead
+/// for "no body".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_scheduled_again_in_its_tenants_set_while_in_flight_keeps_its_new_body() {
+    let b = BusinessSpec::with_extra("tenants_again", "tenants = true\nmember = \"id\"");
+    let relay = Relay::to(&amqp_url()).await;
+    let s = Setup::through(&relay, &[&b]).await;
+    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut redis).await;
+    // One task through first, so delayd's channel is open before the hold.
+    let warm = unique("warm");
+    schedule_in_tenant(&mut redis, &b.key, "acme", ("warm", &warm), now).await;
+    let mut want = HashSet::from([warm.clone().into_bytes()]);
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+
+    relay.hold();
+    let first = unique("first");
+    let now = redis_now_ms(&mut redis).await;
+    schedule_in_tenant(&mut redis, &b.key, "acme", ("task", &first), now).await;
+    let mut r = redis.clone();
+    let key = b.key.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let (mut r, key) = (r.clone(), key.clone());
+            async move { in_flight(&mut r, &key).await == ["task"] }
+        })
+        .await,
+        "the first copy was not claimed: {:?}",
+        in_flight(&mut r, &b.key).await
+    );
+    // Scheduled again while its confirm is held.
+    let second = unique("second");
+    let due = redis_now_ms(&mut redis).await + 1_000;
+    schedule_in_tenant(&mut redis, &b.key, "acme", ("task", &second), due).await;
+    relay.release();
+
+    want.extend([first.into_bytes(), second.into_bytes()]);
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    inbox.assert_each_once(&want, "an id scheduled again while in flight");
+    let dead: u64 = zcard(&mut redis, &family(&b.key).dead).await;
+    assert_eq!(
+        dead,
+        0,
+        "made dead: {:?}",
+        dead_reason(&mut redis, &b.key, b"task").await
+    );
+}
+
+/// With `tenant_window`, no tenant has more unconfirmed publishes than it
+/// on an instance, and while one tenant is held at it the window stays
+/// open to the others: with the broker's confirms held, the heavy tenant's
+/// members in flight stop at 40 while the light tenants' are claimed too
+/// (without it, the heavy tenant's backlog fills the scanner's window of
+/// 100 and the light tenants wait for confirms). Released, every member is
+/// delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_window_caps_a_tenants_unconfirmed_publishes_and_leaves_the_rest_to_others() {
+    let b = BusinessSpec::with_extra(
+        "tenants_window",
+        "tenants = true\ntenant_window = 40\nscanners = 1\nwindow = 100\nbatch_size = 100",
+    );
+    let relay = Relay::to(&amqp_url()).await;
+    let s = Setup::through(&relay, &[&b]).await;
+    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut redis).await;
+    let warm = vec![(now as f64, unique("warm").into_bytes())];
+    zadd_tenant(&mut redis, &b.key, "warm", &warm).await;
+    let mut want = bodies(&warm);
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+
+    relay.hold();
+    let now = redis_now_ms(&mut redis).await;
+    let heavy = members("heavy", 500, now, 0);
+    zadd_tenant(&mut redis, &b.key, "heavy", &heavy).await;
+    want.extend(bodies(&heavy));
+    for i in 0..4 {
+        let light = members(&format!("light{i}"), 5, now + 300, 0);
+        zadd_tenant(&mut redis, &b.key, &format!("light{i}"), &light).await;
+        want.extend(bodies(&light));
+    }
+    let count =
+        |flight: &[String], prefix: &str| flight.iter().filter(|m| m.starts_with(prefix)).count();
+    let mut r = redis.clone();
+    let key = b.key.clone();
+    let all_light = eventually(Duration::from_secs(10), || {
+        let (mut r, key) = (r.clone(), key.clone());
+        async move { count(&in_flight(&mut r, &key).await, "light") == 20 }
+    })
+    .await;
+    let flight = in_flight(&mut r, &b.key).await;
+    assert!(
+        all_light,
+        "light tenants' members in flight: {} of 20 (heavy's: {})",
+        count(&flight, "light"),
+        count(&flight, "heavy")
+    );
+    // Held for a while longer: the heavy tenant stays at its window.
+    for _ in 0..10 {
+        let flight = in_flight(&mut r, &b.key).await;
+        assert_eq!(count(&flight, "heavy"), 40, "heavy's members in flight");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.release();
+    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    inbox.assert_each_once(&want, "a business with a tenant window");
+    wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
+}

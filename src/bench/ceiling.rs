@@ -48,6 +48,7 @@ pub(super) async fn raw_publish(
                             due_ms: wall_ms_f() as i64,
                             attempt: 1,
                             body: None,
+                            tenant: None,
                         };
                         crate::message::properties(b, &key, &claimed, claimed.due_ms)
                     }

@@ -11,12 +11,13 @@ use super::fair_sizes::FairSizes;
 use super::*;
 
 /// The run's businesses, in the order the config lists them.
-const BUSINESSES: [(&str, bool, bool); 6] = [
+const BUSINESSES: [(&str, bool, bool); 7] = [
     // (name, tenants, max_rate)
     ("plain", false, false),
     ("tenants", true, false),
     ("plain_rated", false, true),
     ("tenants_rated", true, true),
+    ("tenants_window", true, false),
     ("weights", true, false),
     ("capped", true, false),
 ];
@@ -41,13 +42,14 @@ pub(super) async fn bench(
     let sizes = &ctx.args.fair_sizes;
     let s = setup(ctx, state).await?;
     let mut passes = Vec::new();
-    for (name, tenants, rated) in &BUSINESSES[..4] {
+    for (name, tenants, rated) in &BUSINESSES[..5] {
         let target = target(ctx, name, *tenants);
         eprintln!("bench: burst pass on {name} ...");
         let burst = burst_pass(&s, redis, &target).await?;
         passes.push(Pass {
             tenants: *tenants,
             max_rate: rated.then_some(sizes.max_rate),
+            window: (*name == "tenants_window").then_some(sizes.window),
             burst,
         });
     }
@@ -114,6 +116,9 @@ fn config_toml(ctx: &Ctx<'_>) -> String {
         }
         if rated {
             toml.push_str(&format!("max_rate = {}\n", sizes.max_rate));
+        }
+        if name == "tenants_window" {
+            toml.push_str(&format!("tenant_window = {}\n", sizes.window));
         }
         if name == "capped" {
             toml.push_str(&format!(

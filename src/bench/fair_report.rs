@@ -46,6 +46,8 @@ fn rate_until(sorted: &[f64], end_ms: f64) -> f64 {
 pub(super) struct Pass {
     pub tenants: bool,
     pub max_rate: Option<u32>,
+    /// The business's `tenant_window`, if set.
+    pub window: Option<u32>,
     pub burst: Burst,
 }
 
@@ -135,15 +137,20 @@ pub(super) fn print(
     for pass in passes {
         pass_rows(pass);
     }
-    for pair in passes.chunks(2) {
-        if let [plain, tenants] = pair {
-            let ratio = tenants.burst.drain() / plain.burst.drain().max(1.0);
-            row(
-                &format!("heavy drain, tenants / none, {}", rate_label(tenants)),
-                &format!("{ratio:.3}"),
-                "goal >= 0.9",
-            );
-        }
+    // Each pass with tenants against the pass without of its max_rate.
+    for pass in passes.iter().filter(|p| p.tenants) {
+        let Some(plain) = passes
+            .iter()
+            .find(|p| !p.tenants && p.max_rate == pass.max_rate)
+        else {
+            continue;
+        };
+        let ratio = pass.burst.drain() / plain.burst.drain().max(1.0);
+        row(
+            &format!("heavy drain, tenants / none, {}", rate_label(pass)),
+            &format!("{ratio:.3}"),
+            "goal >= 0.9",
+        );
     }
     row(
         &format!(
@@ -175,9 +182,13 @@ pub(super) fn print(
 }
 
 fn rate_label(pass: &Pass) -> String {
-    match pass.max_rate {
+    let rate = match pass.max_rate {
         Some(r) => format!("max_rate {r}"),
         None => "no max_rate".into(),
+    };
+    match pass.window {
+        Some(w) => format!("{rate}, tenant_window {w}"),
+        None => rate,
     }
 }
 

@@ -22,6 +22,10 @@ pub struct FairSizes {
     /// `--fair`: the business `max_rate` of the second pair of passes.
     #[arg(long = "fair-max-rate", default_value_t = 2000)]
     pub max_rate: u32,
+    /// `--fair`: the `tenant_window` of the last burst pass (tenants, no
+    /// `max_rate`).
+    #[arg(long = "fair-window", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub window: u32,
     /// `--fair`: members of each saturated tenant in the weights pass.
     #[arg(long = "fair-saturated", default_value_t = 60_000)]
     pub saturated: usize,

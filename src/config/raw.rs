@@ -93,6 +93,8 @@ pub(super) struct RawBusiness {
     pub(super) tenant_weights: Option<std::collections::BTreeMap<String, i64>>,
     #[serde(default, deserialize_with = "whole::map")]
     pub(super) tenant_max_rate: Option<std::collections::BTreeMap<String, i64>>,
+    #[serde(default, deserialize_with = "whole::opt")]
+    pub(super) tenant_window: Option<i64>,
 }
 
 /// `[businesses.NAME.intake]`, as written (see [`crate::intake`]).

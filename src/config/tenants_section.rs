@@ -13,6 +13,9 @@ pub struct Tenants {
     /// Members per second the named tenants are released at most, shared
     /// by every instance; every other tenant has no cap of its own.
     pub max_rates: std::collections::BTreeMap<String, u32>,
+    /// Most unconfirmed publishes of any one tenant on each instance and
+    /// key, so the window is never all one tenant's (`tenant_window`).
+    pub window: Option<u32>,
 }
 
 impl Tenants {
@@ -97,6 +100,7 @@ pub(super) fn tenants(
 ) -> Option<Tenants> {
     let weights = (TenantSetting::Weight, rb.tenant_weights.take());
     let rates = (TenantSetting::MaxRate, rb.tenant_max_rate.take());
+    let window = rb.tenant_window.take();
     if rb.tenants != Some(true) {
         for (setting, set) in [&weights, &rates] {
             if set.as_ref().is_some_and(|s| !s.is_empty()) {
@@ -104,11 +108,24 @@ pub(super) fn tenants(
                 problems.push(format!("business \"{name}\", section \"{section}\" needs tenants = true; add it or remove the section"));
             }
         }
+        if window.is_some() {
+            problems.push(format!("business \"{name}\", tenant_window needs tenants = true; add it or remove tenant_window"));
+        }
         return None;
     }
+    let window = window.and_then(|w| match u32::try_from(w) {
+        Ok(w) if (1..=100_000).contains(&w) => Some(w),
+        _ => {
+            problems.push(format!(
+                "business \"{name}\", tenant_window must be from 1 to 100000 (got {w})"
+            ));
+            None
+        }
+    });
     Some(Tenants {
         weights: per_tenant(name, weights, problems),
         max_rates: per_tenant(name, rates, problems),
+        window,
     })
 }
 

@@ -965,6 +965,26 @@ fn a_tenant_max_rate_needs_tenants_and_a_rate_of_at_least_one() {
 }
 
 #[test]
+fn a_tenant_window_needs_tenants_and_is_from_1_to_100000() {
+    let c = load_str(&business("tenants = true\ntenant_window = 64")).unwrap();
+    assert_eq!(c.businesses[0].tenants.as_ref().unwrap().window, Some(64));
+    let c = load_str(&business("tenants = true")).unwrap();
+    assert_eq!(c.businesses[0].tenants.as_ref().unwrap().window, None);
+    refused(
+        &business("tenant_window = 64"),
+        &["tenant_window needs tenants = true; add it or remove tenant_window"],
+    );
+    for bad in ["0", "100001"] {
+        refused(
+            &business(&format!("tenants = true\ntenant_window = {bad}")),
+            &[&format!(
+                "tenant_window must be from 1 to 100000 (got {bad})"
+            )],
+        );
+    }
+}
+
+#[test]
 fn an_intake_tenant_header_needs_tenants_and_a_name() {
     let intake = "[businesses.billing.intake]\nexchange = \"in\"\nqueue = \"in\"\n";
     refused(

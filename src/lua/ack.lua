@@ -5,11 +5,15 @@
 -- ARGV[1] '1' in id mode, '2' in id mode with intake envelopes (the
 -- record names an id with its content: dedup_name), else '0';
 -- ARGV[2] dedup window ms (0: none)
--- ARGV[3] number r of record ids, ARGV[4..r+3] record ids, then groups of
--- {tag, n, m1..mn}: the members one claim (tag) holds; at most a few
--- thousand members per call.
+-- ARGV[3] number r of record ids, ARGV[4..r+3] record ids, then the prefix
+-- of tenant set names ('' without tenants) and the number t of pairs
+-- {id, tenant} that follow: in id mode, the tenant a claimed id was moved
+-- from, where it is looked for besides K; then groups of {tag, n, m1..mn}:
+-- the members one claim (tag) holds; at most a few thousand members per
+-- call.
 -- In id mode a delivered id's body goes too, unless a producer has
--- scheduled the id again meanwhile (then the body is the new copy's), and
+-- scheduled the id again meanwhile, in K or in the tenant's set it came
+-- from (then the body is the new copy's), and
 -- with a window the id is recorded as delivered: the record is trimmed to
 -- the window here and expires whole when no delivery renews it.
 -- Returns the number of members forgotten. A member whose in-flight tag is
@@ -22,6 +26,9 @@ local r = tonumber(ARGV[3])
 if r > 0 then
   redis.call('HDEL', KEYS[3], unpack(ARGV, 4, r + 3))
 end
+local prefix, t = ARGV[r + 4], tonumber(ARGV[r + 5])
+local owner = {}
+for i = r + 6, r + 5 + 2 * t, 2 do owner[ARGV[i]] = ARGV[i + 1] end
 local has_meta = redis.call('EXISTS', KEYS[2]) == 1
 local now
 if id_mode and window > 0 then
@@ -29,7 +36,7 @@ if id_mode and window > 0 then
 end
 local total = 0
 local delivered = 0
-each_held(KEYS[1], ARGV, r + 4, function(_, ours)
+each_held(KEYS[1], ARGV, r + 6 + 2 * t, function(_, ours)
   redis.call('ZREM', KEYS[1], unpack(ours))
   if has_meta then redis.call('HDEL', KEYS[2], unpack(ours)) end
   total = total + #ours
@@ -43,7 +50,10 @@ each_held(KEYS[1], ARGV, r + 4, function(_, ours)
     local again = redis.call('ZMSCORE', KEYS[4], unpack(ours))
     local done = {}
     for k, sc in ipairs(again) do
-      if not sc then done[#done + 1] = ours[k] end
+      local m = ours[k]
+      if not sc and not (owner[m] and redis.call('ZSCORE', prefix .. owner[m], m)) then
+        done[#done + 1] = m
+      end
     end
     if #done > 0 then redis.call('HDEL', KEYS[5], unpack(done)) end
     if now then

@@ -31,8 +31,13 @@
 -- ARGV[13] R, the number of tenants with a max_rate, then R triples:
 --          tenant, µs between two releases (1e6 / its max_rate), releases
 --          its budget holds when full
--- ARGV[14 + 3R..] triples: tenant, most members to move, weight (>= 1)
--- Returns claim.lua's reply with one array appended: {tenant1, due1,
+-- ARGV[14 + 3R..] quadruples: tenant, most members to move, weight (>= 1),
+--          most it may move in all ('' for no bound; '0' holds it back:
+--          at its cap of unconfirmed publishes on the instance asking, it
+--          moves nothing and is no next due time, as if paused)
+-- Returns claim.lua's reply with two arrays appended: the tenant each
+-- claimed member was moved from in this call ('' for a member already in
+-- K), in the reply's order; then {tenant1, due1,
 -- vtime1 or '', weight1 or '', max_rate1 or '', tenant2, ...} for the
 -- first ARGV[11] tenants in the index, not paused, whose earliest member
 -- is due, each with its count of due members and its run-time weight and
@@ -80,6 +85,15 @@ local function fair_claim(claim)
     bursts[ARGV[i]] = tonumber(ARGV[i + 2])
   end
   local first_take = 14 + 3 * rated
+  -- The most each named tenant may move in all; held ones move nothing.
+  local most, held, held_count = {}, {}, 0
+  for i = first_take, #ARGV, 4 do
+    most[ARGV[i]] = tonumber(ARGV[i + 3])
+    if most[ARGV[i]] == 0 then
+      held[ARGV[i]] = true
+      held_count = held_count + 1
+    end
+  end
   local now_us = 0
   if rated > 0 then
     local clock = redis.call('TIME')
@@ -129,6 +143,9 @@ local function fair_claim(claim)
     end
   end
 
+  -- Members moved in this call, to the tenant each came from.
+  local moved = {}
+
   -- Moves up to `want` of the tenant's due members into K, charging its
   -- virtual time n / weight; the number moved.
   local function move(set, tenant, want, weight)
@@ -147,6 +164,7 @@ local function fair_claim(claim)
       for j = 1, #items, 2 do
         adds[#adds + 1] = items[j + 1]
         adds[#adds + 1] = items[j]
+        moved[items[j]] = tenant
       end
       for j = 1, #adds, 2000 do
         redis.call('ZADD', KEYS[1], unpack(adds, j, math.min(#adds, j + 1999)))
@@ -172,7 +190,7 @@ local function fair_claim(claim)
     -- so each gets one member now rather than a claim later, in the order
     -- of their earliest member. Their fair share follows from the report.
     local asked = {}
-    for i = first_take, #ARGV, 3 do asked[ARGV[i]] = true end
+    for i = first_take, #ARGV, 4 do asked[ARGV[i]] = true end
     if room > 0 then
       local due = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', top, 'LIMIT', 0, tonumber(ARGV[11]))
       for _, tenant in ipairs(due) do
@@ -185,15 +203,22 @@ local function fair_claim(claim)
         end
       end
     end
+    local taken = {}
     for pass = 1, 2 do
-      for i = first_take, #ARGV, 3 do
+      for i = first_take, #ARGV, 4 do
         if room <= 0 then break end
-        local set, tenant = KEYS[17 + (i - first_take) / 3], ARGV[i]
-        if not paused(tenant) and (pass == 1 or not intervals[tenant]) then
+        local set, tenant = KEYS[17 + (i - first_take) / 4], ARGV[i]
+        if not paused(tenant) and not held[tenant] and (pass == 1 or not intervals[tenant]) then
           local err = wrong_type(set)
           if err then return err end
           local want = pass == 1 and math.min(tonumber(ARGV[i + 1]), room) or room
-          room = room - move(set, tenant, want, tonumber(ARGV[i + 2]))
+          local bound = most[tenant]
+          if bound then want = math.min(want, bound - (taken[tenant] or 0)) end
+          if want > 0 then
+            local n = move(set, tenant, want, tonumber(ARGV[i + 2]))
+            taken[tenant] = (taken[tenant] or 0) + n
+            room = room - n
+          end
         end
       end
       -- The second pass only hands on what a capped tenant left.
@@ -203,6 +228,9 @@ local function fair_claim(claim)
 
   local out = claim()
   if out.err then return out end
+  local owners = {}
+  local stride = ARGV[6] ~= '0' and 4 or 3
+  for i = 10, #out, stride do owners[#owners + 1] = moved[out[i]] or '' end
 
   -- Read past the paused tenants, which stay in the index (producers go on
   -- writing it) but are never reported.
@@ -228,13 +256,14 @@ local function fair_claim(claim)
       end
     end
   end
-  -- The first head of a tenant neither paused nor capped bounds the next
-  -- due time; a capped tenant counts from when its budget is full again.
-  local head = redis.call('ZRANGE', KEYS[10], 0, paused_count + rated, 'WITHSCORES')
+  -- The first head of a tenant neither paused, held nor capped bounds the
+  -- next due time; a capped tenant counts from when its budget is full
+  -- again. A held one is claimed again once its confirms come back.
+  local head = redis.call('ZRANGE', KEYS[10], 0, paused_count + held_count + rated, 'WITHSCORES')
   local first
   for j = 1, #head, 2 do
     local tenant, at = head[j], tonumber(head[j + 1]) * unit
-    if not paused(tenant) then
+    if not paused(tenant) and not held[tenant] then
       local interval = intervals[tenant]
       if interval then
         local _, _, ready = budget(tenant, interval)
@@ -251,6 +280,7 @@ local function fair_claim(claim)
     next_due = math.ceil(next_due)
     if out[2] == -1 or next_due < out[2] then out[2] = next_due end
   end
+  out[#out + 1] = owners
   out[#out + 1] = state
   return out
 end

@@ -275,6 +275,7 @@ pub fn body_of(business: &Business, keys: &KeyFamily, s: &Schedule, id: &str, du
                 due_ms: due,
                 attempt: 1,
                 body: Some(s.body.clone()),
+                tenant: None,
             };
             let props = crate::message::properties(business, &keys.pending, &claimed, due);
             crate::message::envelope::encode(rk, &props, &s.body).unwrap_or_else(|_| s.body.clone())

@@ -238,10 +238,10 @@ async fn flush_acks(lane: &Lane, batch: &mut Batch, give_up: Instant, backoff: &
     let b = &lane.business;
     let group = std::mem::take(&mut batch.ack);
     let done = batch.count_down(&group.records);
-    let groups: Vec<Held<&[u8]>> = group
+    let groups: Vec<Held<&Claimed>> = group
         .members
         .iter()
-        .map(|(tag, ms)| (*tag, ms.iter().map(|c| c.member.as_slice()).collect()))
+        .map(|(tag, ms)| (*tag, ms.iter().map(|c| &**c).collect()))
         .collect();
     let ok = until_written(lane, give_up, backoff, || lane.store.ack(&groups, &done))
         .await

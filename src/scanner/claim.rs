@@ -285,6 +285,11 @@ impl<'a> Scanner<'a> {
             now_ms: claim.now_ms,
             at: claimed_at,
         });
+        let slots = lane
+            .fair
+            .as_ref()
+            .map(|f| f.hold(&claim.members))
+            .unwrap_or_default();
         let members: Vec<(u64, Arc<Claimed>)> = claim
             .members
             .into_iter()
@@ -294,7 +299,9 @@ impl<'a> Scanner<'a> {
             })
             .collect();
         let now_ms = info.now_ms;
-        let _ = self.tx.send(ToSettle::Claimed(info, members.clone()));
+        let _ = self
+            .tx
+            .send(ToSettle::Claimed(info, members.clone(), slots));
         if self.stop.is_cancelled() {
             // A claim that Redis answered after the stop (it was frozen, or
             // slow): hand it back unpublished rather than publish it as the
@@ -590,6 +597,15 @@ async fn head_due_ms(lane: &Lane) -> Result<Option<i64>, crate::store::StoreErro
     })
 }
 
+/// Resolves when a tenant held back at its `tenant_window` has room again:
+/// its due members are claimed then, not at the next due time.
+async fn freed(lane: &Lane) {
+    match &lane.fair {
+        Some(fair) => fair.freed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The shortest time between two looks a wake-up hint can cause: a lane
 /// looks at most 200 times a second however fast producers write, and a
 /// member written already due still goes out within a few milliseconds.
@@ -613,6 +629,7 @@ pub(super) async fn lead_idle(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(deadline) => return,
+            _ = freed(lane) => return,
             _ = lane.lead_wake.notified() => {}
         }
         if let Some(at) = last_look {

@@ -96,6 +96,9 @@ struct Holding {
     /// A return that carried this member's body: whatever its confirm says,
     /// the broker did not route it.
     returned: Option<String>,
+    /// Its place in its tenant's `tenant_window`, given up when its outcome
+    /// is known (the holding drops).
+    _slot: Option<crate::tenants::Slot>,
 }
 
 /// Handed from the scanner to its settler.
@@ -103,7 +106,12 @@ enum ToSettle {
     /// Claimed, not yet published: sent before the first publish, so the
     /// settler extends the leases of members stuck in a blocked publish
     /// and hands them back at the stop deadline.
-    Claimed(Arc<ClaimInfo>, Vec<(u64, Arc<Claimed>)>),
+    /// With each member's slot in its tenant's `tenant_window`, if counted.
+    Claimed(
+        Arc<ClaimInfo>,
+        Vec<(u64, Arc<Claimed>)>,
+        Vec<Option<crate::tenants::Slot>>,
+    ),
     /// Published on this channel; the confirms are owed.
     Published(Vec<(u64, lapin::PublisherConfirm)>, Channel),
     /// Claimed but never published (the channel broke mid-batch, the

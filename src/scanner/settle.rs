@@ -133,10 +133,11 @@ impl Owed {
     /// Takes one message from the scanner into the settler's state.
     pub(super) fn take(&mut self, batch: &mut Batch, msg: ToSettle) {
         match msg {
-            ToSettle::Claimed(claim, members) => {
+            ToSettle::Claimed(claim, members, slots) => {
                 if let Some(r) = &claim.record {
                     batch.records.insert(r.clone(), members.len());
                 }
+                let mut slots = slots.into_iter();
                 for (seq, claimed) in members {
                     self.held.insert(
                         seq,
@@ -145,6 +146,7 @@ impl Owed {
                             claim: claim.clone(),
                             published: None,
                             returned: None,
+                            _slot: slots.next().flatten(),
                         },
                     );
                 }
@@ -380,6 +382,7 @@ mod tests {
                 due_ms: 0,
                 attempt: 1,
                 body: None,
+                tenant: None,
             }),
             claim: Arc::new(ClaimInfo {
                 tag: 1,
@@ -389,6 +392,7 @@ mod tests {
             }),
             published,
             returned: None,
+            _slot: None,
         }
     }
 

@@ -3,6 +3,8 @@
 //! reports which tenants have due work (see `src/lua/claim_tenants.lua`).
 //! Which tenant gets how many is decided above, in `crate::tenants`.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -34,6 +36,9 @@ pub struct TenantTake {
     pub count: u64,
     /// Its weight: its virtual time advances by moved / weight.
     pub weight: u32,
+    /// The most it may move in this claim in all, also out of what other
+    /// tenants leave (`None`: no bound; `Some(0)` holds it back).
+    pub most: Option<u64>,
 }
 
 /// A tenant of a key's index with its index score: a floor under its
@@ -141,14 +146,23 @@ impl Store {
                 .arg(b.burst);
         }
         for t in takes {
-            inv.arg(&t.tenant[..]).arg(t.count).arg(t.weight.max(1));
+            inv.arg(&t.tenant[..])
+                .arg(t.count)
+                .arg(t.weight.max(1))
+                .arg(t.most.map(|m| m.to_string()).unwrap_or_default());
         }
         let mut reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
         let state = match reply.pop() {
             Some(redis::Value::Array(a)) => parse_due(a)?,
             other => return Err(StoreError::Reply(format!("tenants {other:?}"))),
         };
-        Ok((parse_claim(reply, self.member.is_id())?, state))
+        let owners = match reply.pop() {
+            Some(redis::Value::Array(a)) => a,
+            other => return Err(StoreError::Reply(format!("owners {other:?}"))),
+        };
+        let mut claim = parse_claim(reply, self.member.is_id())?;
+        attribute(&mut claim, owners)?;
+        Ok((claim, state))
     }
 
     /// Due time of the earliest member of a tenant not paused, epoch ms,
@@ -162,6 +176,31 @@ impl Store {
             .await?;
         Ok(score.map(|s| (s * self.unit.millis() as f64) as i64))
     }
+}
+
+/// Names each claimed member's tenant from the script's list, one per
+/// member in order ('' for a member that was already in `K`), one shared
+/// name per tenant.
+fn attribute(claim: &mut Claim, owners: Vec<redis::Value>) -> Result<(), StoreError> {
+    if owners.len() != claim.members.len() {
+        return Err(StoreError::Reply(format!(
+            "{} owners for {} members",
+            owners.len(),
+            claim.members.len()
+        )));
+    }
+    let mut names: HashMap<Vec<u8>, Arc<[u8]>> = HashMap::new();
+    for (c, o) in claim.members.iter_mut().zip(owners) {
+        match o {
+            redis::Value::BulkString(t) if t.is_empty() => {}
+            redis::Value::BulkString(t) => {
+                let name = names.entry(t).or_insert_with_key(|t| Arc::from(&t[..]));
+                c.tenant = Some(name.clone());
+            }
+            other => return Err(StoreError::Reply(format!("owner {other:?}"))),
+        }
+    }
+    Ok(())
 }
 
 /// `{tenant, due, vtime or '', weight or '', max_rate or '', ...}` as the

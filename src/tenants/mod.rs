@@ -6,13 +6,15 @@
 //! tenant's virtual time in Redis so several instances share one fairness.
 
 pub mod share;
+mod unconfirmed;
 
 use std::borrow::Cow;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::Tenants;
-use crate::store::{Claim, Store, StoreError, TenantBudget, TenantDue, TenantTake};
+use crate::store::{Claim, Claimed, Store, StoreError, TenantBudget, TenantDue, TenantTake};
+pub use unconfirmed::{Slot, Unconfirmed};
 
 /// Most tenants with due work one claim reports for the next choice: the
 /// ones whose earliest member is oldest. Beyond it, a tenant waits until
@@ -29,6 +31,8 @@ pub struct Fair {
     budgets: Vec<TenantBudget>,
     /// Tenants with due work at the last claim; the next choice uses them.
     seen: Mutex<Vec<TenantDue>>,
+    /// Each tenant's unconfirmed publishes, with `tenant_window` set.
+    unconfirmed: Option<Arc<Unconfirmed>>,
 }
 
 impl Fair {
@@ -42,11 +46,37 @@ impl Fair {
             .iter()
             .map(|(t, rate)| TenantBudget::new(t, *rate, shards))
             .collect();
+        let unconfirmed = settings
+            .window
+            .map(|cap| Arc::new(Unconfirmed::new(u64::from(cap))));
         Self {
             settings,
             shards,
             budgets,
             seen: Mutex::default(),
+            unconfirmed,
+        }
+    }
+
+    /// Counts each claimed member against its tenant's `tenant_window`
+    /// until its slot drops: one per member, `None` for a member of no
+    /// tenant or where no window is set.
+    pub fn hold(&self, members: &[Claimed]) -> Vec<Option<Slot>> {
+        let Some(u) = &self.unconfirmed else {
+            return Vec::new();
+        };
+        members
+            .iter()
+            .map(|c| c.tenant.as_ref().map(|t| u.take(t)))
+            .collect()
+    }
+
+    /// Resolves when a tenant held back at its `tenant_window` has room
+    /// again; never without one.
+    pub async fn freed(&self) {
+        match &self.unconfirmed {
+            Some(u) => u.freed().await,
+            None => std::future::pending().await,
         }
     }
 
@@ -80,12 +110,14 @@ impl Fair {
         Ok(claim)
     }
 
+    /// Whether the last claim saw a tenant with due work it may release.
     fn has_due(&self) -> bool {
-        !self
-            .seen
+        let room = |t: &[u8]| self.unconfirmed.as_ref().is_none_or(|u| u.room(t) > 0);
+        self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+            .iter()
+            .any(|t| room(&t.tenant))
     }
 
     /// The release budgets on this key: the config's, each replaced by a
@@ -124,17 +156,22 @@ impl Fair {
             let b = budgets.iter().find(|b| b.tenant.as_bytes() == tenant)?;
             Some(b.burst)
         };
+        // And one at its window at no more than the room it has left.
+        let room = |tenant: &[u8]| self.unconfirmed.as_ref().map(|u| u.room(tenant));
         let backlogs: Vec<share::Backlog> = seen
             .iter()
             .map(|t| share::Backlog {
                 tenant: &t.tenant,
-                due: most_now(&t.tenant).map_or(t.due, |most| t.due.min(most)),
+                due: [most_now(&t.tenant), room(&t.tenant)]
+                    .into_iter()
+                    .flatten()
+                    .fold(t.due, u64::min),
                 vtime: t.vtime,
                 weight: t.weight.unwrap_or_else(|| self.settings.weight(&t.tenant)),
             })
             .collect();
         let s = share::shares(&backlogs, limit as u64);
-        let takes = s
+        let mut takes: Vec<TenantTake> = s
             .counts
             .into_iter()
             .map(|(tenant, count)| TenantTake {
@@ -142,8 +179,20 @@ impl Fair {
                 count,
                 // The script charges a weight set at run time in its place.
                 weight: self.settings.weight(tenant),
+                most: room(tenant),
             })
             .collect();
+        // Tenants at their window are named, so the script neither gives
+        // them the first member it gives a newly due tenant nor counts them
+        // as the next due time.
+        if let Some(u) = &self.unconfirmed {
+            takes.extend(u.full().into_iter().map(|t| TenantTake {
+                weight: self.settings.weight(&t),
+                tenant: t.to_vec(),
+                count: 0,
+                most: Some(0),
+            }));
+        }
         (takes, s.floor, budgets)
     }
 }

@@ -8,6 +8,7 @@
 //! - `inbox`: exchanges, queues and the consumers that record deliveries;
 //! - `raw_amqp`: a bare 0-9-1 client that publishes and reads property bytes as they are;
 //! - `redis_keys`: Redis connections, bulk writes, key-family waits and checks;
+//! - `relay`: a TCP relay to the broker that holds its replies (confirms) on demand;
 //! - `config_file`: config files for the daemon under test;
 //! - `setup`: the usual start of an end-to-end test;
 //! - `nemesis`: the standing nemesis on the intake road, over a Redis a test supplies.
@@ -32,6 +33,7 @@ mod inbox;
 pub mod nemesis;
 mod raw_amqp;
 mod redis_keys;
+mod relay;
 mod servers;
 mod setup;
 
@@ -48,6 +50,8 @@ pub use inbox::*;
 pub use raw_amqp::*;
 #[allow(unused_imports)]
 pub use redis_keys::*;
+#[allow(unused_imports)]
+pub use relay::*;
 #[allow(unused_imports)]
 pub use servers::*;
 #[allow(unused_imports)]

@@ -31,6 +31,14 @@ impl Setup {
         Self::with(c, config, redis_url).await
     }
 
+    /// Like [`Setup::new`], but delayd reaches the broker through `relay`
+    /// (the consumers do not).
+    pub async fn through(relay: &Relay, businesses: &[&BusinessSpec]) -> Self {
+        let c = Consumers::on(&amqp_url(), businesses).await;
+        let config = write_config(c.dir.path(), &redis_url(), relay.url(), businesses);
+        Self::with(c, config, &redis_url()).await
+    }
+
     /// Like [`Setup::new`], but only the exchanges are declared: nothing is
     /// bound to them, so every publish comes back unroutable.
     pub async fn unbound(businesses: &[&BusinessSpec]) -> Self {
