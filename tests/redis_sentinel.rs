@@ -967,7 +967,10 @@ impl RedisSide for Lagging {
 
 /// The standing nemesis of `tests/intake_nemesis.rs` over the set, with
 /// three windows of a lagging replica among `kill -9` of an instance, a
-/// RabbitMQ restart and a memory alarm. A master failover is not among
+/// RabbitMQ restart and a memory alarm: for a business without tenants and
+/// for one with tenants (its publishes spread by `tenant_header`), both at
+/// once on the one set, each with its own RabbitMQ node and instances (the
+/// replica lags for both whenever either stops it). A master failover is not among
 /// them: a claim or an ack the old master did not pass on costs a
 /// duplicate no counter sees; `killing_the_master_mid_flow_...` and
 /// `intake_messages_acknowledged_before_the_master_dies_...` cover it.
@@ -979,21 +982,33 @@ async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_nemesis_wit
     s.heal();
     let dir = tempfile::tempdir().unwrap();
     let lag = Fault::Redis(SetFault::ReplicaLag);
-    nemesis::run(
-        "sentinel nemesis",
-        Lagging(s),
-        dir.path(),
-        &[
-            lag,
-            lag,
-            lag,
-            Fault::KillInstance,
-            Fault::RabbitRestart,
-            Fault::MemoryAlarm,
-        ],
-        nemesis::Tenancy::None,
-    )
-    .await;
+    let faults = [
+        lag,
+        lag,
+        lag,
+        Fault::KillInstance,
+        Fault::RabbitRestart,
+        Fault::MemoryAlarm,
+    ];
+    let (plain, tenants) = (dir.path().join("plain"), dir.path().join("tenants"));
+    std::fs::create_dir_all(&plain).unwrap();
+    std::fs::create_dir_all(&tenants).unwrap();
+    tokio::join!(
+        nemesis::run(
+            "sentinel nemesis",
+            Lagging(s),
+            &plain,
+            &faults,
+            nemesis::Tenancy::None,
+        ),
+        nemesis::run(
+            "sentinel tenants nemesis",
+            Lagging(s),
+            &tenants,
+            &faults,
+            nemesis::Tenancy::ByHeader,
+        ),
+    );
 }
 
 /// A business with an intake (default replica settings) in sentinel mode,
