@@ -14,9 +14,10 @@
 # 3. starts the servers (deploy/local/servers.sh start), exports
 #    DELAYD_TEST_REDIS_URL / DELAYD_TEST_AMQP_URL for the tests, runs
 #    promtool's check and unit tests of deploy/prometheus/alerts.yml, then,
-#    all at once: cargo test (with DELAYD_TEST_SHARDS=N and no extra args,
-#    N cargo runs over a share of the binaries each, balanced by their
-#    usual times) and step 4's sets; after the tests, the container test
+#    all at once: cargo test (without extra args, the binaries that mostly
+#    wait, DELAYD_TEST_BESIDE, in a second cargo run beside the rest; with
+#    DELAYD_TEST_SHARDS=N, N cargo runs over a share of the binaries each,
+#    balanced by their usual times) and step 4's sets; after the tests, the container test
 #    (deploy/container/test.sh) with the image built meanwhile (cargo clippy
 #    -D warnings and the image's build start first, at the lowest CPU
 #    priority, and run beside everything else);
@@ -253,6 +254,27 @@ plan_shards() {
 	printf '%s\n' "${shards[@]}"
 }
 
+# The binaries whose time is mostly waiting (plugin messages coming due,
+# Sentinel failovers, RabbitMQ nodes booting and joining): without
+# arguments they run as a second cargo run beside the rest of the suite,
+# which they would otherwise lengthen by some 8 minutes. Empty: one run.
+read -r -a beside_tests <<<"${DELAYD_TEST_BESIDE-adopt redis_sentinel rabbitmq_cluster}"
+
+# split_beside: two lines, the --test arguments of the binaries beside, then
+# the targets of the rest (with the unit tests).
+split_beside() {
+	local f name beside="" rest="--lib --bins"
+	for f in tests/*.rs; do
+		name="$(basename "$f" .rs)"
+		if [[ " ${beside_tests[*]} " == *" $name "* ]]; then
+			beside+=" --test $name"
+		else
+			rest+=" --test $name"
+		fi
+	done
+	printf '%s\n%s\n' "$beside" "$rest"
+}
+
 # start_shards N ARGS: the whole suite as N cargo runs at once. Most of its
 # time is spent waiting on servers, restarts and timers, so two runs on two
 # cores take little more than the longer of them.
@@ -318,6 +340,14 @@ shards="${DELAYD_TEST_SHARDS:-1}"
 if (($# == 0 && shards > 1)); then
 	start_shards "$shards"
 	wait_bg $(for ((k = 1; k <= shards; k++)); do echo "tests-$k/$shards"; done)
+elif (($# == 0 && ${#beside_tests[@]} > 0)); then
+	{ read -r beside_targets && read -r rest_targets; } < <(split_beside)
+	# shellcheck disable=SC2086 # one word per target argument
+	bg_step "tests beside" "$DELAYD_LOCAL_DIR/test-beside.log" \
+		"${CARGO_TEST[@]}" --no-fail-fast $beside_targets
+	# shellcheck disable=SC2086
+	step "tests " "${CARGO_TEST[@]}" --no-fail-fast $rest_targets
+	wait_bg "tests beside"
 else
 	# Arguments name what to run: one cargo run, as given.
 	step "tests " "${CARGO_TEST[@]}" --no-fail-fast "$@"
