@@ -278,12 +278,17 @@ pub struct SweepOutcome {
 }
 
 /// Appends one settle call's groups as ARGV `{tag, n, m1..mn}`, the layout
-/// `extend.lua` reads (and `ack.lua`, after its tenants).
-fn push_groups(inv: &mut redis::ScriptInvocation<'_>, call: &[(u16, &[&[u8]])]) {
+/// `ack.lua` (after its tenants) and `extend.lua` read; `member` gives each
+/// member's bytes.
+fn push_groups<T>(
+    inv: &mut redis::ScriptInvocation<'_>,
+    call: &[(u16, &[T])],
+    member: impl Fn(&T) -> &[u8],
+) {
     for (tag, members) in call {
         inv.arg(tag).arg(members.len());
         for m in *members {
-            inv.arg(*m);
+            inv.arg(member(m));
         }
     }
 }
@@ -484,12 +489,7 @@ impl Store {
                 inv.arg(r.as_str());
             }
             self.push_owners(&mut inv, &call);
-            for (tag, members) in &call {
-                inv.arg(tag).arg(members.len());
-                for c in *members {
-                    inv.arg(&c.member[..]);
-                }
-            }
+            push_groups(&mut inv, &call, |c| &c.member[..]);
             total += inv.invoke_async::<u64>(&mut conn).await?;
         }
         Ok(total)
@@ -507,7 +507,12 @@ impl Store {
         } else {
             Vec::new()
         };
-        inv.arg(self.keys.tenant_prefix()).arg(owned.len());
+        // The prefix only where an id is looked for under it.
+        if owned.is_empty() {
+            inv.arg("").arg(0);
+        } else {
+            inv.arg(self.keys.tenant_prefix()).arg(owned.len());
+        }
         for (m, t) in owned {
             inv.arg(m).arg(t);
         }
@@ -580,7 +585,7 @@ impl Store {
         for call in calls(groups, |m| m.len()) {
             let mut inv = scripts::EXTEND.prepare_invoke();
             inv.key(&self.keys.inflight).arg(lease.as_millis() as u64);
-            push_groups(&mut inv, &call);
+            push_groups(&mut inv, &call, |m| m);
             total += inv.invoke_async::<u64>(&mut conn).await?;
         }
         Ok(total)
