@@ -69,13 +69,16 @@ pub fn flags_notify_zsets(flags: &str) -> bool {
 mod bulk;
 mod dead;
 mod forecast;
+mod glimpse;
 pub mod incoming;
 mod pause;
 mod tenant_control;
 mod tenants;
 mod totals;
-pub use bulk::{Scored, Set};
+pub use bulk::{PendingAct, PendingPick, PendingStep};
+pub use dead::{DeadOp, DeadPick, DeadStep};
 pub use forecast::DueCounts;
+pub use glimpse::Glimpse;
 pub use tenant_control::{TenantPage, TenantRow};
 pub use tenants::{indexed, Indexed, TenantBudget, TenantDue, TenantTake};
 pub use totals::Totals;
@@ -209,8 +212,8 @@ pub const FORECAST_WINDOWS: [(&str, u64); 3] =
 /// One dead member as `dead list` shows it.
 #[derive(Debug, Clone)]
 pub struct DeadMember {
-    /// The body.
-    pub member: Vec<u8>,
+    /// The member (the id, or the body in body mode), as a glimpse.
+    pub member: Glimpse,
     /// When it died, epoch ms.
     pub died_ms: f64,
     /// Why it died.
@@ -743,18 +746,17 @@ impl Store {
             .await?;
         let mut it = reply.into_iter();
         let now = int_of(it.next())?;
-        let rest: Vec<redis::Value> = it.collect();
         let mut out = Vec::new();
-        for chunk in rest.chunks(3) {
-            let [m, died, reason] = chunk else {
+        while let Some(member) = Glimpse::read(&mut it)? {
+            let (Some(died), Some(reason)) = (it.next(), it.next()) else {
                 return Err(StoreError::Reply("dead list chunk".into()));
             };
             out.push(DeadMember {
-                member: bytes_of(m)?,
-                died_ms: String::from_utf8_lossy(&bytes_of(died)?)
+                member,
+                died_ms: String::from_utf8_lossy(&bytes_of(&died)?)
                     .parse()
                     .unwrap_or(0.0),
-                reason: String::from_utf8_lossy(&bytes_of(reason)?).into_owned(),
+                reason: String::from_utf8_lossy(&bytes_of(&reason)?).into_owned(),
             });
         }
         Ok((now, out))
@@ -778,6 +780,12 @@ pub(crate) fn int_of(v: Option<redis::Value>) -> Result<i64, StoreError> {
             "expected an integer, got {other:?}"
         ))),
     }
+}
+
+/// A score as Redis printed it, exact for a cursor.
+pub(crate) fn score_text(v: Option<redis::Value>) -> Result<String, StoreError> {
+    let v = v.ok_or_else(|| StoreError::Reply("a score is missing".into()))?;
+    Ok(String::from_utf8_lossy(&bytes_of(&v)?).into_owned())
 }
 
 pub(crate) fn bytes_of(v: &redis::Value) -> Result<Vec<u8>, StoreError> {

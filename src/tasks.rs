@@ -12,7 +12,7 @@ use redis::aio::ConnectionLike;
 
 use crate::config::intake_settings::DEFAULT_TENANT;
 use crate::config::{Business, MemberMode, ScoreUnit};
-use crate::store::{KeyFamily, StoreError};
+use crate::store::{Glimpse, KeyFamily, StoreError};
 
 pub mod audit;
 pub mod bulk;
@@ -96,8 +96,9 @@ pub enum Cancelled {
 /// One pending task on a page of `delayd list`.
 #[derive(Debug, Clone)]
 pub struct Listed {
-    /// The member: the id in id mode, the body in body mode.
-    pub member: Vec<u8>,
+    /// The member: the id in id mode, the body in body mode (its start
+    /// when longer than a glimpse).
+    pub member: Glimpse,
     /// The score as Redis printed it (exact, for the cursor).
     pub score: String,
     /// Due time, epoch ms.
@@ -454,7 +455,7 @@ pub async fn list<C: ConnectionLike>(
     let (lo, hi) = (bound(range.from_ms, "-inf"), bound(range.to_ms, "+inf"));
     let start = match cursor {
         Some(c) => decode_cursor(c)?,
-        None => (String::new(), Vec::new()),
+        None => (String::new(), Glimpse::whole(Vec::new())),
     };
     let sets =
         tenant_sets::pending_sets(conn, business, tenant, tenant_sets::LISTED_TENANTS).await?;
@@ -462,7 +463,7 @@ pub async fn list<C: ConnectionLike>(
         .iter()
         .map(|s| {
             s.floor.map(|f| Listed {
-                member: Vec::new(),
+                member: Glimpse::whole(Vec::new()),
                 score: format!("{f}"),
                 due_ms: 0,
             })
@@ -477,8 +478,8 @@ pub async fn list<C: ConnectionLike>(
     .with_floors(floors);
     while let Some((set, n)) = merge.wants() {
         let (cs, cm) = match merge.last(set) {
-            Some(t) => (t.score.as_str(), t.member.as_slice()),
-            None => (start.0.as_str(), start.1.as_slice()),
+            Some(t) => (t.score.as_str(), &t.member),
+            None => (start.0.as_str(), &start.1),
         };
         let reply: Vec<redis::Value> = scripts::LIST
             .key(&sets[set].key)
@@ -486,15 +487,16 @@ pub async fn list<C: ConnectionLike>(
             .arg(&hi)
             .arg(n)
             .arg(cs)
-            .arg(cm)
+            .arg(&cm.head)
+            .arg(cm.digest_arg())
             .invoke_async(conn)
             .await?;
         let mut it = reply.into_iter();
         let more = matches!(it.next(), Some(redis::Value::Int(1)));
         let mut got = Vec::new();
-        while let (Some(m), Some(s)) = (it.next(), it.next()) {
-            let member = bulk(m)?;
-            let score = String::from_utf8_lossy(&bulk(s)?).into_owned();
+        while let Some(member) = Glimpse::read(&mut it)? {
+            let score = String::from_utf8_lossy(&bulk(it.next().unwrap_or(redis::Value::Nil))?)
+                .into_owned();
             let due_ms = to_ms(score_num(&score), unit);
             got.push(Listed {
                 member,
@@ -529,12 +531,16 @@ fn bulk(v: redis::Value) -> Result<Vec<u8>, StoreError> {
     }
 }
 
-/// `SCORE:HEXMEMBER`: opaque to users, exact for any member bytes.
-fn encode_cursor(score: &str, member: &[u8]) -> String {
-    format!("{score}:{}", hex(member))
+/// `SCORE:HEXMEMBER`, or `SCORE:HEXSTART:SHA1` for a member longer than a
+/// glimpse: opaque to users, exact for any member bytes, and bounded.
+fn encode_cursor(score: &str, member: &Glimpse) -> String {
+    match &member.digest {
+        None => format!("{score}:{}", hex(&member.head)),
+        Some(d) => format!("{score}:{}:{d}", hex(&member.head)),
+    }
 }
 
-fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
+fn decode_cursor(c: &str) -> Result<(String, Glimpse), StoreError> {
     let bad = || {
         StoreError::Reply(format!(
             "--cursor \"{c}\" is not a cursor delayd list printed"
@@ -544,7 +550,27 @@ fn decode_cursor(c: &str) -> Result<(String, Vec<u8>), StoreError> {
     if score_num(score).is_nan() {
         return Err(bad());
     }
-    Ok((score.to_string(), unhex(hex).ok_or_else(bad)?))
+    Ok((score.to_string(), glimpse_of(hex).ok_or_else(bad)?))
+}
+
+/// A cursor's member: its bytes in hex, or the hex of its first
+/// [`Glimpse::BYTES`] bytes, `:` and its SHA-1 (a cursor does not carry
+/// its size).
+pub(crate) fn glimpse_of(text: &str) -> Option<Glimpse> {
+    match text.split_once(':') {
+        None => Some(Glimpse::whole(unhex(text)?)),
+        Some((head, digest)) => {
+            let head = unhex(head)?;
+            let ok = head.len() == Glimpse::BYTES
+                && digest.len() == 40
+                && digest.bytes().all(|b| b.is_ascii_hexdigit());
+            ok.then(|| Glimpse {
+                head,
+                size: 0,
+                digest: Some(digest.to_string()),
+            })
+        }
+    }
 }
 
 /// Bytes as lower-case hex: how cursors and the API's handles carry a
@@ -577,10 +603,23 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_any_bytes() {
-        let c = encode_cursor("1767323045000", b"id:\x00\xff");
+        let member = Glimpse::whole(b"id:\x00\xff".to_vec());
+        let c = encode_cursor("1767323045000", &member);
         assert_eq!(
             decode_cursor(&c).unwrap(),
-            ("1767323045000".to_string(), b"id:\x00\xff".to_vec())
+            ("1767323045000".to_string(), member)
+        );
+        let long = Glimpse {
+            head: vec![0xff; Glimpse::BYTES],
+            size: 0,
+            digest: Some("0a".repeat(20)),
+        };
+        let c = encode_cursor("7", &long);
+        assert!(c.len() < 2 * Glimpse::BYTES + 64, "a cursor is bounded");
+        assert_eq!(decode_cursor(&c).unwrap(), ("7".to_string(), long));
+        assert!(
+            decode_cursor("7:00:abc").is_err(),
+            "a digest needs a whole start"
         );
         assert!(decode_cursor("nonsense").is_err());
         assert!(decode_cursor("12:abc").is_err());

@@ -636,3 +636,164 @@ async fn looking_up_a_task_with_a_64_mib_body_raises_delayd_s_peak_memory_by_at_
     );
     del_family(&mut r, &b.key).await;
 }
+
+/// A body-mode member of `size` bytes starting `name-`, unique by name.
+fn big_member(name: &str, size: usize) -> Vec<u8> {
+    let mut m = format!("{name}-").into_bytes();
+    m.resize(size, b'x');
+    m
+}
+
+/// Follows `path` page by page (its cursor in `cursor=`), collecting the
+/// rows under `rows`.
+async fn every_page(port: u16, path: &str, rows: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut cursor = String::new();
+    for _ in 0..100 {
+        let a = api_get(port, &format!("{path}{cursor}")).await;
+        assert_eq!(a.status, 200, "{}", a.text.get(..300).unwrap_or(&a.text));
+        out.extend(a.json[rows].as_array().unwrap().iter().cloned());
+        match a.json["cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => return out,
+        }
+    }
+    panic!("{path}: more than 100 pages");
+}
+
+/// The distinct names (the text before the first '-') of rows' members.
+fn names_of(rows: &[serde_json::Value]) -> Vec<String> {
+    let mut names: Vec<String> = rows
+        .iter()
+        .map(|t| {
+            let text = t["member"]["text"].as_str().unwrap();
+            text.split('-').take(2).collect::<Vec<_>>().join("-")
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_searching_and_acting_on_1_mib_body_mode_members_raises_delayd_s_peak_memory_by_at_most_32_mib(
+) {
+    const PENDING: usize = 40;
+    const DEAD: usize = 20;
+    const SIZE: usize = 1 << 20;
+    let b = BusinessSpec::random("bigmembers");
+    let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
+    let mut r = redis().await;
+    let fam = family(&b.key);
+    // All pending members share one due time, and the dead ones one time
+    // of death, so pages resume among members of the same score.
+    let due = redis_now_ms(&mut r).await + 86_400_000;
+    for i in 0..PENDING {
+        let m = big_member(&format!("big-{i:02}"), SIZE);
+        let _: i64 = query(&mut r, "ZADD", (&b.key, due, m)).await;
+    }
+    let _: i64 = query(&mut r, "ZADD", (&b.key, due, "small-00")).await;
+    for i in 0..DEAD {
+        let m = big_member(&format!("dead-{i:02}"), SIZE);
+        let _: () = redis::pipe()
+            .zadd(&fam.dead, &m, 1_767_323_045_000i64)
+            .hset(&fam.reasons, &m, "too large: 1048576 bytes")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let before = peak_memory(&c.daemon);
+    let api = format!("/api/v1/businesses/{}", b.name);
+
+    let tasks = every_page(c.port, &format!("{api}/tasks?limit=7"), "tasks").await;
+    let mut want: Vec<String> = (0..PENDING).map(|i| format!("big-{i:02}")).collect();
+    want.push("small-00".into());
+    assert_eq!(names_of(&tasks), want, "each pending member listed once");
+    let found = every_page(
+        c.port,
+        &format!("{api}/search?prefix=big-&limit=1000"),
+        "tasks",
+    )
+    .await;
+    assert_eq!(names_of(&found), want[..PENDING], "each match found once");
+    for t in tasks
+        .iter()
+        .chain(&found)
+        .filter(|t| t["member"]["text"] != "small-00")
+    {
+        assert_eq!(
+            (
+                t["member"]["bytes"].as_u64(),
+                t["member"]["truncated"].as_bool(),
+                t["member"]["text"].as_str().map(str::len)
+            ),
+            (Some(SIZE as u64), Some(true), Some(4096)),
+            "a large member is shown cut, with its full size"
+        );
+        assert!(
+            t["handle"].as_str().unwrap().len() < 100,
+            "its handle is short"
+        );
+    }
+
+    let a = api_get(c.port, &format!("{api}/dead?limit=1000")).await;
+    assert_eq!(a.status, 200, "{}", a.text.get(..300).unwrap_or(&a.text));
+    let dead = a.json["members"].as_array().unwrap().clone();
+    assert_eq!(dead.len(), DEAD);
+    let one = dead[3]["handle"].as_str().unwrap();
+    let name = dead[3]["member"]["text"].as_str().unwrap()[..7].to_string();
+    let a = c
+        .post(&format!("{api}/dead/requeue"), json!({ "handle": one }))
+        .await;
+    assert_eq!(a.json["count"], 1, "{}", a.text);
+    // Due now, it is delivered at once: it left the dead set, the others stayed.
+    let still = zscore(&mut r, &fam.dead, &big_member(&name, SIZE)).await;
+    assert_eq!(still, None, "the member the handle named was requeued");
+    assert_eq!(zcard(&mut r, &fam.dead).await, DEAD as u64 - 1);
+    let by_reason = json!({ "reason": "too large", "dry_run": true });
+    let a = c
+        .post_untokened(&format!("{api}/dead/purge"), by_reason)
+        .await;
+    assert_eq!(
+        a.json["count"].as_u64(),
+        Some(DEAD as u64 - 1),
+        "{}",
+        a.text
+    );
+    let purge = json!({ "reason": "too large", "confirm": DEAD - 1 });
+    let a = c.post(&format!("{api}/bulk/purge"), purge).await;
+    assert_eq!(
+        a.json["touched"].as_u64(),
+        Some(DEAD as u64 - 1),
+        "{}",
+        a.text
+    );
+    assert_eq!(zcard(&mut r, &fam.dead).await, 0);
+
+    let cancel = json!({ "prefix": "big-1", "dry_run": true });
+    let a = c
+        .post_untokened(&format!("{api}/bulk/cancel"), cancel)
+        .await;
+    assert_eq!(a.json["count"].as_u64(), Some(10), "{}", a.text);
+    let a = c
+        .post(
+            &format!("{api}/bulk/cancel"),
+            json!({ "prefix": "big-1", "confirm": 10 }),
+        )
+        .await;
+    assert_eq!(a.json["touched"].as_u64(), Some(10), "{}", a.text);
+    let later =
+        json!({ "from": due.to_string(), "to": due.to_string(), "in": "2d", "confirm": 31 });
+    let a = c.post(&format!("{api}/bulk/reschedule"), later).await;
+    assert_eq!(a.json["touched"].as_u64(), Some(31), "{}", a.text);
+    assert_eq!(zcard(&mut r, &b.key).await, PENDING as u64 + 1 - 10);
+
+    let grew = peak_memory(&c.daemon).saturating_sub(before);
+    assert!(
+        grew <= 32 << 20,
+        "listing, searching and acting on {} members of {} MiB raised delayd's peak memory by {} MiB",
+        PENDING + DEAD,
+        SIZE >> 20,
+        grew >> 20
+    );
+    del_family(&mut r, &b.key).await;
+}

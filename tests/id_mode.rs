@@ -363,13 +363,13 @@ async fn list_paging_over_a_million_pending_returns_every_id_once() {
         .unwrap();
         pages += 1;
         for t in &page.tasks {
-            let i: usize = std::str::from_utf8(&t.member[2..])
+            let i: usize = std::str::from_utf8(&t.member.head[2..])
                 .unwrap()
                 .parse()
                 .unwrap();
             assert!(!seen[i], "id{i} listed twice");
             seen[i] = true;
-            let here = (t.due_ms, t.member.clone());
+            let here = (t.due_ms, t.member.head.clone());
             if let Some(prev) = &last {
                 assert!(*prev < here, "out of order: {prev:?} then {here:?}");
             }

@@ -55,7 +55,7 @@ async fn a_page_after_a_cancelled_cursor_among_many_equal_scores_is_cheap_and_ex
         .tasks
         .iter()
         .take(2)
-        .map(|t| String::from_utf8_lossy(&t.member).into_owned())
+        .map(|t| String::from_utf8_lossy(&t.member.head).into_owned())
         .collect();
     assert_eq!(
         first,
@@ -125,7 +125,7 @@ async fn a_page_over_many_shards_reads_about_what_it_shows_not_shards_times_limi
     let got: Vec<String> = page
         .tasks
         .iter()
-        .map(|t| String::from_utf8_lossy(&t.member[..7]).into_owned())
+        .map(|t| String::from_utf8_lossy(&t.member.head[..7]).into_owned())
         .collect();
     assert_eq!(got, want, "the first page in due order");
     // What the page shows, one head per shard and as much again at most;

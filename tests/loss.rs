@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use delayd::config::ScoreUnit;
-use delayd::store::{Back, BackPolicy, Claimed, KeyFamily, Store};
+use delayd::store::{Back, BackPolicy, Claimed, DeadOp, DeadPick, KeyFamily, Store};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -216,7 +216,8 @@ async fn retry_and_requeue_never_override_a_producer_schedule() {
     }
     // A dead member that the producer scheduled again keeps that schedule.
     let _: i64 = query(&mut conn, "ZADD", (&f.dead, 1, "m")).await;
-    assert_eq!(s.dead_requeue(10).await.unwrap(), 1);
+    let requeued = s.dead_act(DeadOp::Requeue, DeadPick::Oldest, 10).await;
+    assert_eq!(requeued.unwrap().n, 1);
     assert_eq!(
         zscore(&mut conn, &key, b"m").await,
         Some(later as f64),

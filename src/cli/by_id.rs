@@ -462,7 +462,14 @@ pub(super) async fn list(a: ListArgs) -> Result<(), Failure> {
         let tasks: Vec<serde_json::Value> = page
             .tasks
             .iter()
-            .map(|t| serde_json::json!({ word: text(&t.member), "due_ms": t.due_ms }))
+            .map(|t| {
+                let mut v = serde_json::json!({ word: text(&t.member.head), "due_ms": t.due_ms });
+                if t.member.digest.is_some() {
+                    v["bytes"] = t.member.size.into();
+                    v["truncated"] = true.into();
+                }
+                v
+            })
             .collect();
         print_json(&serde_json::json!({
             "business": b.name, "tasks": tasks, "cursor": page.cursor,
@@ -471,8 +478,8 @@ pub(super) async fn list(a: ListArgs) -> Result<(), Failure> {
     }
     for t in &page.tasks {
         let shown = match b.member {
-            MemberMode::Id { .. } => escape_bytes(&t.member),
-            MemberMode::Body => cut(&escape_bytes(&t.member), a.width),
+            MemberMode::Id { .. } => t.member.escaped(),
+            MemberMode::Body => cut(&t.member.escaped(), a.width),
         };
         println!("{}\t{}\t{shown}", t.due_ms, relative(t.due_ms, now_ms));
     }

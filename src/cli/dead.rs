@@ -7,7 +7,6 @@ use clap::{Args, Subcommand};
 
 use super::{redis_conn, stores, ConfigArg, Failure};
 use crate::config;
-use crate::text::escape_bytes;
 
 /// What to do with the dead set.
 #[derive(Debug, Subcommand)]
@@ -132,7 +131,7 @@ async fn dead_list(args: DeadArgs) -> Result<(), Failure> {
         let age = Duration::from_millis((now as f64 - m.died_ms).max(0.0) as u64);
         println!(
             "{}\tdied {} ago\t{}",
-            escape_bytes(&m.member),
+            m.member.escaped(),
             humantime::format_duration(Duration::from_secs(age.as_secs())),
             m.reason
         );

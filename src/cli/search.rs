@@ -103,7 +103,7 @@ pub(super) async fn run(a: SearchArgs) -> Result<(), Failure> {
             .await
             .map_err(redis)?;
             for t in &page.tasks {
-                println!("{}\t{}", t.due_ms, escape_bytes(&t.member));
+                println!("{}\t{}", t.due_ms, t.member.escaped());
             }
             page.cursor
         }

@@ -1,13 +1,15 @@
--- dead_list.lua: dead members, oldest first, with when and why they died.
+-- dead_list.lua: dead members, oldest first, with when and why they died,
+-- each as a glimpse (prelude.lua's push_glimpse), so a page of n is at
+-- most n x (4 KiB + its reason).
 -- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH
 -- ARGV[1] most members to list, ARGV[2] members to skip first (0 if absent)
--- Returns {now_ms, m1, died1_ms, reason1, m2, ...}.
+-- Returns {now_ms, m1, size1, sha1_1, died1_ms, reason1, m2, ...}.
 local now = now_ms()
 local skip = tonumber(ARGV[2] or '0')
 local items = redis.call('ZRANGE', KEYS[1], skip, skip + tonumber(ARGV[1]) - 1, 'WITHSCORES')
 local out = {now}
 for i = 1, #items, 2 do
-  out[#out + 1] = items[i]
+  push_glimpse(out, items[i])
   out[#out + 1] = items[i + 1]
   out[#out + 1] = redis.call('HGET', KEYS[2], items[i]) or ''
 end

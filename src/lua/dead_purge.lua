@@ -1,12 +1,13 @@
 -- dead_purge.lua: delete dead members for good, oldest first.
 -- KEYS[1] dead ZSET, KEYS[2] dead-reason HASH, KEYS[3] pending ZSET K,
 -- KEYS[4] in-flight ZSET, KEYS[5] body HASH (id mode; absent otherwise)
--- ARGV[1] most members to delete, ARGV[2..] the members to delete (absent:
--- the oldest dead members)
--- Returns the number of members deleted. A named member that is not dead is
--- left alone. In id mode a dead id's body goes with it, unless a producer
--- has scheduled the id again.
-local members = dead_picked(KEYS[1], tonumber(ARGV[1]), ARGV, 2)
+-- ARGV[1] most members to delete, ARGV[2..] which members: as prelude.lua's
+-- dead_picked reads them ('oldest'; 'named' m1 m2 ...; 'digest' score
+-- sha1; 'reason' text cursor...)
+-- Returns dead_reply's {n, ...}: n the number of members deleted. A named
+-- member that is not dead is left alone. In id mode a dead id's body goes
+-- with it, unless a producer has scheduled the id again.
+local members, last, last_score, more = dead_picked(KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV, 2)
 local has_body = redis.call('EXISTS', KEYS[5]) == 1
 for _, m in ipairs(members) do
   redis.call('ZREM', KEYS[1], m)
@@ -15,4 +16,4 @@ for _, m in ipairs(members) do
     redis.call('HDEL', KEYS[5], m)
   end
 end
-return #members
+return dead_reply(#members, last, last_score, more)

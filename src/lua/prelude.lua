@@ -45,18 +45,150 @@ local function each_held(inflight, args, i, each)
   end
 end
 
--- The dead members a purge or requeue acts on: those named in `args` from
--- index `from` on (at most `most` of them) that are in the dead set `dead`,
--- or, when none is named, the `most` oldest.
-local function dead_picked(dead, most, args, from)
-  if #args < from then
+-- A member longer than GLIMPSE bytes leaves a listing script as a glimpse:
+-- its first GLIMPSE bytes, its length and its SHA-1, so no reply carries a
+-- whole body of a business in body mode (src/store/glimpse.rs reads it).
+local GLIMPSE = 4096
+
+-- Appends `m` to `out` as three values: the member, '' and '' when it is
+-- at most GLIMPSE bytes, else its first GLIMPSE bytes, length and SHA-1.
+local function push_glimpse(out, m)
+  if #m <= GLIMPSE then
+    out[#out + 1] = m
+    out[#out + 1] = ''
+    out[#out + 1] = ''
+  else
+    out[#out + 1] = string.sub(m, 1, GLIMPSE)
+    out[#out + 1] = #m
+    out[#out + 1] = redis.sha1hex(m)
+  end
+end
+
+-- Scores come back as digits, 'inf' or '-inf'.
+local function score_num(s)
+  if s == '+inf' or s == 'inf' then return math.huge end
+  if s == '-inf' then return -math.huge end
+  return tonumber(s)
+end
+
+-- Redis orders equal scores by memcmp of the members, shorter first on a
+-- common prefix; Lua's '<' goes through strcoll, so compare bytes here.
+local function bytes_after(a, b)
+  local la, lb = #a, #b
+  for i = 1, math.min(la, lb) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return la > lb
+end
+
+-- Up to n + 1 {member, score, ...} of `key` with scores in lo..hi (Redis's
+-- bounds), after the cursor in Redis's order: score `cs` ('' from the
+-- start) and member `cm`, or, when `cd` is not '', the longer member whose
+-- first GLIMPSE bytes are `cm` and whose SHA-1 is `cd`. Costs O(log N)
+-- calls however many members share the cursor's score: a page goes on by
+-- rank while the cursor member is where it was, else from the first member
+-- after it, found by a binary search over its score's ranks. A cursor
+-- member given by its glimpse that is gone (or is not among the first 64
+-- members sharing its score and first GLIMPSE bytes) resumes at the first
+-- of those, so a page may repeat one but never skips one.
+local function page_after(key, lo, hi, n, cs, cm, cd)
+  if cs == '' then
+    return redis.call('ZRANGE', key, lo, hi, 'BYSCORE', 'LIMIT', 0, n + 1, 'WITHSCORES')
+  end
+  local hin = score_num(hi)
+  local function from_rank(r)
+    local got = redis.call('ZRANGE', key, r, r + n, 'WITHSCORES')
+    local items = {}
+    for i = 1, #got, 2 do
+      if score_num(got[i + 1]) > hin then break end
+      items[#items + 1] = got[i]
+      items[#items + 1] = got[i + 1]
+    end
+    return items
+  end
+  if cd == '' then
+    local rank = redis.call('ZRANK', key, cm)
+    local score = rank and redis.call('ZSCORE', key, cm)
+    if rank and score_num(score) == score_num(cs) then
+      return from_rank(rank + 1)
+    end
+  end
+  local a = redis.call('ZCOUNT', key, '-inf', '(' .. cs)
+  local b = a + redis.call('ZCOUNT', key, cs, cs)
+  local top = b
+  while a < b do
+    local mid = math.floor((a + b) / 2)
+    local m = redis.call('ZRANGE', key, mid, mid)[1]
+    if bytes_after(m, cm) then b = mid else a = mid + 1 end
+  end
+  if cd ~= '' then
+    -- Rank a starts the members that share the cursor's first GLIMPSE
+    -- bytes (longer ones sort right after their prefix): find it by digest.
+    for r = a, math.min(a + 63, top - 1) do
+      local m = redis.call('ZRANGE', key, r, r)[1]
+      if string.sub(m, 1, GLIMPSE) ~= cm then break end
+      if redis.sha1hex(m) == cd then return from_rank(r + 1) end
+    end
+  end
+  return from_rank(a)
+end
+
+-- The dead members a purge or requeue acts on, at most `most`, as
+-- `args` from index `from` picks them: 'oldest'; 'named', then the
+-- members (those in the dead set `dead`); 'digest', then a score and a
+-- SHA-1 (the longer member a listing showed by its glimpse, looked for
+-- among the first 256 that died at that score); or 'reason', then a text,
+-- a cursor (score, member or its first GLIMPSE bytes, its SHA-1 or '') and
+-- the most members to read: those after the cursor whose reason in
+-- `reasons` contains the text. For 'reason' also returns the last member
+-- read and its score (the next cursor; nil when none was read) and whether
+-- more lie after it.
+local function dead_picked(dead, reasons, most, args, from)
+  local kind = args[from]
+  if kind == 'oldest' then
     return redis.call('ZRANGE', dead, 0, most - 1)
   end
   local members = {}
-  for i = from, math.min(#args, most + from - 1) do
-    if redis.call('ZSCORE', dead, args[i]) then members[#members + 1] = args[i] end
+  if kind == 'named' then
+    for i = from + 1, math.min(#args, most + from) do
+      if redis.call('ZSCORE', dead, args[i]) then members[#members + 1] = args[i] end
+    end
+  elseif kind == 'digest' then
+    local score = args[from + 1]
+    local same = redis.call('ZRANGE', dead, score, score, 'BYSCORE', 'LIMIT', 0, 256)
+    for _, m in ipairs(same) do
+      if #m > GLIMPSE and redis.sha1hex(m) == args[from + 2] then
+        members[1] = m
+        break
+      end
+    end
+  elseif kind == 'reason' then
+    local text, read = args[from + 1], tonumber(args[from + 5])
+    local items = page_after(dead, '-inf', '+inf', read, args[from + 2], args[from + 3], args[from + 4])
+    local last, last_score
+    local i = 1
+    while i <= math.min(#items, 2 * read) and #members < most do
+      local m = items[i]
+      local reason = redis.call('HGET', reasons, m)
+      if reason and string.find(reason, text, 1, true) then members[#members + 1] = m end
+      last, last_score = m, items[i + 1]
+      i = i + 2
+    end
+    return members, last, last_score, i <= #items
   end
   return members
+end
+
+-- The reply of a dead-set script that acted on `n` members picked by
+-- dead_picked: {n}, or for a 'reason' pick {n, more, the last member read
+-- as a glimpse, its score} ({n, 0} when none was read).
+local function dead_reply(n, last, last_score, more)
+  if not last then return {n, 0} end
+  local out = {n, more and 1 or 0}
+  push_glimpse(out, last)
+  out[#out + 1] = last_score
+  return out
 end
 
 -- An error reply when `key` holds something other than a sorted set (an

@@ -64,18 +64,23 @@ pub static DEAD_LIST: LazyLock<Script> = lua!("dead_list");
 pub static DEAD_REQUEUE: LazyLock<Script> = lua!("dead_requeue");
 /// Deletes dead members (`dead_purge.lua`).
 pub static DEAD_PURGE: LazyLock<Script> = lua!("dead_purge");
+/// Counts the dead members a requeue or purge would pick (`dead_match.lua`).
+pub static DEAD_MATCH: LazyLock<Script> = lua!("dead_match");
 /// Pending counts per due-time bucket (`histogram.lua`).
 pub static HISTOGRAM: LazyLock<Script> = lua!("histogram");
 /// Cancels one pending task (`cancel.lua`).
 pub static CANCEL: LazyLock<Script> = lua!("cancel");
-/// Cancels a batch of pending tasks by name (`bulk_cancel.lua`).
-pub static BULK_CANCEL: LazyLock<Script> = lua!("bulk_cancel");
+/// Cancels or moves one batch of pending tasks a bulk action picks
+/// (`bulk_pending.lua`).
+pub static BULK_PENDING: LazyLock<Script> = lua!("bulk_pending");
 /// The start of one body and its size (`body_head.lua`).
 pub static BODY_HEAD: LazyLock<Script> = lua!("body_head");
 /// Ids whose body contains a text, one `HSCAN` step (`body_search.lua`).
 pub static BODY_SEARCH: LazyLock<Script> = lua!("body_search");
 /// One page of pending tasks after a cursor (`list.lua`).
 pub static LIST: LazyLock<Script> = lua!("list");
+/// One `ZSCAN` step of a search by prefix (`scan_glimpse.lua`).
+pub static SCAN_GLIMPSE: LazyLock<Script> = lua!("scan_glimpse");
 /// Takes from the shared `max_rate` budget (`rate.lua`).
 pub static RATE: LazyLock<Script> = lua!("rate");
 /// Stores intake messages (`intake.lua`).

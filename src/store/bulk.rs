@@ -1,23 +1,56 @@
-//! The Redis calls behind bulk actions: a page of a sorted set after a
-//! (score, member) cursor, a bounded `ZSCAN` by prefix, and one batch of
-//! named members cancelled, moved or checked for their dead reason. Each
-//! call touches at most the batch it is given.
+//! The Redis calls behind bulk actions on pending members: one batch
+//! picked (a due range after a cursor, or a `ZSCAN` step by prefix) and
+//! cancelled or moved in the same script call (`bulk_pending.lua`), so no
+//! member leaves Redis; and counts. Each call touches at most its batch.
 
-use super::{bytes_of, Store, StoreError};
-use crate::redis_conn::scripts::{BULK_CANCEL, LIST};
+use super::{int_of, score_text, Glimpse, Store, StoreError};
+use crate::redis_conn::scripts::{BULK_PENDING, SCAN_GLIMPSE};
 
-/// Which of a family's sorted sets a page reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Set {
-    /// Pending members, by due time.
-    Pending,
-    /// Dead members, by when they died.
-    Dead,
+/// Which pending members one batch picks.
+#[derive(Debug, Clone, Copy)]
+pub enum PendingPick<'a> {
+    /// Scores in `lo..=hi` (Redis's bounds), after `after` (a score as
+    /// Redis printed it, `""` from the start, and the member there).
+    Due {
+        /// Lowest score.
+        lo: &'a str,
+        /// Highest score.
+        hi: &'a str,
+        /// The cursor: the last member read and its score.
+        after: (&'a str, &'a Glimpse),
+    },
+    /// One `ZSCAN` step from `cursor` for members matching `pattern`.
+    Prefix {
+        /// The `ZSCAN` cursor (0 to start).
+        cursor: u64,
+        /// The `MATCH` glob.
+        pattern: &'a [u8],
+        /// The `COUNT` hint.
+        count: usize,
+    },
 }
 
-/// A page of members with their scores as Redis printed them (exact, for
-/// a cursor), and whether more lie in range.
-pub type Scored = (Vec<(Vec<u8>, String)>, bool);
+/// What one batch does to the members it picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingAct {
+    /// Cancel them.
+    Cancel,
+    /// Move them to this due time, epoch ms.
+    Move(i64),
+}
+
+/// What one batch did, and where the next starts.
+#[derive(Debug, Clone, Default)]
+pub struct PendingStep {
+    /// Members cancelled or moved.
+    pub n: u64,
+    /// Whether the set holds more after this batch.
+    pub more: bool,
+    /// A due pick: the last member read and its score (the next cursor).
+    pub last: Option<(String, Glimpse)>,
+    /// A prefix pick: the next `ZSCAN` cursor (0: the walk is over).
+    pub next_scan: u64,
+}
 
 impl Store {
     /// This store with `tenant`'s set as its pending set, for the bulk
@@ -62,41 +95,6 @@ impl Store {
             .map_or(&self.keys.pending, |(_, set)| set)
     }
 
-    /// Up to `n` members of `set` with scores in `lo..=hi` (Redis's bounds:
-    /// `-inf`, `+inf` or a number), after the cursor (`("", [])`: from the
-    /// start), in Redis's order (`list.lua`).
-    pub async fn page_after(
-        &self,
-        set: Set,
-        (lo, hi): (&str, &str),
-        n: usize,
-        (score, member): (&str, &[u8]),
-    ) -> Result<Scored, StoreError> {
-        let key = match set {
-            Set::Pending => self.pending_set(),
-            Set::Dead => &self.keys.dead,
-        };
-        let mut conn = self.conn.clone();
-        let reply: Vec<redis::Value> = LIST
-            .key(key)
-            .arg(lo)
-            .arg(hi)
-            .arg(n.max(1))
-            .arg(score)
-            .arg(member)
-            .invoke_async(&mut conn)
-            .await?;
-        let more = matches!(reply.first(), Some(redis::Value::Int(1)));
-        let mut out = Vec::new();
-        for pair in reply.get(1..).unwrap_or_default().chunks(2) {
-            if let [m, s] = pair {
-                let s = String::from_utf8_lossy(&bytes_of(s)?).into_owned();
-                out.push((bytes_of(m)?, s));
-            }
-        }
-        Ok((out, more))
-    }
-
     /// Pending members in `lo..=hi` (scores), counted by `ZCOUNT`.
     pub async fn count_due(&self, lo: &str, hi: &str) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
@@ -108,90 +106,83 @@ impl Store {
             .await?)
     }
 
-    /// One `ZSCAN` of the pending set from `cursor`, for members matching
-    /// the glob `pattern`, looking at about `count` members.
-    pub async fn scan_pending(
+    /// Cancels or moves at most `most` of the pending members `pick`
+    /// picks, in one script call (`bulk_pending.lua`).
+    pub async fn bulk_pending(
+        &self,
+        pick: PendingPick<'_>,
+        act: PendingAct,
+        most: usize,
+    ) -> Result<PendingStep, StoreError> {
+        let k = &self.keys;
+        let mut inv = BULK_PENDING.prepare_invoke();
+        inv.key(self.pending_set())
+            .key(&k.inflight)
+            .key(&k.dead)
+            .key(&k.body)
+            .key(k.tenant_index());
+        inv.arg(if self.member.is_id() { "1" } else { "0" });
+        match act {
+            PendingAct::Cancel => inv.arg("cancel"),
+            PendingAct::Move(due_ms) => inv.arg(due_ms as f64 / self.unit.millis() as f64),
+        };
+        inv.arg(self.tenant().unwrap_or("")).arg(most.max(1));
+        match pick {
+            PendingPick::Due { lo, hi, after } => {
+                inv.arg("due").arg(lo).arg(hi).arg(after.0);
+                inv.arg(&after.1.head).arg(after.1.digest_arg())
+            }
+            PendingPick::Prefix {
+                cursor,
+                pattern,
+                count,
+            } => inv.arg("prefix").arg(cursor).arg(pattern).arg(count),
+        };
+        let mut conn = self.conn.clone();
+        let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+        let mut it = reply.into_iter();
+        let n = int_of(it.next())? as u64;
+        if let PendingPick::Prefix { .. } = pick {
+            let next_scan = int_of(it.next())? as u64;
+            return Ok(PendingStep {
+                n,
+                more: next_scan != 0,
+                next_scan,
+                ..PendingStep::default()
+            });
+        }
+        let more = int_of(it.next())? == 1;
+        let last = match Glimpse::read(&mut it)? {
+            Some(g) => Some((score_text(it.next())?, g)),
+            None => None,
+        };
+        Ok(PendingStep {
+            n,
+            more,
+            last,
+            next_scan: 0,
+        })
+    }
+
+    /// One `ZSCAN` step of the pending set from `cursor`, for members
+    /// matching the glob `pattern`, looking at about `count`: the next
+    /// cursor and how many matched (no member leaves Redis).
+    pub async fn count_matching(
         &self,
         cursor: u64,
         pattern: &[u8],
         count: usize,
-    ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+    ) -> Result<(u64, u64), StoreError> {
         let mut conn = self.conn.clone();
-        let (next, items): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-            .arg(self.pending_set())
+        let reply: Vec<redis::Value> = SCAN_GLIMPSE
+            .key(self.pending_set())
             .arg(cursor)
-            .arg("MATCH")
             .arg(pattern)
-            .arg("COUNT")
             .arg(count)
-            .query_async(&mut conn)
+            .arg("count")
+            .invoke_async(&mut conn)
             .await?;
-        Ok((next, items.into_iter().map(|(m, _)| m).collect()))
-    }
-
-    /// The dead reasons of `members` (`None` for one not dead).
-    pub async fn reasons_of(&self, members: &[&[u8]]) -> Result<Vec<Option<String>>, StoreError> {
-        if members.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.conn.clone();
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(&self.keys.reasons);
-        for m in members {
-            cmd.arg(*m);
-        }
-        Ok(cmd.query_async(&mut conn).await?)
-    }
-
-    /// Cancels the named members that are pending; returns how many went.
-    pub async fn cancel_members(&self, members: &[&[u8]]) -> Result<u64, StoreError> {
-        if members.is_empty() {
-            return Ok(0);
-        }
-        let mut inv = BULK_CANCEL.prepare_invoke();
-        let k = &self.keys;
-        inv.key(self.pending_set())
-            .key(&k.inflight)
-            .key(&k.dead)
-            .key(&k.body);
-        inv.arg(if self.member.is_id() { "1" } else { "0" });
-        for m in members {
-            inv.arg(*m);
-        }
-        let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
-    }
-
-    /// Moves the named members that are pending to `due_ms` (`ZADD XX CH`):
-    /// one claimed meanwhile is not re-added. Returns how many moved (one
-    /// already due then is not counted). In a tenant's set the tenant's
-    /// index entry is lowered to it in the same transaction, so an earlier
-    /// due time is claimed on time.
-    pub async fn move_members(&self, members: &[&[u8]], due_ms: i64) -> Result<u64, StoreError> {
-        if members.is_empty() {
-            return Ok(0);
-        }
-        let score = due_ms as f64 / self.unit.millis() as f64;
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("ZADD")
-            .arg(self.pending_set())
-            .arg("XX")
-            .arg("CH");
-        for m in members {
-            pipe.arg(score).arg(*m);
-        }
-        if let Some((t, _)) = &self.tenant {
-            pipe.cmd("ZADD")
-                .arg(self.keys.tenant_index())
-                .arg("XX")
-                .arg("LT")
-                .arg(score)
-                .arg(t)
-                .ignore();
-        }
-        let mut conn = self.conn.clone();
-        let (moved,): (u64,) = pipe.query_async(&mut conn).await?;
-        Ok(moved)
+        let mut it = reply.into_iter();
+        Ok((int_of(it.next())? as u64, int_of(it.next())? as u64))
     }
 }

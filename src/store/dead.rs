@@ -1,10 +1,11 @@
-//! Dead members addressed by name, for filters that pick some of them (one
-//! member, a reason) rather than the oldest.
+//! Dead members picked and acted on in Redis: the oldest, named ones, one
+//! a listing showed by its glimpse, or those whose reason matches, so no
+//! member has to leave Redis for an action or a count.
 
 use redis::ScriptInvocation;
 
-use super::{Store, StoreError};
-use crate::redis_conn::scripts::{DEAD_PURGE, DEAD_REQUEUE};
+use super::{int_of, score_text, Glimpse, Store, StoreError};
+use crate::redis_conn::scripts::{DEAD_MATCH, DEAD_PURGE, DEAD_REQUEUE};
 
 impl Store {
     /// Whether `member` is in the dead set.
@@ -27,68 +28,119 @@ impl Store {
             .await?)
     }
 
-    /// Moves up to `limit` dead members back to pending, due now.
-    pub async fn dead_requeue(&self, limit: usize) -> Result<u64, StoreError> {
-        self.run_dead(self.requeue_call(limit), &[]).await
-    }
-
-    /// Deletes up to `limit` dead members.
-    pub async fn dead_purge(&self, limit: usize) -> Result<u64, StoreError> {
-        self.run_dead(self.purge_call(limit), &[]).await
-    }
-
-    /// Moves the named members that are dead back to pending, due now;
-    /// returns how many moved. Pass at most a few thousand per call.
-    pub async fn dead_requeue_members(&self, members: &[&[u8]]) -> Result<u64, StoreError> {
-        if members.is_empty() {
-            return Ok(0);
-        }
-        self.run_dead(self.requeue_call(members.len()), members)
-            .await
-    }
-
-    /// Deletes the named members that are dead; returns how many went.
-    /// Pass at most a few thousand per call.
-    pub async fn dead_purge_members(&self, members: &[&[u8]]) -> Result<u64, StoreError> {
-        if members.is_empty() {
-            return Ok(0);
-        }
-        self.run_dead(self.purge_call(members.len()), members).await
-    }
-
-    /// `dead_requeue.lua` with its keys, the most members to move and the
-    /// clock's unit; named members follow, or none for the oldest.
-    fn requeue_call(&self, most: usize) -> ScriptInvocation<'static> {
-        let mut inv = DEAD_REQUEUE.prepare_invoke();
-        let k = &self.keys;
-        inv.key(&k.pending)
-            .key(&k.dead)
-            .key(&k.reasons)
-            .key(&k.meta);
-        inv.arg(most).arg(self.unit.millis());
-        inv
-    }
-
-    /// `dead_purge.lua` with its keys and the most members to delete; named
-    /// members follow, or none for the oldest.
-    fn purge_call(&self, most: usize) -> ScriptInvocation<'static> {
-        let mut inv = DEAD_PURGE.prepare_invoke();
-        let k = &self.keys;
-        inv.key(&k.dead).key(&k.reasons).key(&k.pending);
-        inv.key(&k.inflight).key(&k.body).arg(most);
-        inv
-    }
-
-    /// Runs a dead-set script on `members` (none: the oldest dead ones).
-    async fn run_dead(
+    /// Requeues, purges or counts (`op`) at most `most` of the dead
+    /// members `pick` picks, in one script call.
+    pub async fn dead_act(
         &self,
-        mut inv: ScriptInvocation<'static>,
-        members: &[&[u8]],
-    ) -> Result<u64, StoreError> {
-        for m in members {
-            inv.arg(*m);
-        }
+        op: DeadOp,
+        pick: DeadPick<'_>,
+        most: usize,
+    ) -> Result<DeadStep, StoreError> {
+        let k = &self.keys;
+        let mut inv = match op {
+            DeadOp::Requeue => {
+                let mut inv = DEAD_REQUEUE.prepare_invoke();
+                inv.key(&k.pending)
+                    .key(&k.dead)
+                    .key(&k.reasons)
+                    .key(&k.meta);
+                inv.arg(most).arg(self.unit.millis());
+                inv
+            }
+            DeadOp::Purge => {
+                let mut inv = DEAD_PURGE.prepare_invoke();
+                inv.key(&k.dead).key(&k.reasons).key(&k.pending);
+                inv.key(&k.inflight).key(&k.body).arg(most);
+                inv
+            }
+            DeadOp::Count => {
+                let mut inv = DEAD_MATCH.prepare_invoke();
+                inv.key(&k.dead).key(&k.reasons).arg(most);
+                inv
+            }
+        };
+        pick.args(&mut inv);
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+        let mut it = reply.into_iter();
+        let n = int_of(it.next())? as u64;
+        let more = matches!(it.next(), Some(redis::Value::Int(1)));
+        let last = match Glimpse::read(&mut it)? {
+            Some(g) => Some((score_text(it.next())?, g)),
+            None => None,
+        };
+        Ok(DeadStep { n, more, last })
     }
+}
+
+/// What a dead-set script does with the members it picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadOp {
+    /// Back to pending, due now, attempts reset.
+    Requeue,
+    /// Deleted for good.
+    Purge,
+    /// Counted only.
+    Count,
+}
+
+/// Which dead members a script picks (prelude.lua's `dead_picked`).
+#[derive(Debug, Clone, Copy)]
+pub enum DeadPick<'a> {
+    /// The oldest.
+    Oldest,
+    /// These, those of them that are dead.
+    Named(&'a [&'a [u8]]),
+    /// The member a listing showed by its glimpse: when it died (its
+    /// score) and its SHA-1.
+    Digest {
+        /// Its score in the dead set, as a listing gave it.
+        died: &'a str,
+        /// Its SHA-1 in hex.
+        digest: &'a str,
+    },
+    /// Those after the cursor whose reason contains `text`, reading at
+    /// most `read` members.
+    Reason {
+        /// Text the reason contains.
+        text: &'a str,
+        /// The last member read before and its score (`""` from the start).
+        after: (&'a str, &'a Glimpse),
+        /// Most members to read.
+        read: usize,
+    },
+}
+
+impl DeadPick<'_> {
+    fn args(&self, inv: &mut ScriptInvocation<'_>) {
+        match self {
+            DeadPick::Oldest => inv.arg("oldest"),
+            DeadPick::Named(members) => {
+                inv.arg("named");
+                for m in *members {
+                    inv.arg(*m);
+                }
+                inv
+            }
+            DeadPick::Digest { died, digest } => inv.arg("digest").arg(*died).arg(*digest),
+            DeadPick::Reason { text, after, read } => inv
+                .arg("reason")
+                .arg(*text)
+                .arg(after.0)
+                .arg(&after.1.head)
+                .arg(after.1.digest_arg())
+                .arg(*read),
+        };
+    }
+}
+
+/// What a dead-set script did.
+#[derive(Debug, Clone, Default)]
+pub struct DeadStep {
+    /// Members requeued, purged or counted.
+    pub n: u64,
+    /// A reason pick: whether more members lie after the last one read.
+    pub more: bool,
+    /// A reason pick: the last member read and its score (the next cursor).
+    pub last: Option<(String, Glimpse)>,
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::dead::{self, Filter, Matched};
 use super::tenant_sets::{resume_at, SetAt, MOST_TENANTS};
-use super::{hex, score_of, unhex, Range};
+use super::{glimpse_of, hex, score_of, Range};
 use crate::config::ScoreUnit;
-use crate::store::{Set, Store, StoreError};
+use crate::store::{DeadOp, DeadPick, Glimpse, PendingAct, PendingPick, Store, StoreError};
 
 /// Members one Redis call reads or acts on.
 pub const BATCH: usize = 1000;
@@ -179,7 +179,7 @@ pub struct Step {
 enum Pos {
     Start,
     /// After this (score, member), in Redis's order.
-    After(String, Vec<u8>),
+    After(String, Glimpse),
     /// At this `ZSCAN` cursor.
     Scan(u64),
 }
@@ -196,7 +196,10 @@ impl Cursor {
     fn encode(&self) -> String {
         let pos = match &self.pos {
             Pos::Start => String::new(),
-            Pos::After(s, m) => format!("a{s}:{}", hex(m)),
+            Pos::After(s, m) => match &m.digest {
+                None => format!("a{s}:{}", hex(&m.head)),
+                Some(d) => format!("a{s}:{}:{d}", hex(&m.head)),
+            },
             Pos::Scan(z) => format!("z{z}"),
         };
         format!("{}:{}:{pos}", self.left, self.at.encode())
@@ -214,7 +217,7 @@ impl Cursor {
         } else {
             let (s, m) = p.strip_prefix('a')?.split_once(':')?;
             s.parse::<f64>().ok()?;
-            Pos::After(s.to_string(), unhex(m)?)
+            Pos::After(s.to_string(), glimpse_of(m)?)
         };
         Some(Self { left, at, pos })
     }
@@ -249,8 +252,8 @@ pub async fn count(scope: Scope<'_>, pick: &Pick) -> Result<Matched, StoreError>
                         break 'sets;
                     }
                     calls += 1;
-                    let (next, found) = s.scan_pending(at, &pattern, BATCH).await?;
-                    out.count += found.len() as u64;
+                    let (next, found) = s.count_matching(at, &pattern, BATCH).await?;
+                    out.count += found;
                     at = next;
                     if at == 0 {
                         break;
@@ -324,8 +327,8 @@ pub async fn step(
 }
 
 /// One batch on one set: at most [`BATCH`] members read and at most
-/// `room` acted on. Returns how many were touched and whether the set
-/// was walked to its end.
+/// `room` acted on, in one script call. Returns how many were touched and
+/// whether the set was walked to its end.
 async fn batch(
     store: &Store,
     unit: ScoreUnit,
@@ -334,79 +337,54 @@ async fn batch(
     pos: &mut Pos,
     room: usize,
 ) -> Result<(u64, bool), StoreError> {
-    let after = |pos: &Pos| match pos {
-        Pos::After(s, m) => (s.clone(), m.clone()),
-        _ => (String::new(), Vec::new()),
+    let start = Glimpse::whole(Vec::new());
+    let after = match pos {
+        Pos::After(s, m) => (s.as_str(), &*m),
+        _ => ("", &start),
     };
-    match pick {
+    let on = match act {
+        Act::Reschedule(due_ms) => PendingAct::Move(due_ms),
+        _ => PendingAct::Cancel,
+    };
+    let (n, more, last) = match pick {
         Pick::Due(r) => {
             let (lo, hi) = bounds(*r, unit);
-            let (s, m) = after(pos);
-            let (mut page, more) = store
-                .page_after(Set::Pending, (&lo, &hi), BATCH.min(room), (&s, &m))
-                .await?;
-            let cut = page.len() == room && more;
-            page.truncate(room);
-            let names: Vec<&[u8]> = page.iter().map(|(m, _)| m.as_slice()).collect();
-            let n = on_pending(store, act, &names).await?;
-            if let Some((m, s)) = page.last() {
-                *pos = Pos::After(s.clone(), m.clone());
-            }
-            Ok((n, !more && !cut))
+            let pick = PendingPick::Due {
+                lo: &lo,
+                hi: &hi,
+                after,
+            };
+            let step = store.bulk_pending(pick, on, BATCH.min(room)).await?;
+            (step.n, step.more, step.last)
         }
         Pick::Prefix(p) => {
-            let z = match pos {
-                Pos::Scan(z) => *z,
-                _ => 0,
+            let pick = PendingPick::Prefix {
+                cursor: if let Pos::Scan(z) = pos { *z } else { 0 },
+                pattern: &super::search::pattern(p),
+                count: BATCH.min(room.max(10)),
             };
-            let (next, mut found) = store
-                .scan_pending(z, &super::search::pattern(p), BATCH.min(room.max(10)))
-                .await?;
-            found.sort();
-            found.dedup();
-            found.truncate(room);
-            let names: Vec<&[u8]> = found.iter().map(|m| m.as_slice()).collect();
-            let n = on_pending(store, act, &names).await?;
-            *pos = Pos::Scan(next);
-            Ok((n, next == 0))
+            let step = store.bulk_pending(pick, on, room).await?;
+            *pos = Pos::Scan(step.next_scan);
+            return Ok((step.n, step.next_scan == 0));
         }
         Pick::Reason(text) => {
-            let (s, m) = after(pos);
-            let (page, more) = store
-                .page_after(Set::Dead, ("-inf", "+inf"), BATCH, (&s, &m))
-                .await?;
-            let names: Vec<&[u8]> = page.iter().map(|(m, _)| m.as_slice()).collect();
-            let reasons = store.reasons_of(&names).await?;
-            let mut picked = Vec::new();
-            let mut last = None;
-            for ((m, s), reason) in page.iter().zip(&reasons) {
-                if picked.len() == room {
-                    break;
-                }
-                if reason.as_deref().is_some_and(|r| r.contains(text.as_str())) {
-                    picked.push(m.as_slice());
-                }
-                last = Some((s, m));
-            }
-            let read_all = last.map(|(_, m)| m) == page.last().map(|(m, _)| m);
-            let n = match act {
-                Act::Purge => store.dead_purge_members(&picked).await?,
-                _ => store.dead_requeue_members(&picked).await?,
+            let op = match act {
+                Act::Purge => DeadOp::Purge,
+                _ => DeadOp::Requeue,
             };
-            if let Some((s, m)) = last {
-                *pos = Pos::After(s.clone(), m.clone());
-            }
-            Ok((n, !more && read_all))
+            let pick = DeadPick::Reason {
+                text,
+                after,
+                read: BATCH,
+            };
+            let step = store.dead_act(op, pick, room).await?;
+            (step.n, step.more, step.last)
         }
+    };
+    if let Some((s, m)) = last {
+        *pos = Pos::After(s, m);
     }
-}
-
-/// Cancels or moves the named pending members.
-async fn on_pending(store: &Store, act: Act, names: &[&[u8]]) -> Result<u64, StoreError> {
-    match act {
-        Act::Reschedule(due_ms) => store.move_members(names, due_ms).await,
-        _ => store.cancel_members(names).await,
-    }
+    Ok((n, !more))
 }
 
 #[cfg(test)]
@@ -438,7 +416,24 @@ mod tests {
                     shard: 1,
                     tenant: None,
                 },
-                pos: Pos::After("1767323045000".into(), b"a:\xff".to_vec()),
+                pos: Pos::After("1767323045000".into(), Glimpse::whole(b"a:\xff".to_vec())),
+            },
+            Cursor {
+                left: 3,
+                at: SetAt {
+                    shard: 0,
+                    tenant: None,
+                },
+                // A longer member: its start and SHA-1 (a cursor does not
+                // carry its size).
+                pos: Pos::After(
+                    "12".into(),
+                    Glimpse {
+                        head: vec![b'x'; Glimpse::BYTES],
+                        size: 0,
+                        digest: Some("ab".repeat(20)),
+                    },
+                ),
             },
         ] {
             assert_eq!(Cursor::decode(&c.encode(), 2), Some(c));

@@ -3,7 +3,7 @@
 //! `delayd dead` and the API both go through here.
 
 use super::Merge;
-use crate::store::{DeadMember, Store, StoreError};
+use crate::store::{DeadMember, DeadOp, DeadPick, Glimpse, Store, StoreError};
 
 /// Members one script call moves or deletes, so no call holds Redis long.
 const CHUNK: usize = 1000;
@@ -18,6 +18,14 @@ pub enum Filter {
     All,
     /// This one member (the id in id mode, the body in body mode).
     Member(Vec<u8>),
+    /// The member longer than a glimpse a listing showed: when it died
+    /// (its score in the dead set) and its SHA-1.
+    Digest {
+        /// Its score, as the listing gave it.
+        died: String,
+        /// Its SHA-1 in hex.
+        digest: String,
+    },
     /// Those whose reason contains this text.
     Reason(String),
 }
@@ -32,6 +40,13 @@ pub enum Action {
 }
 
 impl Action {
+    fn op(self) -> DeadOp {
+        match self {
+            Action::Requeue => DeadOp::Requeue,
+            Action::Purge => DeadOp::Purge,
+        }
+    }
+
     /// `requeue` or `purge`, as answers and the audit log name it.
     pub fn name(self) -> &'static str {
         match self {
@@ -82,10 +97,15 @@ pub async fn count(stores: &[Store], filter: &Filter) -> Result<Matched, StoreEr
         let n = match filter {
             Filter::All => store.dead_count().await?,
             Filter::Member(m) => store.is_dead(m).await? as u64,
+            Filter::Digest { died, digest } => {
+                let pick = DeadPick::Digest { died, digest };
+                store.dead_act(DeadOp::Count, pick, 1).await?.n
+            }
             Filter::Reason(r) => {
-                let (found, partial) = with_reason(store, r, &mut budget).await?;
+                let (n, partial) =
+                    with_reason(store, DeadOp::Count, r, usize::MAX, &mut budget).await?;
                 out.partial |= partial;
-                found.len() as u64
+                n
             }
         };
         out.count += n;
@@ -103,22 +123,28 @@ pub async fn apply(
     let mut out = Matched::default();
     let mut left = limit;
     let mut budget = REASON_SCAN_LIMIT;
+    let op = action.op();
     for store in stores {
         if left == 0 {
             break;
         }
         let n = match filter {
-            Filter::All => oldest(store, action, left).await?,
-            Filter::Member(m) => named(store, action, &[m.as_slice()]).await?,
+            Filter::All => oldest(store, op, left).await?,
+            Filter::Member(m) => {
+                store
+                    .dead_act(op, DeadPick::Named(&[m.as_slice()]), 1)
+                    .await?
+                    .n
+            }
+            Filter::Digest { died, digest } => {
+                store
+                    .dead_act(op, DeadPick::Digest { died, digest }, 1)
+                    .await?
+                    .n
+            }
             Filter::Reason(r) => {
-                let (mut found, partial) = with_reason(store, r, &mut budget).await?;
+                let (n, partial) = with_reason(store, op, r, left, &mut budget).await?;
                 out.partial |= partial;
-                found.truncate(left);
-                let mut n = 0;
-                for chunk in found.chunks(CHUNK) {
-                    let names: Vec<&[u8]> = chunk.iter().map(|m| m.as_slice()).collect();
-                    n += named(store, action, &names).await?;
-                }
                 n
             }
         };
@@ -129,15 +155,12 @@ pub async fn apply(
 }
 
 /// The oldest `limit` members, in chunks.
-async fn oldest(store: &Store, action: Action, limit: usize) -> Result<u64, StoreError> {
+async fn oldest(store: &Store, op: DeadOp, limit: usize) -> Result<u64, StoreError> {
     let mut total = 0u64;
     let mut left = limit;
     while left > 0 {
         let chunk = left.min(CHUNK);
-        let n = match action {
-            Action::Requeue => store.dead_requeue(chunk).await?,
-            Action::Purge => store.dead_purge(chunk).await?,
-        };
+        let n = store.dead_act(op, DeadPick::Oldest, chunk).await?.n;
         total += n;
         left -= n as usize;
         if (n as usize) < chunk {
@@ -147,38 +170,33 @@ async fn oldest(store: &Store, action: Action, limit: usize) -> Result<u64, Stor
     Ok(total)
 }
 
-async fn named(store: &Store, action: Action, members: &[&[u8]]) -> Result<u64, StoreError> {
-    match action {
-        Action::Requeue => store.dead_requeue_members(members).await,
-        Action::Purge => store.dead_purge_members(members).await,
-    }
-}
-
-/// Members of `store`'s dead set whose reason contains `text`, reading at
-/// most `budget` members (and taking them from it); true when it stopped
-/// before the end.
+/// Applies `op` to at most `most` members of `store`'s dead set whose
+/// reason contains `text`, reading at most `budget` members (and taking
+/// them from it), a chunk per script call; true when it stopped before
+/// the end.
 async fn with_reason(
     store: &Store,
+    op: DeadOp,
     text: &str,
+    most: usize,
     budget: &mut usize,
-) -> Result<(Vec<Vec<u8>>, bool), StoreError> {
-    let mut found = Vec::new();
-    let mut skip = 0;
-    while *budget > 0 {
-        let n = CHUNK.min(*budget);
-        let (_, page) = store.dead_page(skip, n).await?;
-        let len = page.len();
-        *budget -= len;
-        found.extend(
-            page.into_iter()
-                .filter(|m| m.reason.contains(text))
-                .map(|m| m.member),
-        );
-        if len < n {
-            return Ok((found, false));
+) -> Result<(u64, bool), StoreError> {
+    let mut n = 0u64;
+    let mut after = (String::new(), Glimpse::whole(Vec::new()));
+    while *budget > 0 && (n as usize) < most {
+        let read = CHUNK.min(*budget);
+        let pick = DeadPick::Reason {
+            text,
+            after: (&after.0, &after.1),
+            read,
+        };
+        let step = store.dead_act(op, pick, most - n as usize).await?;
+        *budget -= read;
+        n += step.n;
+        match step.last {
+            Some(last) if step.more => after = last,
+            _ => return Ok((n, false)),
         }
-        skip += len;
     }
-    let more = store.dead_count().await? as usize > skip;
-    Ok((found, more))
+    Ok((n, *budget == 0))
 }

@@ -12,8 +12,8 @@ use redis::aio::ConnectionLike;
 use super::tenant_sets::{self, SetAt};
 use super::to_ms;
 use crate::config::Business;
-use crate::redis_conn::scripts::BODY_SEARCH;
-use crate::store::{KeyFamily, StoreError};
+use crate::redis_conn::scripts::{BODY_SEARCH, SCAN_GLIMPSE};
+use crate::store::{int_of, score_text, Glimpse, KeyFamily, StoreError};
 
 /// `ZSCAN` calls one search page makes at most.
 pub const CALLS_PER_PAGE: usize = 20;
@@ -25,8 +25,10 @@ const MIN_SCAN_COUNT: usize = 10;
 /// One pending task a search found.
 #[derive(Debug, Clone)]
 pub struct Found {
-    /// The member: body or id.
-    pub member: Vec<u8>,
+    /// The member: body or id (its start when longer than a glimpse).
+    pub member: Glimpse,
+    /// Its score as Redis printed it.
+    pub score: String,
     /// Due time, epoch ms.
     pub due_ms: i64,
 }
@@ -116,19 +118,23 @@ pub async fn by_prefix<C: ConnectionLike>(
     while set < sets.len() && calls < CALLS_PER_PAGE && tasks.len() < limit {
         calls += 1;
         let count = (limit - tasks.len()).clamp(MIN_SCAN_COUNT, SCAN_COUNT);
-        let (next, items): (u64, Vec<(Vec<u8>, f64)>) = redis::cmd("ZSCAN")
-            .arg(&sets[set].key)
+        let reply: Vec<redis::Value> = SCAN_GLIMPSE
+            .key(&sets[set].key)
             .arg(at)
-            .arg("MATCH")
             .arg(&pattern)
-            .arg("COUNT")
             .arg(count)
-            .query_async(conn)
+            .invoke_async(conn)
             .await?;
-        tasks.extend(items.into_iter().map(|(member, score)| Found {
-            member,
-            due_ms: to_ms(score, business.score_unit),
-        }));
+        let mut it = reply.into_iter();
+        let next = int_of(it.next())? as u64;
+        while let Some(member) = Glimpse::read(&mut it)? {
+            let score = score_text(it.next())?;
+            tasks.push(Found {
+                member,
+                due_ms: to_ms(super::score_num(&score), business.score_unit),
+                score,
+            });
+        }
         at = next;
         if at == 0 {
             set += 1;

@@ -4,7 +4,7 @@
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, handle, ApiError, Shown};
+use super::{bounded, ApiError, Shown};
 use crate::config::Business;
 use crate::http::HttpState;
 use crate::tasks::search;
@@ -48,7 +48,7 @@ pub async fn page(
         .map(|m| {
             let body = shown_body(b, &m.head, m.size);
             json!({
-                "id": Shown::of(&m.id), "handle": handle(&m.id),
+                "id": Shown::of(&m.id), "handle": crate::tasks::hex(&m.id),
                 "body": body, "due_ms": m.due_ms,
             })
         })

@@ -8,7 +8,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{
-    bounded, bounded_by, handle, member_kind, member_of, page_limit, ApiError, Shared, Shown,
+    bounded, bounded_by, dead_filter_of, handle, member_kind, page_limit, ApiError, Shared, Shown,
 };
 use crate::http::auth::{require_admin, require_read};
 use crate::tasks::audit::Write;
@@ -38,7 +38,8 @@ pub async fn list(
         .iter()
         .map(|m| {
             json!({
-                "member": Shown::of(&m.member), "handle": handle(&m.member),
+                "member": Shown::of_start(&m.member.head, m.member.size),
+                "handle": handle(&m.member, m.died_ms),
                 "died_ms": m.died_ms as i64, "reason": m.reason,
             })
         })
@@ -54,7 +55,8 @@ pub async fn list(
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadBody {
-    /// This one member, by the handle a listing gave: its exact bytes.
+    /// This one member, by the handle a listing gave: its exact bytes, or
+    /// its SHA-1 and when it died.
     handle: Option<String>,
     /// This one member, as UTF-8 text (the id, or the body in body mode).
     member: Option<String>,
@@ -88,7 +90,7 @@ impl DeadBody {
                     "give exactly one of \"handle\", \"member\", \"reason\" or \"all\": true",
                 ));
             }
-            return Ok(Filter::Member(member_of(h)?));
+            return dead_filter_of(h);
         }
         match (&self.member, &self.reason, self.all) {
             (Some(m), None, false) => Ok(Filter::Member(m.clone().into_bytes())),

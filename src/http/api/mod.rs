@@ -17,7 +17,8 @@ use super::error::{ApiError, MAX_REQUEST_BYTES};
 use super::HttpState;
 use crate::config::Business;
 use crate::redis_conn::RedisConn;
-use crate::store::{Store, StoreError};
+use crate::store::{Glimpse, Store, StoreError};
+use crate::tasks::dead::Filter;
 
 mod audit;
 mod body_search;
@@ -295,17 +296,38 @@ impl Cache {
     }
 }
 
-/// A member's exact bytes as the API hands them out, for the page to send
-/// back: its text may be cut or escaped, the handle never is.
-pub fn handle(member: &[u8]) -> String {
-    crate::tasks::hex(member)
+/// A member as the API hands it out, for the page to send back: its text
+/// may be cut or escaped, the handle never is. The hex of its exact bytes,
+/// or for a member longer than a glimpse `sha1:DIGEST:SCORE` (its SHA-1
+/// and its score in the set it was listed from), resolved in Redis.
+pub fn handle(member: &Glimpse, score: impl std::fmt::Display) -> String {
+    match &member.digest {
+        None => crate::tasks::hex(&member.head),
+        Some(d) => format!("sha1:{d}:{score}"),
+    }
 }
 
-/// The bytes a handle names, or a 400 saying it is not one.
-pub fn member_of(handle: &str) -> Result<Vec<u8>, ApiError> {
-    crate::tasks::unhex(handle).ok_or_else(|| {
-        ApiError::bad("\"handle\" is not a handle this API returned (hex of the member's bytes)")
-    })
+/// The dead member a handle names, or a 400 saying it is not one.
+pub fn dead_filter_of(handle: &str) -> Result<Filter, ApiError> {
+    let bad = || {
+        ApiError::bad(
+            "\"handle\" is not a handle this API returned (hex of the member's bytes, or sha1:DIGEST:SCORE)",
+        )
+    };
+    if let Some(rest) = handle.strip_prefix("sha1:") {
+        let (digest, died) = rest.split_once(':').ok_or_else(bad)?;
+        let hex40 = digest.len() == 40 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex40 || died.parse::<f64>().map_or(true, |d| !d.is_finite()) {
+            return Err(bad());
+        }
+        return Ok(Filter::Digest {
+            died: died.to_string(),
+            digest: digest.to_ascii_lowercase(),
+        });
+    }
+    crate::tasks::unhex(handle)
+        .map(Filter::Member)
+        .ok_or_else(bad)
 }
 
 #[cfg(test)]

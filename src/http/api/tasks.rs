@@ -12,6 +12,7 @@ use super::body_search;
 use super::{bounded, handle, member_kind, page_limit, ApiError, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::{require_admin, Role};
+use crate::store::Glimpse;
 use crate::tasks::audit::Write;
 use crate::tasks::{self, when, Cancelled, Range, TaskState};
 
@@ -79,7 +80,11 @@ pub async fn list(
         ),
     )
     .await?;
-    let rows = task_rows(page.tasks.iter().map(|t| (&t.member[..], t.due_ms)));
+    let rows = task_rows(
+        page.tasks
+            .iter()
+            .map(|t| (&t.member, &t.score[..], t.due_ms)),
+    );
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
         "tasks": rows, "cursor": page.cursor,
@@ -88,10 +93,13 @@ pub async fn list(
 
 /// A page's pending tasks, each as its member (as shown), its handle and
 /// its due time.
-fn task_rows<'a>(tasks: impl Iterator<Item = (&'a [u8], i64)>) -> Vec<Value> {
+fn task_rows<'a>(tasks: impl Iterator<Item = (&'a Glimpse, &'a str, i64)>) -> Vec<Value> {
     tasks
-        .map(|(member, due_ms)| {
-            json!({ "member": Shown::of(member), "handle": handle(member), "due_ms": due_ms })
+        .map(|(member, score, due_ms)| {
+            json!({
+                "member": Shown::of_start(&member.head, member.size),
+                "handle": handle(member, score), "due_ms": due_ms,
+            })
         })
         .collect()
 }
@@ -166,7 +174,11 @@ pub async fn search(
         ),
     )
     .await?;
-    let rows = task_rows(page.tasks.iter().map(|t| (&t.member[..], t.due_ms)));
+    let rows = task_rows(
+        page.tasks
+            .iter()
+            .map(|t| (&t.member, &t.score[..], t.due_ms)),
+    );
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,
         "cursor": page.cursor, "partial": page.cursor.is_some(),
