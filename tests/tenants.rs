@@ -1325,3 +1325,53 @@ async fn a_tenant_window_caps_a_tenants_unconfirmed_publishes_and_leaves_the_res
     inbox.assert_each_once(&want, "a business with a tenant window");
     wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_light_tenants_member_due_since_the_last_claim_goes_in_the_next_claim() {
+    let key = unique("fairnext");
+    let mut r = redis().await;
+    let now = redis_now_ms(&mut r).await;
+    zadd_tenant(
+        &mut r,
+        &key,
+        "heavy",
+        &members("heavy", 50, now - 10_000, 0),
+    )
+    .await;
+    zadd_tenant(&mut r, &key, "light", &members("light", 1, now - 5_000, 0)).await;
+    let store = delayd::store::Store::new(
+        store_conn().await,
+        family(&key),
+        delayd::config::ScoreUnit::Millis,
+    )
+    .with_tenants(true);
+    let fair = delayd::tenants::Fair::new(Default::default(), 1);
+    let lease = Duration::from_secs(60);
+    // A claim of one: the heavy tenant's oldest goes; the light tenant's
+    // due member is reported, so the next claim names it with its count.
+    let first = fair.claim(&store, 1, lease).await.unwrap();
+    assert_eq!(first.members.len(), 1);
+    // Its next member falls due after that report, before the next claim.
+    let next = (Vec::from(&b"light-late"[..]), now - 1);
+    zadd_tenant(&mut r, &key, "light", &[(next.1 as f64, next.0.clone())]).await;
+    let second = fair.claim(&store, 10, lease).await.unwrap();
+    let claimed: HashSet<&[u8]> = second.members.iter().map(|c| c.body()).collect();
+    assert!(
+        claimed.contains(&b"light-0"[..]) && claimed.contains(&next.0[..]),
+        "both light members go in the claim; claimed {:?}",
+        second
+            .members
+            .iter()
+            .map(|c| String::from_utf8_lossy(c.body()).into_owned())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(second.members.len(), 10, "the heavy tenant fills the rest");
+    del_family(&mut r, &key).await;
+    let f = family(&key);
+    let sets = [f.tenant_set(b"heavy"), f.tenant_set(b"light")];
+    del(
+        &mut r,
+        (&f.tenant_index(), &f.tenant_clock(), &sets[0], &sets[1]),
+    )
+    .await;
+}

@@ -31,7 +31,10 @@
 -- ARGV[13] R, the number of tenants with a max_rate, then R triples:
 --          tenant, µs between two releases (1e6 / its max_rate), releases
 --          its budget holds when full
--- ARGV[14 + 3R..] quadruples: tenant, most members to move, weight (>= 1),
+-- ARGV[14 + 3R..] quadruples: tenant, most members to move (with a '+'
+--          after it, "and what fell due since": the share gave it all it
+--          had due, so it moves every due member, within the room, its
+--          bound and its budget), weight (>= 1),
 --          most it may move in all ('' for no bound; '0' holds it back:
 --          at its cap of unconfirmed publishes on the instance asking, it
 --          moves nothing and is no next due time, as if paused)
@@ -211,7 +214,9 @@ local function fair_claim(claim)
         if not paused(tenant) and not held[tenant] and (pass == 1 or not intervals[tenant]) then
           local err = wrong_type(set)
           if err then return err end
-          local want = pass == 1 and math.min(tonumber(ARGV[i + 1]), room) or room
+          local count, rest = string.match(ARGV[i + 1], '^(%d+)(%+?)$')
+          local want = room
+          if pass == 1 and rest == '' then want = math.min(tonumber(count), room) end
           local bound = most[tenant]
           if bound then want = math.min(want, bound - (taken[tenant] or 0)) end
           if want > 0 then

@@ -34,6 +34,10 @@ pub struct TenantTake {
     pub tenant: Vec<u8>,
     /// Most members to move.
     pub count: u64,
+    /// The share gave it all it had due at the last report: it also moves
+    /// what fell due since, as a tenant newly due gets its first member at
+    /// once, rather than leaving it a claim behind the backlogged ones.
+    pub rest: bool,
     /// Its weight: its virtual time advances by moved / weight.
     pub weight: u32,
     /// The most it may move in this claim in all, also out of what other
@@ -146,8 +150,9 @@ impl Store {
                 .arg(b.burst);
         }
         for t in takes {
+            let count = format!("{}{}", t.count, if t.rest { "+" } else { "" });
             inv.arg(&t.tenant[..])
-                .arg(t.count)
+                .arg(count)
                 .arg(t.weight.max(1))
                 .arg(t.most.map(|m| m.to_string()).unwrap_or_default());
         }

@@ -9,6 +9,7 @@ pub mod share;
 mod unconfirmed;
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -171,12 +172,14 @@ impl Fair {
             })
             .collect();
         let s = share::shares(&backlogs, limit as u64);
+        let due: HashMap<&[u8], u64> = backlogs.iter().map(|b| (b.tenant, b.due)).collect();
         let mut takes: Vec<TenantTake> = s
             .counts
             .into_iter()
             .map(|(tenant, count)| TenantTake {
                 tenant: tenant.to_vec(),
                 count,
+                rest: due.get(tenant).is_some_and(|&d| count >= d),
                 // The script charges a weight set at run time in its place.
                 weight: self.settings.weight(tenant),
                 most: room(tenant),
@@ -190,6 +193,7 @@ impl Fair {
                 weight: self.settings.weight(&t),
                 tenant: t.to_vec(),
                 count: 0,
+                rest: false,
                 most: Some(0),
             }));
         }
