@@ -185,6 +185,10 @@ impl Fair {
                 most: room(tenant),
             })
             .collect();
+        // Those given all they had go first: a newly due tenant's first
+        // member may already have taken part of the room, and what is short
+        // then falls on the backlogged, for whom a claim later costs least.
+        takes.sort_by_key(|t| !t.rest);
         // Tenants at their window are named, so the script neither gives
         // them the first member it gives a newly due tenant nor counts them
         // as the next due time.
@@ -248,6 +252,27 @@ mod tests {
         assert_eq!(
             budgets.iter().find(|b| b.tenant == "acme").map(|b| b.burst),
             Some(8)
+        );
+    }
+
+    #[test]
+    fn a_tenant_given_all_it_had_is_named_before_the_backlogged_ones() {
+        let fair = Fair::new(Tenants::default(), 1);
+        // The heavy tenant's members finish first in virtual time, so the
+        // share hands it out first; the light one was served just before.
+        let mut light = due("light", 1, None);
+        light.vtime = Some(5.0);
+        let mut heavy = due("heavy", 500, None);
+        heavy.vtime = Some(0.0);
+        *fair.seen.lock().unwrap() = vec![heavy, light];
+        let (takes, _, _) = fair.plan(10);
+        let named: Vec<(&[u8], u64, bool)> = takes
+            .iter()
+            .map(|t| (&t.tenant[..], t.count, t.rest))
+            .collect();
+        assert_eq!(
+            named,
+            vec![(&b"light"[..], 1, true), (&b"heavy"[..], 9, false)]
         );
     }
 }
