@@ -83,13 +83,11 @@ async fn bulk_cancel_by_due_range_counts_first_then_cancels_more_than_one_batch_
         110,
         "10 outside the range and the 100 late ones stay"
     );
-    let fam = family(&b.key);
-    let bodies: u64 = redis::cmd("HLEN")
-        .arg(&fam.body)
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    assert_eq!(bodies, 110, "a cancelled id's body goes with it");
+    assert_eq!(
+        hlen(&mut r, &family(&b.key).body).await,
+        110,
+        "a cancelled id's body goes with it"
+    );
     // The log is shared by every run: this run's entries name its range.
     let mut entries = audit_of(c.port, Some(TOKEN), &b.name, 0).await;
     entries.retain(|e| e.2.contains(&format!("due from {lo} ")));
@@ -186,8 +184,7 @@ async fn bulk_purge_by_reason_over_more_than_one_step_resumes_from_its_cursor_wi
     let a = c
         .post(&path, json!({ "reason": tag, "cursor": "nonsense" }))
         .await;
-    assert_eq!(a.status, 400, "{}", a.text);
-    assert!(a.error_line().contains("\"cursor\""));
+    a.assert_error(400, "\"cursor\"");
     del_family(&mut r, &b.key).await;
 }
 
@@ -218,14 +215,7 @@ async fn bulk_reschedule_by_id_prefix_moves_only_the_ids_with_that_prefix() {
         "{}",
         a.text
     );
-    let moved: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(&b.key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let moved: Vec<(String, f64)> = zrange_scores(&mut r, &b.key).await;
     for (id, score) in &moved {
         let want = if id.starts_with("order-7-") {
             target
@@ -416,8 +406,7 @@ async fn search_by_body_finds_exactly_the_ids_whose_body_contains_the_text_page_
         &format!("/api/v1/businesses/{}/search?body=x", body_mode.name),
     )
     .await;
-    assert_eq!(a.status, 400, "{}", a.text);
-    assert!(a.error_line().contains("member = \"body\""));
+    a.assert_error(400, "member = \"body\"");
     let a = api_get(
         c.port,
         &format!("/api/v1/businesses/{}/search?body=x&prefix=y", b.name),
@@ -448,36 +437,28 @@ async fn a_business_token_opens_its_own_business_only_and_never_shows_in_logs() 
         a.text
     );
     let a = get("/api/v1/businesses/beta/tasks".into(), Some(own_tok)).await;
-    assert_eq!(a.status, 403, "{}", a.text);
-    assert!(
-        a.error_line().contains("another business's token"),
-        "{}",
-        a.text
-    );
-    let a = call(
+    a.assert_error(403, "another business's token");
+    let a = api_post(
         c.port,
-        "POST",
         "/api/v1/businesses/beta/pause",
         Some(own),
-        Some("{}"),
+        &json!({}),
     )
     .await;
     assert_eq!(a.status, 403, "a write to another business: {}", a.text);
-    let a = call(
+    let a = api_post(
         c.port,
-        "POST",
         "/api/v1/businesses/alpha/pause",
         Some(own),
-        Some("{}"),
+        &json!({}),
     )
     .await;
     assert_eq!(a.status, 200, "{}", a.text);
-    let a = call(
+    let a = api_post(
         c.port,
-        "POST",
         "/api/v1/businesses/alpha/resume",
         Some(TOKEN),
-        Some("{}"),
+        &json!({}),
     )
     .await;
     assert_eq!(

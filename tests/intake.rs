@@ -170,30 +170,9 @@ async fn dead_letter_exchange(amqp: &Connection) -> (Channel, String, String) {
 
 /// Properties with one `x-delay` header and `delivery_mode = 2`, as the
 /// plugin's suite publishes.
-fn delayed(v: AMQPValue) -> BasicProperties {
-    let mut h = FieldTable::default();
-    h.insert("x-delay".into(), v);
-    BasicProperties::default()
-        .with_headers(h)
-        .with_delivery_mode(2)
-}
-
 async fn publish_to(ch: &Channel, exchange: &str, rk: &str, body: &[u8], props: BasicProperties) {
-    let confirm = ch
-        .basic_publish(
-            exchange.into(),
-            rk.into(),
-            BasicPublishOptions::default(),
-            body,
-            props,
-        )
-        .await
-        .unwrap();
-    let ok = tokio::time::timeout(Duration::from_secs(10), confirm)
-        .await
-        .expect("no confirm within 10s")
-        .unwrap();
-    assert!(ok.is_ack(), "the broker nacked a publish to {exchange}");
+    let confirm = publish_props(ch, exchange, rk, body, props).await;
+    assert_acked(vec![confirm], Duration::from_secs(10)).await;
 }
 
 /// A body that says which delay it was published with: the plugin suite's
@@ -233,19 +212,6 @@ async fn assert_delivered_in_delay_order(t: &Intake, d: &Daemon, delays: &[i32],
             "a message delayed {ms} ms arrived {} ms after the first publish",
             r.at_ms - start
         );
-    }
-}
-
-async fn wait_n(inbox: &Inbox, n: usize, limit: Duration, d: &Daemon) {
-    let start = Instant::now();
-    while inbox.len() < n {
-        assert!(
-            start.elapsed() < limit,
-            "only {} of {n} messages arrived within {limit:?}; log:\n{}",
-            inbox.len(),
-            d.tail()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -1332,16 +1298,8 @@ async fn fsynced_is_refused_with_one_line_where_redis_lacks_waitaof() {
         "replicas = 1\nreplica_ack = \"fsynced\"",
     )
     .await;
-    let mut r = t.redis.clone();
-    let info: Vec<redis::Value> = redis::cmd("COMMAND")
-        .arg("INFO")
-        .arg("WAITAOF")
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    let has_waitaof = !matches!(info.first(), None | Some(redis::Value::Nil));
     let wanted = "intake.replica_ack = \"fsynced\" needs WAITAOF";
-    if has_waitaof {
+    if has_waitaof(&mut t.redis.clone()).await {
         let (code, out, err) = t.cli(&["check"]);
         assert_eq!(
             code, 0,
@@ -2005,14 +1963,7 @@ async fn first_due_in(t: &Intake, tenant: &str) -> i64 {
     let mut r = t.redis.clone();
     let start = Instant::now();
     loop {
-        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&set)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let first: Vec<(String, f64)> = query(&mut r, "ZRANGE", (&set, 0, 0, "WITHSCORES")).await;
         if let Some((_, due)) = first.first() {
             return *due as i64;
         }
@@ -2040,14 +1991,7 @@ async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its
     let dues = stored_in_tenants(&t, &ids, &d).await;
     let f = family(&t.key);
     let mut r = t.redis.clone();
-    let index: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(f.tenant_index())
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let index: Vec<(String, f64)> = zrange_scores(&mut r, &f.tenant_index()).await;
     assert_eq!(
         index,
         vec![
@@ -2056,12 +2000,7 @@ async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its
         ],
         "each tenant in the index at its earliest due time"
     );
-    let in_k: i64 = redis::cmd("ZCARD")
-        .arg(&t.key)
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    assert_eq!(in_k, 0, "nothing in K");
+    assert_eq!(zcard(&mut r, &t.key).await, 0, "nothing in K");
 
     let want: std::collections::HashSet<Vec<u8>> =
         ids.iter().map(|(_, id)| id.as_bytes().to_vec()).collect();
@@ -2164,25 +2103,10 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
     let mut confirms = Vec::new();
     for i in 0..6_000 {
         let id = format!("heavy-{i}");
-        let c =
-            t.ch.basic_publish(
-                t.exchange.as_str().into(),
-                "".into(),
-                BasicPublishOptions::default(),
-                id.as_bytes(),
-                of_tenant(text("heavy"), 5_000, &id),
-            )
-            .await
-            .unwrap();
-        confirms.push(c);
+        let props = of_tenant(text("heavy"), 5_000, &id);
+        confirms.push(publish_props(&t.ch, &t.exchange, "", id.as_bytes(), props).await);
     }
-    for c in confirms {
-        let ok = tokio::time::timeout(Duration::from_secs(30), c)
-            .await
-            .expect("no confirm within 30 s")
-            .unwrap();
-        assert!(ok.is_ack());
-    }
+    assert_acked(confirms, Duration::from_secs(30)).await;
     // Ten light tenants, one message each, due from 0.5 s to 1.85 s after
     // the burst's first message is.
     let first_heavy = first_due_in(&t, "heavy").await;

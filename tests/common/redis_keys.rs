@@ -242,10 +242,24 @@ pub async fn zrange<T: redis::FromRedisValue>(
     query(conn, "ZRANGE", (key, 0, -1)).await
 }
 
+/// Whether the server has `WAITAOF` (Redis 7.2 and later, Valkey).
+pub async fn has_waitaof(conn: &mut impl redis::aio::ConnectionLike) -> bool {
+    let info: Vec<redis::Value> = query(conn, "COMMAND", ("INFO", "WAITAOF")).await;
+    !matches!(info.first(), None | Some(redis::Value::Nil))
+}
+
+/// Every member of the sorted set `key` with its score, lowest first.
+pub async fn zrange_scores<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Vec<(T, f64)> {
+    query(conn, "ZRANGE", (key, 0, -1, "WITHSCORES")).await
+}
+
 /// The score of `member` in the sorted set `key`, if it is there.
 pub async fn zscore(
     conn: &mut impl redis::aio::ConnectionLike,
-    key: &str,
+    key: impl redis::ToRedisArgs,
     member: impl redis::ToRedisArgs,
 ) -> Option<f64> {
     query(conn, "ZSCORE", (key, member)).await
