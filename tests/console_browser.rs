@@ -376,23 +376,25 @@ async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
     b.close().await;
 }
 
+/// A dead task `id` of the id-mode business on `key`, with its body, dead
+/// for `reason`.
+async fn dead_invoice(
+    r: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    id: &str,
+    reason: &str,
+) {
+    let _: () = query(r, "HSET", (&family(key).body, id, "the invoice")).await;
+    seed_dead(r, key, &[(id, reason)]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
     let (billing, c, mut r) = billing_console().await;
     let fam = family(&billing.key);
-    let _: () = query(&mut r, "HSET", (&fam.body, "inv-7", "the invoice")).await;
-    seed_dead(
-        &mut r,
-        &billing.key,
-        &[
-            (
-                "inv-7",
-                "returned as unroutable (312 NO_ROUTE) after 5 attempts",
-            ),
-            ("<i>odd</i>", "rejected"),
-        ],
-    )
-    .await;
+    let unroutable = "returned as unroutable (312 NO_ROUTE) after 5 attempts";
+    dead_invoice(&mut r, &billing.key, "inv-7", unroutable).await;
+    seed_dead(&mut r, &billing.key, &[("<i>odd</i>", "rejected")]).await;
 
     let b = Browser::start(1280, 900).await;
     b.open(c.port, "#b=billing&tab=dead").await;
@@ -452,9 +454,7 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_button_found_before_a_refresh_still_takes_the_click_after_it() {
     let (billing, c, mut r) = billing_console().await;
-    let fam = family(&billing.key);
-    let _: () = query(&mut r, "HSET", (&fam.body, "inv-8", "the invoice")).await;
-    seed_dead(&mut r, &billing.key, &[("inv-8", "rejected")]).await;
+    dead_invoice(&mut r, &billing.key, "inv-8", "rejected").await;
     let b = Browser::start(1280, 900).await;
     b.open(c.port, "#b=billing&tab=dead").await;
     b.use_token(TOKEN).await;
