@@ -54,12 +54,7 @@ async fn bulk_cancel_by_due_range_counts_first_then_cancels_more_than_one_batch_
     let mut count = range.clone();
     count["dry_run"] = true.into();
     let a = c.post_untokened(&path, count).await;
-    assert_eq!(
-        (a.status, a.json["count"].as_u64()),
-        (200, Some(2500)),
-        "{}",
-        a.text
-    );
+    a.assert_ok_with("count", 2500);
     assert_eq!(zcard(&mut r, &b.key).await, 2510, "a count changes nothing");
 
     let a = c.post(&path, range.clone()).await;
@@ -209,12 +204,7 @@ async fn bulk_reschedule_by_id_prefix_moves_only_the_ids_with_that_prefix() {
             json!({ "prefix": "order-7-", "confirm": 1500, "at_ms": target }),
         )
         .await;
-    assert_eq!(
-        (a.status, a.json["touched"].as_u64()),
-        (200, Some(1500)),
-        "{}",
-        a.text
-    );
+    a.assert_ok_with("touched", 1500);
     let moved: Vec<(String, f64)> = zrange_scores(&mut r, &b.key).await;
     for (id, score) in &moved {
         let want = if id.starts_with("order-7-") {
@@ -427,6 +417,10 @@ async fn a_business_token_opens_its_own_business_only_and_never_shows_in_logs() 
         let port = c.port;
         async move { call(port, "GET", &path, tok, None).await }
     };
+    let post = |path: &'static str, tok: &'static str| {
+        let port = c.port;
+        async move { api_post(port, path, Some(tok), &json!({})).await }
+    };
     let own_tok: &'static str = Box::leak(own.to_string().into_boxed_str());
     let a = get("/api/v1/businesses/alpha/tasks".into(), Some(own_tok)).await;
     assert_eq!(a.status, 200, "{}", a.text);
@@ -438,29 +432,11 @@ async fn a_business_token_opens_its_own_business_only_and_never_shows_in_logs() 
     );
     let a = get("/api/v1/businesses/beta/tasks".into(), Some(own_tok)).await;
     a.assert_error(403, "another business's token");
-    let a = api_post(
-        c.port,
-        "/api/v1/businesses/beta/pause",
-        Some(own),
-        &json!({}),
-    )
-    .await;
+    let a = post("/api/v1/businesses/beta/pause", own_tok).await;
     assert_eq!(a.status, 403, "a write to another business: {}", a.text);
-    let a = api_post(
-        c.port,
-        "/api/v1/businesses/alpha/pause",
-        Some(own),
-        &json!({}),
-    )
-    .await;
+    let a = post("/api/v1/businesses/alpha/pause", own_tok).await;
     assert_eq!(a.status, 200, "{}", a.text);
-    let a = api_post(
-        c.port,
-        "/api/v1/businesses/alpha/resume",
-        Some(TOKEN),
-        &json!({}),
-    )
-    .await;
+    let a = post("/api/v1/businesses/alpha/resume", TOKEN).await;
     assert_eq!(
         a.status, 200,
         "the global admin token still writes: {}",

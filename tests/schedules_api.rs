@@ -288,13 +288,8 @@ async fn schedule_writes_need_the_admin_token_a_known_schedule_and_their_own_ori
     assert_eq!(reader.status, 403, "{}", reader.text);
     let unknown = api_post(c.port, &format!("{base}/nope/run"), Some(TOKEN), &json!({})).await;
     unknown.assert_error(404, "its schedules are tick");
-    let nobiz = api_post(
-        c.port,
-        "/api/v1/businesses/nope/schedules/tick/run",
-        Some(TOKEN),
-        &json!({}),
-    )
-    .await;
+    let nobiz_run = "/api/v1/businesses/nope/schedules/tick/run";
+    let nobiz = api_post(c.port, nobiz_run, Some(TOKEN), &json!({})).await;
     assert_eq!(nobiz.status, 404);
     nobiz.error_line();
     let plain_run = format!("/api/v1/businesses/{}/schedules/tick/run", plain.name);

@@ -24,6 +24,13 @@ impl Answer {
         e
     }
 
+    /// Asserts a 200 whose `field` is `n`.
+    #[track_caller]
+    pub fn assert_ok_with(&self, field: &str, n: u64) {
+        let got = (self.status, self.json[field].as_u64());
+        assert_eq!(got, (200, Some(n)), "{}", self.text);
+    }
+
     /// Asserts a refusal: this status, and an `error` line that says `says`.
     #[track_caller]
     pub fn assert_error(&self, status: u16, says: &str) {
