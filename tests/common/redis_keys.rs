@@ -194,6 +194,28 @@ pub async fn family_keys_left(conn: &mut impl redis::aio::ConnectionLike, key: &
         .unwrap()
 }
 
+/// Whether no key of `key`'s family is left, the tenants' index and
+/// virtual times included; a key whose check fails counts as left.
+pub async fn family_empty(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> bool {
+    let f = family(key);
+    let tenant_keys = [f.tenant_index(), f.tenant_clock()];
+    for k in f
+        .all()
+        .into_iter()
+        .chain(tenant_keys.iter().map(String::as_str))
+    {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(k)
+            .query_async(conn)
+            .await
+            .unwrap_or(1);
+        if exists != 0 {
+            return false;
+        }
+    }
+    true
+}
+
 /// Asserts no key of the family is left behind (a clean drain leaves nothing).
 pub async fn assert_family_empty(conn: &mut impl redis::aio::ConnectionLike, key: &str) {
     for k in family(key).all() {
