@@ -112,124 +112,120 @@ pub fn helper_key(key: &str, suffix: &str) -> String {
     format!("{}:{suffix}", helper_base(key))
 }
 
-/// The names of every key that belongs to one producer key `K`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyFamily {
-    /// `K`: pending members, score = due time.
-    pub pending: String,
+/// Methods that name one helper key of the family each, `{K}:suffix` (see
+/// [`helper_key`]): one line apiece, so a new key is named in one place.
+macro_rules! helper_keys {
+    ($($(#[$doc:meta])* $name:ident => $suffix:literal;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self) -> String {
+                format!("{}:{}", self.base(), $suffix)
+            }
+        )*
+    };
+}
+
+/// Declares [`KeyFamily`] from one list of its helper keys, each with its
+/// suffix, so that the struct, [`KeyFamily::new`] and [`KeyFamily::all`]
+/// cannot disagree about which keys a family has.
+macro_rules! key_family {
+    ($($(#[$doc:meta])* $field:ident => $suffix:literal,)*) => {
+        /// The names of every key that belongs to one producer key `K`.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct KeyFamily {
+            /// `K`: pending members, score = due time.
+            pub pending: String,
+            $($(#[$doc])* pub $field: String,)*
+        }
+
+        impl KeyFamily {
+            /// Derives the helper keys so they hash to the same cluster slot as `key`:
+            /// `{K}:suffix`, or `K:suffix` when `K` already carries a hash tag.
+            pub fn new(key: &str) -> Self {
+                let base = helper_base(key);
+                Self {
+                    pending: key.to_string(),
+                    $($field: format!("{base}:{}", $suffix),)*
+                }
+            }
+
+            /// Every key of the family, for clean-up in tests and benchmarks.
+            pub fn all(&self) -> Vec<&str> {
+                vec![&self.pending, $(&self.$field,)*]
+            }
+        }
+    };
+}
+
+key_family! {
     /// Claimed, awaiting the broker: score = lease deadline (ms), whose
     /// fraction (n/1024) is the tag of the claim that holds the member.
-    pub inflight: String,
+    inflight => "inflight",
     /// Retried, released and recovered members: `attempts:due_ms:score`.
-    pub meta: String,
+    meta => "meta",
     /// One record per claim: the due times of its first attempts, needed
     /// only to recover them if the claiming process dies.
-    pub claims: String,
+    claims => "claims",
     /// Given up: score = when it died (ms).
-    pub dead: String,
+    dead => "dead",
     /// Why each dead member died.
-    pub reasons: String,
+    reasons => "dead-reason",
     /// Id mode: task id -> body, for pending, in-flight and dead ids.
-    pub body: String,
+    body => "body",
     /// Id mode with `dedup_window`: ids delivered lately, score = when
     /// (epoch ms); trimmed to the window, so it holds only recent ids.
-    pub delivered: String,
+    delivered => "delivered",
     /// Recurring schedules: schedule -> "<fingerprint> <handled up to, ms>".
-    pub schedules: String,
+    schedules => "schedules",
     /// Occurrences written for a time still ahead, score = due (ms): what a
     /// changed or removed schedule takes back.
-    pub occurrences: String,
+    occurrences => "occurrences",
     /// Set while an operator has paused the business: `"<since ms> <by>"`.
     /// The claim script reads it, so every instance stops claiming at once.
-    pub paused: String,
+    paused => "paused",
     /// Adoption: plugin entry -> the id it was stored under, so a rerun of
     /// `delayd adopt` knows what it already moved, even once delivered.
-    pub adopted: String,
+    adopted => "adopted",
     /// Adoption: plugin entry -> the message read from it, not yet pending
     /// (until its plugin entry is deleted).
-    pub staged: String,
+    staged => "staged",
 }
 
 impl KeyFamily {
-    /// Derives the helper keys so they hash to the same cluster slot as `key`:
-    /// `{K}:suffix`, or `K:suffix` when `K` already carries a hash tag.
-    pub fn new(key: &str) -> Self {
-        let base = helper_base(key);
-        Self {
-            pending: key.to_string(),
-            inflight: format!("{base}:inflight"),
-            meta: format!("{base}:meta"),
-            claims: format!("{base}:claims"),
-            dead: format!("{base}:dead"),
-            reasons: format!("{base}:dead-reason"),
-            body: format!("{base}:body"),
-            delivered: format!("{base}:delivered"),
-            schedules: format!("{base}:schedules"),
-            occurrences: format!("{base}:occurrences"),
-            paused: format!("{base}:paused"),
-            adopted: format!("{base}:adopted"),
-            staged: format!("{base}:staged"),
-        }
-    }
-
-    /// The shared `max_rate` budget of a business whose base key is this
-    /// family's `K` (`max_rate_scope = "cluster"`).
-    pub fn rate(&self) -> String {
-        format!("{}:rate", self.base())
-    }
-
     fn base(&self) -> String {
         helper_base(&self.pending)
     }
 
-    /// A business with tenants: the index of tenants by the due time of
-    /// their earliest member (score as in `K`), so a claim finds the tenants
-    /// with due work in O(log tenants).
-    pub fn tenant_index(&self) -> String {
-        format!("{}:tenants", self.base())
-    }
-
-    /// A business with tenants: each backlogged tenant's virtual time, the
-    /// fairness state every instance shares.
-    pub fn tenant_clock(&self) -> String {
-        format!("{}:tenants:vtime", self.base())
-    }
-
-    /// A business with tenants: the tenants an operator paused (tenant ->
-    /// "<since ms> <by>"), whose members no claim moves until resumed.
-    pub fn tenant_paused(&self) -> String {
-        format!("{}:tenants:paused", self.base())
-    }
-
-    /// A business with tenants: weights set at run time (tenant -> weight),
-    /// each in place of the config's weight for that tenant.
-    pub fn tenant_weights(&self) -> String {
-        format!("{}:tenants:weight", self.base())
-    }
-
-    /// A business with tenants: `max_rate`s set at run time (tenant ->
-    /// members a second over every key), each in place of the config's.
-    pub fn tenant_max_rates(&self) -> String {
-        format!("{}:tenants:max_rate", self.base())
-    }
-
-    /// A business with tenants: the release budget of each tenant with a
-    /// `max_rate` (tenant -> the time, µs on Redis's clock, at which its
-    /// budget is full again), shared by every instance.
-    pub fn tenant_rate(&self) -> String {
-        format!("{}:tenants:rate", self.base())
-    }
-
-    /// A business with tenants: members each tenant's claims released lately
-    /// (tenant -> "<second> <count in it> <count in the second before>",
-    /// seconds of Redis's clock), for its released rate.
-    pub fn tenant_released(&self) -> String {
-        format!("{}:tenants:released", self.base())
-    }
-
-    /// What a tenant's sorted set is named: this prefix, then the tenant.
-    pub fn tenant_prefix(&self) -> String {
-        format!("{}:tenant:", self.base())
+    helper_keys! {
+        /// The shared `max_rate` budget of a business whose base key is this
+        /// family's `K` (`max_rate_scope = "cluster"`).
+        rate => "rate";
+        /// A business with tenants: the index of tenants by the due time of
+        /// their earliest member (score as in `K`), so a claim finds the tenants
+        /// with due work in O(log tenants).
+        tenant_index => "tenants";
+        /// A business with tenants: each backlogged tenant's virtual time, the
+        /// fairness state every instance shares.
+        tenant_clock => "tenants:vtime";
+        /// A business with tenants: the tenants an operator paused (tenant ->
+        /// "<since ms> <by>"), whose members no claim moves until resumed.
+        tenant_paused => "tenants:paused";
+        /// A business with tenants: weights set at run time (tenant -> weight),
+        /// each in place of the config's weight for that tenant.
+        tenant_weights => "tenants:weight";
+        /// A business with tenants: `max_rate`s set at run time (tenant ->
+        /// members a second over every key), each in place of the config's.
+        tenant_max_rates => "tenants:max_rate";
+        /// A business with tenants: the release budget of each tenant with a
+        /// `max_rate` (tenant -> the time, µs on Redis's clock, at which its
+        /// budget is full again), shared by every instance.
+        tenant_rate => "tenants:rate";
+        /// A business with tenants: members each tenant's claims released lately
+        /// (tenant -> "<second> <count in it> <count in the second before>",
+        /// seconds of Redis's clock), for its released rate.
+        tenant_released => "tenants:released";
+        /// What a tenant's sorted set is named: this prefix, then the tenant.
+        tenant_prefix => "tenant:";
     }
 
     /// The sorted set of `tenant`'s pending members (score = due), in `K`'s
@@ -238,25 +234,6 @@ impl KeyFamily {
         let mut k = self.tenant_prefix().into_bytes();
         k.extend_from_slice(tenant);
         k
-    }
-
-    /// Every key of the family, for clean-up in tests and benchmarks.
-    pub fn all(&self) -> Vec<&str> {
-        vec![
-            &self.pending,
-            &self.inflight,
-            &self.meta,
-            &self.claims,
-            &self.dead,
-            &self.reasons,
-            &self.body,
-            &self.delivered,
-            &self.schedules,
-            &self.occurrences,
-            &self.paused,
-            &self.adopted,
-            &self.staged,
-        ]
     }
 }
 

@@ -297,6 +297,81 @@ fn config(dir: &Path, url: &str, t: &Topology, b: &mut BusinessSpec) -> PathBuf 
     write_config(dir, &redis_url(), url, &[b])
 }
 
+/// What each test starts from, on one node set: a rabbitmqctl wrapper,
+/// the exchanges and queues, a business and its config in a directory of
+/// the test's own.
+struct Case {
+    nodes: &'static Nodes,
+    dir: tempfile::TempDir,
+    ctl: String,
+    /// The first node's URL and name.
+    url: String,
+    node: String,
+    t: Topology,
+    b: BusinessSpec,
+    cfg: PathBuf,
+}
+
+impl Case {
+    /// On the node set `nodes` (all sets start in the background first),
+    /// with a business named from `label`.
+    async fn on(nodes: fn() -> &'static Nodes, label: &str) -> Self {
+        start_all_node_sets();
+        let nodes = nodes();
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = nodes.wrapper(dir.path());
+        let url = nodes.url(0);
+        let t = topology(&url).await;
+        let mut b = BusinessSpec::random(label);
+        let cfg = config(dir.path(), &url, &t, &mut b);
+        Self {
+            node: nodes.node(0),
+            nodes,
+            dir,
+            ctl,
+            url,
+            t,
+            b,
+            cfg,
+        }
+    }
+
+    /// A raw connection to the first node, to publish to the plugin with.
+    async fn raw(&self) -> RawAmqp {
+        RawAmqp::connect(&self.url).await
+    }
+
+    /// `delayd adopt` of the business with the wrapper, after resetting its
+    /// counts and setting where it kills delayd (`None`: nowhere).
+    fn adopt(&self, args: &[&str], crash: Option<&str>) -> (i32, String, String) {
+        let dir = self.dir.path();
+        for kind in ["read", "commit", "other"] {
+            let _ = std::fs::remove_file(dir.join(format!("count-{kind}")));
+        }
+        match crash {
+            Some(c) => std::fs::write(dir.join("crash"), c).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(dir.join("crash"));
+            }
+        }
+        let mut all = vec!["--rabbitmqctl", &self.ctl];
+        all.extend_from_slice(args);
+        self.adopt_offline(&all)
+    }
+
+    /// `delayd adopt` of the business without the wrapper: the two-step
+    /// form, which reaches no node itself.
+    fn adopt_offline(&self, args: &[&str]) -> (i32, String, String) {
+        let cfg = self.cfg.to_str().unwrap();
+        let mut all = vec!["adopt", "--config", cfg, "--business", &self.b.name];
+        all.extend_from_slice(args);
+        delayd(&all)
+    }
+}
+
+/// No header fields beyond `x-delay`.
+const NONE: Table = Table(Vec::new());
+
 /// One message published to a plugin exchange.
 struct Sent {
     body: String,
@@ -363,36 +438,26 @@ fn rich_headers() -> Table {
         .field(b"array", b'A', &long_bytes(&array))
 }
 
-/// `delayd adopt` with the wrapper, after resetting its counts and setting
-/// where it kills delayd (`None`: nowhere).
-fn adopt(
-    dir: &Path,
-    config: &Path,
-    ctl: &str,
-    b: &str,
-    args: &[&str],
-    crash: Option<&str>,
-) -> (i32, String, String) {
-    for kind in ["read", "commit", "other"] {
-        let _ = std::fs::remove_file(dir.join(format!("count-{kind}")));
-    }
-    match crash {
-        Some(c) => std::fs::write(dir.join("crash"), c).unwrap(),
-        None => {
-            let _ = std::fs::remove_file(dir.join("crash"));
-        }
-    }
-    let mut all = vec![
-        "adopt",
-        "--config",
-        config.to_str().unwrap(),
-        "--business",
-        b,
-        "--rabbitmqctl",
-        ctl,
-    ];
-    all.extend_from_slice(args);
-    delayd(&all)
+/// Every body `inboxes` received, sorted.
+fn sorted_bodies(inboxes: &[&Inbox]) -> Vec<Vec<u8>> {
+    let mut bodies: Vec<Vec<u8>> = inboxes
+        .iter()
+        .flat_map(|i| i.all())
+        .map(|r| r.body)
+        .collect();
+    bodies.sort();
+    bodies
+}
+
+/// The members of `key` due within 1.5 s of `due` (epoch ms), with their
+/// scores.
+async fn stored_near(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    due: i64,
+) -> Vec<(String, f64)> {
+    let window = (key, due - 1_500, due + 1_500, "BYSCORE", "WITHSCORES");
+    query(conn, "ZRANGE", window).await
 }
 
 /// The headers of a raw message, by body.
@@ -413,45 +478,30 @@ fn by_body(messages: &[RawMessage]) -> HashMap<String, &RawMessage> {
 /// and still delivers the other exchange's messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() {
-    start_all_node_sets();
-    let nodes = one_node();
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = nodes.wrapper(dir.path());
-    let url = nodes.url(0);
-    let node = nodes.node(0);
-    let t = topology(&url).await;
-    let mut b = BusinessSpec::random("adopted");
-    let cfg = config(dir.path(), &url, &t, &mut b);
-    let mut raw = RawAmqp::connect(&url).await;
-    let none = Table::default();
+    let c = Case::on(one_node, "adopted").await;
+    let (t, b) = (&c.t, &c.b);
+    let mut raw = c.raw().await;
     let x = t.plugin.as_str();
     let mut sent = vec![
-        send(&mut raw, x, "s40", 40_000, Some("mid-s40"), &none).await,
-        send(&mut raw, x, "s41", 41_000, None, &none).await,
-        send(&mut raw, x, "dup-a", 42_000, Some("dup"), &none).await,
-        send(&mut raw, x, "dup-b", 42_000, Some("dup"), &none).await,
+        send(&mut raw, x, "s40", 40_000, Some("mid-s40"), &NONE).await,
+        send(&mut raw, x, "s41", 41_000, None, &NONE).await,
+        send(&mut raw, x, "dup-a", 42_000, Some("dup"), &NONE).await,
+        send(&mut raw, x, "dup-b", 42_000, Some("dup"), &NONE).await,
         send(&mut raw, x, "types", 43_000, None, &rich_headers()).await,
-        send(&mut raw, x, "due80", 80_000, Some("mid-80"), &none).await,
+        send(&mut raw, x, "due80", 80_000, Some("mid-80"), &NONE).await,
     ];
     let long = vec![
-        send(&mut raw, x, "h1", 3_600_000, Some("mid-h1"), &none).await,
-        send(&mut raw, x, "d1", 86_400_000, None, &none).await,
-        send(&mut raw, x, "d30", 30 * 86_400_000, None, &none).await,
-        send(&mut raw, x, "max", u32::MAX as i64, Some("mid-max"), &none).await,
+        send(&mut raw, x, "h1", 3_600_000, Some("mid-h1"), &NONE).await,
+        send(&mut raw, x, "d1", 86_400_000, None, &NONE).await,
+        send(&mut raw, x, "d30", 30 * 86_400_000, None, &NONE).await,
+        send(&mut raw, x, "max", u32::MAX as i64, Some("mid-max"), &NONE).await,
     ];
     // Past 2^32 - 1 ms the plugin does not hold a message: it routes it at once.
-    send(&mut raw, x, "d60", 60 * 86_400_000, None, &none).await;
-    send(&mut raw, &t.other, "o45", 45_000, None, &none).await;
-    send(&mut raw, &t.other, "oh", 3_600_000, None, &none).await;
+    send(&mut raw, x, "d60", 60 * 86_400_000, None, &NONE).await;
+    send(&mut raw, &t.other, "o45", 45_000, None, &NONE).await;
+    send(&mut raw, &t.other, "oh", 3_600_000, None, &NONE).await;
 
-    let (code, out, err) = adopt(
-        dir.path(),
-        &cfg,
-        &ctl,
-        &b.name,
-        &["--exchange", x, "--node", &node, "--dry-run"],
-        None,
-    );
+    let (code, out, err) = c.adopt(&["--exchange", x, "--node", &c.node, "--dry-run"], None);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains(&format!("exchange / {x}: 10 messages")),
@@ -465,20 +515,13 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
     // delayd runs throughout: what a killed adoption moved is delivered
     // while the plugin still holds what it only staged, and a rerun must
     // neither store a moved message again nor lose a staged one.
-    let amqp = amqp_at(&url).await;
+    let amqp = amqp_at(&c.url).await;
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
     let other_inbox = consume(&amqp, &t.other_queue).await;
-    let _d = Daemon::start(&cfg);
+    let _d = Daemon::start(&c.cfg);
     let run = |crash: Option<&'static str>| {
-        adopt(
-            dir.path(),
-            &cfg,
-            &ctl,
-            &b.name,
-            &["--exchange", x, "--node", &node, "--chunk", "3"],
-            crash,
-        )
+        c.adopt(&["--exchange", x, "--node", &c.node, "--chunk", "3"], crash)
     };
     // due80 is delivered on time once delayd holds it; when a slow broker
     // makes the adoption store it after its due time (the plugin is held
@@ -491,7 +534,7 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
     assert_eq!(code, -1, "killed: {out}{err}");
     note_stored(&mut conn, &adopted_key, "mid-80", &mut due80_stored).await;
     assert!(
-        nodes.suspended(&ctl, 0),
+        c.nodes.suspended(&c.ctl, 0),
         "the plugin stays held until a rerun"
     );
     // Held, the plugin delivers nothing: the short ones fall overdue, and
@@ -514,9 +557,9 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
         out.contains(&format!("/ {}: 2", t.other)) || out.contains(&format!("/ {}: 1", t.other)),
         "{out}"
     );
-    assert!(!nodes.suspended(&ctl, 0), "released");
+    assert!(!c.nodes.suspended(&c.ctl, 0), "released");
     assert_eq!(
-        nodes.held(&ctl, 0, x),
+        c.nodes.held(&c.ctl, 0, x),
         0,
         "the plugin holds nothing of the exchange"
     );
@@ -589,12 +632,7 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
     );
     for s in &long {
         let due = s.at_ms + s.delay_ms;
-        let ids: Vec<(String, f64)> = query(
-            &mut conn,
-            "ZRANGE",
-            (&b.key, due - 1_500, due + 1_500, "BYSCORE", "WITHSCORES"),
-        )
-        .await;
+        let ids = stored_near(&mut conn, &b.key, due).await;
         assert_eq!(ids.len(), 1, "{} due {due}: {ids:?}", s.body);
         if let Some(m) = &s.message_id {
             assert_eq!(&ids[0].0, m);
@@ -621,7 +659,7 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
     // The plugin, resumed, goes on delivering the other exchange's messages.
     other_inbox.wait_for(1, Duration::from_secs(30)).await;
     assert_eq!(other_inbox.all()[0].body, b"o45");
-    assert_eq!(nodes.held(&ctl, 0, &t.other), 1);
+    assert_eq!(c.nodes.held(&c.ctl, 0, &t.other), 1);
 
     // Properties and headers arrive as the intake delivers them.
     let mut raws = Vec::new();
@@ -648,17 +686,11 @@ async fn adoption_survives_kill_9_at_each_step_and_delivers_each_message_once() 
 /// empties both, each message delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
-    start_all_node_sets();
-    let nodes = two_nodes();
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = nodes.wrapper(dir.path());
-    let t = topology(&nodes.url(0)).await;
-    let mut b = BusinessSpec::random("clustered");
-    let cfg = config(dir.path(), &nodes.url(0), &t, &mut b);
-    let none = Table::default();
+    let c = Case::on(two_nodes, "clustered").await;
+    let (t, b) = (&c.t, &c.b);
     let mut sent = Vec::new();
     for i in 0..2 {
-        let mut raw = RawAmqp::connect(&nodes.url(i)).await;
+        let mut raw = RawAmqp::connect(&c.nodes.url(i)).await;
         sent.push(
             send(
                 &mut raw,
@@ -666,7 +698,7 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
                 &format!("n{i}-soon"),
                 60_000,
                 None,
-                &none,
+                &NONE,
             )
             .await,
         );
@@ -677,20 +709,20 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
                 &format!("n{i}-later"),
                 3_600_000,
                 None,
-                &none,
+                &NONE,
             )
             .await,
         );
     }
     for i in 0..2 {
-        assert_eq!(nodes.held(&ctl, i, &t.plugin), 2, "node {i} holds its own");
+        assert_eq!(
+            c.nodes.held(&c.ctl, i, &t.plugin),
+            2,
+            "node {i} holds its own"
+        );
     }
-    let (n0, n1) = (nodes.node(0), nodes.node(1));
-    let (code, out, err) = adopt(
-        dir.path(),
-        &cfg,
-        &ctl,
-        &b.name,
+    let (n0, n1) = (c.nodes.node(0), c.nodes.node(1));
+    let (code, out, err) = c.adopt(
         &["--exchange", &t.plugin, "--node", &n0, "--node", &n1],
         None,
     );
@@ -699,14 +731,14 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
         assert!(out.contains(&format!("node {n}: moved ")), "{out}");
     }
     for i in 0..2 {
-        assert_eq!(nodes.held(&ctl, i, &t.plugin), 0);
+        assert_eq!(c.nodes.held(&c.ctl, i, &t.plugin), 0);
     }
     // Each soon one once: by delayd, or by the plugin when a slow broker
     // let it fall due before the adoption reached it.
-    let amqp = amqp_at(&nodes.url(0)).await;
+    let amqp = amqp_at(&c.nodes.url(0)).await;
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
-    let _d = Daemon::start(&cfg);
+    let _d = Daemon::start(&c.cfg);
     let both = || inbox.len() + plugin_inbox.len();
     assert!(
         eventually(Duration::from_secs(90), || async { both() >= 2 }).await,
@@ -714,14 +746,10 @@ async fn adoption_empties_the_backlog_of_every_node_of_a_cluster() {
         both()
     );
     inbox.settle(Duration::from_secs(2)).await;
-    let mut bodies: Vec<Vec<u8>> = inbox
-        .all()
-        .into_iter()
-        .chain(plugin_inbox.all())
-        .map(|r| r.body)
-        .collect();
-    bodies.sort();
-    assert_eq!(bodies, vec![b"n0-soon".to_vec(), b"n1-soon".to_vec()]);
+    assert_eq!(
+        sorted_bodies(&[&inbox, &plugin_inbox]),
+        vec![b"n0-soon".to_vec(), b"n1-soon".to_vec()]
+    );
     let mut conn = redis().await;
     assert_eq!(
         zcard(&mut conn, &b.key).await,
@@ -741,58 +769,35 @@ async fn the_two_step_form_moves_the_export_and_deletes_exactly_it() {
     // Not on the kill -9 test's node: its plugin stays held there for a
     // while, and a publish to a held plugin waits. The cluster test holds
     // this one only while a chunk moves.
-    start_all_node_sets();
-    let nodes = two_nodes();
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = nodes.wrapper(dir.path());
-    let url = nodes.url(0);
-    let t = topology(&url).await;
-    let mut b = BusinessSpec::random("twostep");
-    let cfg = config(dir.path(), &url, &t, &mut b);
-    let mut raw = RawAmqp::connect(&url).await;
-    let none = Table::default();
+    let c = Case::on(two_nodes, "twostep").await;
+    let (t, b) = (&c.t, &c.b);
+    let mut raw = c.raw().await;
     // Due within the margin, with room for a slow broker to run the
     // export, the take-in and the delete first.
-    send(&mut raw, &t.plugin, "soon", 55_000, None, &none).await;
-    send(&mut raw, &t.plugin, "later", 3_600_000, Some("l1"), &none).await;
-    send(&mut raw, &t.plugin, "much-later", 7_200_000, None, &none).await;
-    let file = dir.path().join("export.lines");
-    let (code, export, err) = delayd(&[
-        "adopt",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--business",
-        &b.name,
+    send(&mut raw, &t.plugin, "soon", 55_000, None, &NONE).await;
+    send(&mut raw, &t.plugin, "later", 3_600_000, Some("l1"), &NONE).await;
+    send(&mut raw, &t.plugin, "much-later", 7_200_000, None, &NONE).await;
+    let file = c.dir.path().join("export.lines");
+    let file = file.to_str().unwrap();
+    let (code, export, err) = c.adopt_offline(&[
         "--exchange",
         &t.plugin,
         "--print-export",
-        file.to_str().unwrap(),
+        file,
         "--margin",
         "1m",
     ]);
     assert_eq!(code, 0, "{err}");
-    nodes.eval(&ctl, 0, &export);
-    let take_in = || {
-        delayd(&[
-            "adopt",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--business",
-            &b.name,
-            "--exchange",
-            &t.plugin,
-            "--from",
-            file.to_str().unwrap(),
-        ])
-    };
+    c.nodes.eval(&c.ctl, 0, &export);
+    let take_in = || c.adopt_offline(&["--exchange", &t.plugin, "--from", file]);
     let (code, delete, err) = take_in();
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("took in 2"), "{err}");
     assert!(err.contains("left 1 due within the margin"), "{err}");
-    let out = nodes.eval(&ctl, 0, &delete);
+    let out = c.nodes.eval(&c.ctl, 0, &delete);
     assert!(out.contains("delayd-adopt deleted 2"), "{out}");
     assert_eq!(
-        nodes.held(&ctl, 0, &t.plugin),
+        c.nodes.held(&c.ctl, 0, &t.plugin),
         1,
         "the one due within the margin stays"
     );
@@ -817,17 +822,9 @@ async fn the_two_step_form_moves_the_export_and_deletes_exactly_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_mid_adoption_delivers_each_message_once_and_the_rerun_finishes_the_move()
 {
-    start_all_node_sets();
-    let nodes = restarted_node();
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = nodes.wrapper(dir.path());
-    let url = nodes.url(0);
-    let node = nodes.node(0);
-    let t = topology(&url).await;
-    let mut b = BusinessSpec::random("restarted");
-    let cfg = config(dir.path(), &url, &t, &mut b);
-    let mut raw = RawAmqp::connect(&url).await;
-    let none = Table::default();
+    let c = Case::on(restarted_node, "restarted").await;
+    let (t, b) = (&c.t, &c.b);
+    let mut raw = c.raw().await;
     let x = t.plugin.as_str();
     // Index order is due order: with --chunk 2 the first chunk holds s1
     // and s2 (moved), the second s3 and d1 (staged, then the node
@@ -842,31 +839,24 @@ async fn a_node_restarted_mid_adoption_delivers_each_message_once_and_the_rerun_
         ("d2", 2 * 86_400_000),
         ("d30", 30 * 86_400_000),
     ] {
-        sent.push(send(&mut raw, x, body, delay, Some(body), &none).await);
+        sent.push(send(&mut raw, x, body, delay, Some(body), &NONE).await);
     }
-    send(&mut raw, &t.other, "oh", 3_600_000, None, &none).await;
+    send(&mut raw, &t.other, "oh", 3_600_000, None, &NONE).await;
     drop(raw);
     let run = |crash: Option<&'static str>| {
-        adopt(
-            dir.path(),
-            &cfg,
-            &ctl,
-            &b.name,
-            &["--exchange", x, "--node", &node, "--chunk", "2"],
-            crash,
-        )
+        c.adopt(&["--exchange", x, "--node", &c.node, "--chunk", "2"], crash)
     };
     let (code, out, err) = run(Some("commit-before 2"));
     assert_eq!(code, -1, "killed: {out}{err}");
-    assert!(nodes.suspended(&ctl, 0), "held by the killed run");
-    nodes.restart(0);
+    assert!(c.nodes.suspended(&c.ctl, 0), "held by the killed run");
+    c.nodes.restart(0);
     assert!(
-        !nodes.suspended(&ctl, 0),
+        !c.nodes.suspended(&c.ctl, 0),
         "a restarted node runs the plugin again"
     );
-    assert_eq!(nodes.held(&ctl, 0, &t.other), 1);
+    assert_eq!(c.nodes.held(&c.ctl, 0, &t.other), 1);
 
-    let amqp = amqp_at(&url).await;
+    let amqp = amqp_at(&c.url).await;
     let inbox = consume(&amqp, &t.target_queue).await;
     let plugin_inbox = consume(&amqp, &t.plugin_queue).await;
     assert!(
@@ -876,7 +866,7 @@ async fn a_node_restarted_mid_adoption_delivers_each_message_once_and_the_rerun_
         .await,
         "the restarted plugin delivers s3"
     );
-    let _d = Daemon::start(&cfg);
+    let _d = Daemon::start(&c.cfg);
     let (code, out, err) = run(None);
     assert_eq!(code, 0, "{out}{err}");
 
@@ -887,24 +877,24 @@ async fn a_node_restarted_mid_adoption_delivers_each_message_once_and_the_rerun_
         "s1 and s2 delivered"
     );
     inbox.settle(Duration::from_secs(3)).await;
-    let mut bodies: Vec<Vec<u8>> = inbox
-        .all()
-        .into_iter()
-        .chain(plugin_inbox.all())
-        .map(|r| r.body)
-        .collect();
-    bodies.sort();
-    assert_eq!(bodies, vec![b"s1".to_vec(), b"s2".to_vec(), b"s3".to_vec()]);
+    assert_eq!(
+        sorted_bodies(&[&inbox, &plugin_inbox]),
+        vec![b"s1".to_vec(), b"s2".to_vec(), b"s3".to_vec()]
+    );
     assert!(
         out.contains("moved 3")
             && out.contains("1 messages read from the plugin were delivered by the plugin itself"),
         "the rerun moves d1, d2 and d30 and says it dropped s3: {out}{err}"
     );
-    assert!(!nodes.suspended(&ctl, 0), "released");
-    assert_eq!(nodes.held(&ctl, 0, x), 0, "no entry of the exchange left");
-    assert_eq!(nodes.index_keys(&ctl, 0, x), 0, "no index key left");
+    assert!(!c.nodes.suspended(&c.ctl, 0), "released");
     assert_eq!(
-        nodes.held(&ctl, 0, &t.other),
+        c.nodes.held(&c.ctl, 0, x),
+        0,
+        "no entry of the exchange left"
+    );
+    assert_eq!(c.nodes.index_keys(&c.ctl, 0, x), 0, "no index key left");
+    assert_eq!(
+        c.nodes.held(&c.ctl, 0, &t.other),
         1,
         "the other exchange's stays"
     );
@@ -916,12 +906,7 @@ async fn a_node_restarted_mid_adoption_delivers_each_message_once_and_the_rerun_
     assert_eq!(staged, 0, "nothing left staged");
     for s in &sent[3..] {
         let due = s.at_ms + s.delay_ms;
-        let ids: Vec<(String, f64)> = query(
-            &mut conn,
-            "ZRANGE",
-            (&b.key, due - 1_500, due + 1_500, "BYSCORE", "WITHSCORES"),
-        )
-        .await;
+        let ids = stored_near(&mut conn, &b.key, due).await;
         assert_eq!(ids.len(), 1, "{} due {due}: {ids:?}", s.body);
         assert_eq!(Some(&ids[0].0), s.message_id.as_ref());
     }

@@ -137,32 +137,59 @@ fn bad_config_files_exit_2_at_once_with_one_line_naming_file_business_and_field(
     }
 }
 
-/// A config in `dir` for a business on a fresh key named from `prefix`,
-/// whose exchange is never used; returns the key and the config's path.
-fn keyed_config(dir: &Path, prefix: &str) -> (String, PathBuf) {
-    let key = unique(prefix);
-    let config = real_config(dir, &key, "unused");
-    (key, config)
-}
-
-/// A config for the shared test servers with one business on `exchange`.
-fn real_config(dir: &Path, key: &str, exchange: &str) -> PathBuf {
+/// A config for the shared test servers with one business, "billing", on
+/// `exchange`, with the `extra` lines.
+fn billing_config(dir: &Path, key: &str, exchange: &str, extra: &str) -> PathBuf {
     let b = BusinessSpec {
         name: "billing".into(),
         key: key.into(),
         exchange: exchange.into(),
         routing_key: unique("rk"),
-        extra: String::new(),
+        extra: extra.into(),
     };
     write_config(dir, &redis_url(), &amqp_url(), &[&b])
+}
+
+/// A config for the shared test servers with one business on `exchange`.
+fn real_config(dir: &Path, key: &str, exchange: &str) -> PathBuf {
+    billing_config(dir, key, exchange, "")
+}
+
+/// What a command's test acts on: "billing" on a fresh key, its exchange
+/// never used, the config in a directory of its own, and a Redis connection.
+struct Billing {
+    _dir: tempfile::TempDir,
+    key: String,
+    /// The config's path, as a command's argument.
+    cfg: String,
+    r: redis::aio::MultiplexedConnection,
+}
+
+impl Billing {
+    /// On a key named from `prefix`, with the `extra` config lines.
+    async fn new(prefix: &str, extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let key = unique(prefix);
+        let config = billing_config(dir.path(), &key, "unused", extra);
+        Self {
+            cfg: config.to_str().unwrap().to_string(),
+            _dir: dir,
+            key,
+            r: redis().await,
+        }
+    }
+
+    /// Like [`Billing::new`], in id mode.
+    async fn id_mode(prefix: &str) -> Self {
+        Self::new(prefix, "member = \"id\"\n").await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_passes_against_the_real_servers_and_never_prints_the_password() {
     let dir = tempfile::tempdir().unwrap();
     let exchange = unique("ex");
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
+    let (_amqp, ch) = amqp_channel().await;
     declare(&ch, &exchange, &unique("q"), "rk").await;
     let config = real_config(dir.path(), &unique("test:check"), &exchange);
     assert!(
@@ -197,25 +224,21 @@ async fn check_names_a_missing_exchange_and_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_then_inspect_json_shows_it_pending() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, config) = keyed_config(dir.path(), "test:sched");
-    let cfg = config.to_str().unwrap();
+    let mut t = Billing::new("test:sched", "").await;
+    let cfg = t.cfg.as_str();
     let (code, out, err) = delayd(&["schedule", "--config", cfg, "billing", "--in", "1s", "body"]);
     assert_eq!(code, 0, "schedule failed:\n{out}\n{err}");
     let (code, out, err) = delayd(&["inspect", "--config", cfg, "--json"]);
     assert_eq!(code, 0, "inspect failed:\n{out}\n{err}");
     let rows: serde_json::Value = serde_json::from_str(&out).expect("inspect --json prints JSON");
-    let row = rows
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["business"] == "billing"))
+    let row = find_row(&rows, "business", "billing")
         .unwrap_or_else(|| panic!("no row for billing: {out}"));
     assert_eq!(row["pending"], 1, "{out}");
     assert_eq!(row["in_flight"], 0, "{out}");
     assert_eq!(row["dead"], 0, "{out}");
-    let mut redis = redis().await;
-    let members: Vec<Vec<u8>> = zrange(&mut redis, &key).await;
+    let members: Vec<Vec<u8>> = zrange(&mut t.r, &t.key).await;
     assert_eq!(members, vec![b"body".to_vec()]);
-    del(&mut redis, &key).await;
+    del(&mut t.r, &t.key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,8 +246,7 @@ async fn check_with_redis_unreachable_exits_1_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("billing");
     // Everything else is fine, so Redis is the one thing to report.
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
+    let (_amqp, ch) = amqp_channel().await;
     declare(&ch, &b.exchange, &unique("q"), &b.routing_key).await;
     let config = write_config(dir.path(), "redis://127.0.0.1:1/0", &amqp_url(), &[&b]);
     let f = assert_check_fails(&config);
@@ -252,13 +274,11 @@ fn dead_list_of_an_unknown_business_exits_2_and_names_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_requeue_and_purge_count_first_then_act_on_one_member_or_a_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, config) = keyed_config(dir.path(), "test:dead-cli");
-    let cfg = config.to_str().unwrap();
-    let mut r = redis().await;
+    let mut t = Billing::new("test:dead-cli", "").await;
+    let cfg = t.cfg.as_str();
     seed_dead(
-        &mut r,
-        &key,
+        &mut t.r,
+        &t.key,
         &[
             ("a", "unroutable"),
             ("b", "unroutable"),
@@ -267,7 +287,7 @@ async fn dead_requeue_and_purge_count_first_then_act_on_one_member_or_a_reason()
         ],
     )
     .await;
-    let fam = family(&key);
+    let fam = family(&t.key);
     let run = |args: &[&str]| {
         let mut all = vec!["dead"];
         all.extend_from_slice(args);
@@ -295,29 +315,29 @@ async fn dead_requeue_and_purge_count_first_then_act_on_one_member_or_a_reason()
         "would purge 4 dead members of business \"billing\""
     );
     assert_eq!(
-        zcard(&mut r, &fam.dead).await,
+        zcard(&mut t.r, &fam.dead).await,
         4,
         "a dry run changed nothing"
     );
-    assert_eq!(zcard(&mut r, &key).await, 0);
+    assert_eq!(zcard(&mut t.r, &t.key).await, 0);
 
     let out = run(&["requeue", "-c", cfg, "billing", "--reason", "unroutable"]);
     assert_eq!(
         out.trim(),
         "requeued 2 dead members of business \"billing\", due now"
     );
-    let pending: Vec<String> = zrange(&mut r, &key).await;
+    let pending: Vec<String> = zrange(&mut t.r, &t.key).await;
     assert_eq!(pending, ["a", "b"]);
     let out = run(&["purge", "-c", cfg, "billing", "--member", "d"]);
     assert_eq!(out.trim(), "purged 1 dead members of business \"billing\"");
-    let left: Vec<String> = zrange(&mut r, &fam.dead).await;
+    let left: Vec<String> = zrange(&mut t.r, &fam.dead).await;
     assert_eq!(left, ["c"]);
 
     let (code, _, err) = delayd(&[
         "dead", "purge", "-c", cfg, "billing", "--member", "c", "--reason", "x",
     ]);
     assert_eq!(code, 2, "--member and --reason together are refused: {err}");
-    del_family(&mut r, &key).await;
+    del_family(&mut t.r, &t.key).await;
 }
 
 /// The temporary configs `delayd bench` writes (they hold the URLs).
@@ -339,8 +359,7 @@ async fn assert_bench_left_nothing(tag: &str, config: &Path) {
     let mut r = redis().await;
     let keys: Vec<String> = query(&mut r, "KEYS", format!("*delayd:bench:{tag}*")).await;
     assert!(keys.is_empty(), "bench left keys behind: {keys:?}");
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
+    let (_amqp, ch) = amqp_channel().await;
     let queue = format!("delayd-bench-{tag}");
     let passive = ch
         .queue_declare(
@@ -592,25 +611,10 @@ async fn audit_of(
         .collect()
 }
 
-/// A config with one id-mode business, "billing", on a fresh key under
-/// `prefix`: the key and the config's path. Nothing consumes its exchange.
-fn id_billing(dir: &Path, prefix: &str) -> (String, PathBuf) {
-    let key = unique(prefix);
-    let b = BusinessSpec {
-        name: "billing".into(),
-        key: key.clone(),
-        exchange: "unused".into(),
-        routing_key: unique("rk"),
-        extra: "member = \"id\"\n".into(),
-    };
-    (key, write_config(dir, &redis_url(), &amqp_url(), &[&b]))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_by_cli() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, config) = id_billing(dir.path(), "test:cli-audit");
-    let cfg = config.to_str().unwrap();
+    let mut t = Billing::id_mode("test:cli-audit").await;
+    let cfg = t.cfg.as_str();
     let id = unique("task");
     let ok = |args: &[&str]| {
         let (code, out, err) = delayd(args);
@@ -623,8 +627,7 @@ async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_
     ok(&["cancel", "-c", cfg, "billing", &id]);
     let (code, _, _) = delayd(&["cancel", "-c", cfg, "billing", &id]);
     assert_eq!(code, 4, "a second cancel finds nothing pending");
-    let mut r = redis().await;
-    let entries = audit_of(&mut r, &id).await;
+    let entries = audit_of(&mut t.r, &id).await;
     let want: Vec<(String, String, u64)> = [
         ("cancel", 0),
         ("cancel", 1),
@@ -638,7 +641,7 @@ async fn schedule_reschedule_and_cancel_from_the_cli_each_write_one_audit_entry_
         entries, want,
         "newest first, each by cli with how many it changed"
     );
-    del_family(&mut r, &key).await;
+    del_family(&mut t.r, &t.key).await;
 }
 
 /// 1200 ids `{prefix}-N` due in an hour plus one `other`, each with a body;
@@ -662,32 +665,21 @@ async fn seed_bulk(r: &mut redis::aio::MultiplexedConnection, key: &str) -> Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirmed_and_audits_the_total(
 ) {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, config) = id_billing(dir.path(), "test:cli-bulk");
-    let cfg = config.to_str().unwrap();
-    let mut r = redis().await;
-    let pick = seed_bulk(&mut r, &key).await;
+    let mut t = Billing::id_mode("test:cli-bulk").await;
+    let cfg = t.cfg.as_str();
+    let pick = seed_bulk(&mut t.r, &t.key).await;
 
-    let (code, out, err) = delayd(&[
-        "bulk",
-        "cancel",
-        "-c",
-        cfg,
-        "billing",
-        "--prefix",
-        &pick,
-        "--dry-run",
-    ]);
+    let (code, out, err) = delayd(&cancel_prefix(cfg, &pick, &["--dry-run"]));
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.starts_with("1200 members of business \"billing\""),
         "{out}"
     );
-    let (code, _, err) = delayd(&["bulk", "cancel", "-c", cfg, "billing", "--prefix", &pick]);
+    let (code, _, err) = delayd(&cancel_prefix(cfg, &pick, &[]));
     assert_eq!(code, 2, "acting needs --confirm: {err}");
     assert!(err.contains("--confirm 1200"), "{err}");
     assert_eq!(
-        zcard(&mut r, &key).await,
+        zcard(&mut t.r, &t.key).await,
         1201,
         "nothing done without the count confirmed"
     );
@@ -703,28 +695,29 @@ async fn bulk_cancel_from_the_cli_counts_first_acts_only_with_the_count_confirme
     // Off a terminal, the acting run prints its one line and no progress.
     assert_eq!(out.lines().count(), 1, "{out}");
     assert_eq!(err, "", "nothing on stderr off a terminal");
-    assert_eq!(zcard(&mut r, &key).await, 1, "only the other id is left");
-    let entries = audit_of(&mut r, &pick).await;
+    assert_eq!(
+        zcard(&mut t.r, &t.key).await,
+        1,
+        "only the other id is left"
+    );
+    let entries = audit_of(&mut t.r, &pick).await;
     assert_eq!(
         entries,
         [("cli".to_string(), "bulk_cancel".to_string(), 1200)]
     );
-    del_family(&mut r, &key).await;
+    del_family(&mut t.r, &t.key).await;
+}
+
+/// `delayd bulk cancel` of the ids under `pick`, then `more` arguments.
+fn cancel_prefix<'a>(cfg: &'a str, pick: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["bulk", "cancel", "-c", cfg, "billing", "--prefix", pick];
+    args.extend_from_slice(more);
+    args
 }
 
 /// `delayd bulk cancel` of the 1,200 ids under `pick` that `seed_bulk` wrote.
-fn cancel_1200<'a>(cfg: &'a str, pick: &'a str) -> [&'a str; 9] {
-    [
-        "bulk",
-        "cancel",
-        "-c",
-        cfg,
-        "billing",
-        "--prefix",
-        pick,
-        "--confirm",
-        "1200",
-    ]
+fn cancel_1200<'a>(cfg: &'a str, pick: &'a str) -> Vec<&'a str> {
+    cancel_prefix(cfg, pick, &["--confirm", "1200"])
 }
 
 /// Runs `delayd args` on a pseudo-terminal (util-linux `script`), stdin
@@ -766,11 +759,9 @@ fn delayd_on_a_terminal(args: &[&str]) -> (i32, String) {
 /// towards the confirmed total, its rate and the time left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_cancel_on_a_terminal_shows_progress_with_the_count_done_of_the_confirmed_total() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, config) = id_billing(dir.path(), "test:cli-bulk-tty");
-    let cfg = config.to_str().unwrap();
-    let mut r = redis().await;
-    let pick = seed_bulk(&mut r, &key).await;
+    let mut t = Billing::id_mode("test:cli-bulk-tty").await;
+    let cfg = t.cfg.as_str();
+    let pick = seed_bulk(&mut t.r, &t.key).await;
     let (code, shown) = delayd_on_a_terminal(&cancel_1200(cfg, &pick));
     assert_eq!(code, 0, "{shown}");
     let line = shown
@@ -782,6 +773,10 @@ async fn bulk_cancel_on_a_terminal_shows_progress_with_the_count_done_of_the_con
         "rate and time left: {line:?}"
     );
     assert!(shown.contains("bulk_cancel: 1200 members"), "{shown}");
-    assert_eq!(zcard(&mut r, &key).await, 1, "only the other id is left");
-    del_family(&mut r, &key).await;
+    assert_eq!(
+        zcard(&mut t.r, &t.key).await,
+        1,
+        "only the other id is left"
+    );
+    del_family(&mut t.r, &t.key).await;
 }

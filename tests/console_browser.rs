@@ -114,6 +114,13 @@ impl Browser {
         panic!("{css}: still {seen:?} after 15 s");
     }
 
+    /// Waits until the `field` cell of the table row `row` (a selector
+    /// such as `tr[data-tenant="acme"]`) says exactly `want`.
+    async fn wait_cell(&self, row: &str, field: &str, want: &str) {
+        let css = format!("{row} td[data-field=\"{field}\"]");
+        self.wait_text(&css, |t| t == want).await;
+    }
+
     /// The first element matching `css` once it is shown and enabled: the
     /// page renders its view after reading the URL, so an element can be in
     /// the document before it can take a click or keys. Panics after 15 s.
@@ -129,6 +136,38 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("{css}: not shown and enabled after 15 s");
+    }
+
+    /// Opens the console at `port`, at the view `fragment` names.
+    async fn open(&self, port: u16, fragment: &str) {
+        let url = format!("http://127.0.0.1:{port}/{fragment}");
+        self.client
+            .goto(&url)
+            .await
+            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+    }
+
+    /// Saves `token` as the page's bearer token.
+    async fn use_token(&self, token: &str) {
+        self.type_into("#token", token).await;
+        self.click("#token-save").await;
+    }
+
+    /// Pauses the schedule or tenant of the table row `row` with its button
+    /// and waits for the row to show it paused by the admin token.
+    async fn pause_row(&self, row: &str) {
+        self.click(&format!("{row} button[data-act=\"pause\"]"))
+            .await;
+        let state = format!("{row} td[data-field=\"state\"]");
+        self.wait_text(&state, |t| t.starts_with("paused by admin_token"))
+            .await;
+    }
+
+    /// Resumes the schedule or tenant of `row` and waits for it to run.
+    async fn resume_row(&self, row: &str) {
+        self.click(&format!("{row} button[data-act=\"resume\"]"))
+            .await;
+        self.wait_cell(row, "state", "running").await;
     }
 
     async fn click(&self, css: &str) {
@@ -252,29 +291,20 @@ async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
     zadd_many(&mut r, &mail.key, &items).await;
 
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/", c.port))
-        .await
-        .unwrap();
+    b.open(c.port, "").await;
     let api = api_get(c.port, "/api/v1/businesses").await;
     for row in api.json["businesses"].as_array().unwrap() {
         let name = row["name"].as_str().unwrap();
         for field in ["pending", "due_now", "in_flight", "dead"] {
             let want = row[field].to_string();
-            let css = format!("tr[data-business=\"{name}\"] td[data-field=\"{field}\"]");
-            b.wait_text(&css, |t| t == want).await;
+            b.wait_cell(&format!("tr[data-business=\"{name}\"]"), field, &want)
+                .await;
         }
     }
-    b.wait_text(
-        "tr[data-business=\"billing\"] td[data-field=\"pending\"]",
-        |t| t == "7",
-    )
-    .await;
-    b.wait_text(
-        "tr[data-business=\"mail\"] td[data-field=\"pending\"]",
-        |t| t == "40",
-    )
-    .await;
+    b.wait_cell("tr[data-business=\"billing\"]", "pending", "7")
+        .await;
+    b.wait_cell("tr[data-business=\"mail\"]", "pending", "40")
+        .await;
     // On a laptop the whole overview row is in view, with no sideways scroll.
     let overview = "const s = document.querySelector('#overview .scroll'); return s.scrollWidth - s.clientWidth;";
     b.assert_fits(overview, "the overview is wider than a 1280px window")
@@ -296,10 +326,7 @@ async fn the_page_shows_the_counts_the_api_returns_on_a_laptop_and_a_phone() {
 
     // On a phone the page fits its width; wide tables scroll in place.
     b.client.set_window_size(390, 844).await.unwrap();
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=mail&tab=pending", c.port))
-        .await
-        .unwrap();
+    b.open(c.port, "#b=mail&tab=pending").await;
     b.wait_text("#pending tbody tr td.text", |t| t == "mail-0")
         .await;
     let page = "return document.documentElement.scrollWidth - window.innerWidth;";
@@ -317,10 +344,7 @@ async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
     schedule_id(&mut r, &billing.key, "order-42", hostile, now + 3_600_000).await;
 
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=find", c.port))
-        .await
-        .unwrap();
+    b.open(c.port, "#b=billing&tab=find").await;
     b.type_into("#find-input", "order-42").await;
     b.click("#find-go").await;
     b.wait_text("dd[data-field=\"state\"]", |t| t == "pending")
@@ -346,42 +370,34 @@ async fn a_task_is_found_by_id_and_a_hostile_body_renders_as_text() {
     b.client.refresh().await.unwrap();
     b.wait_text("dd[data-field=\"id\"]", |t| t == "order-42")
         .await;
-    let missing = b
-        .client
-        .goto(&format!(
-            "http://127.0.0.1:{}/#b=billing&tab=find&id=nope",
-            c.port
-        ))
-        .await;
-    missing.unwrap();
+    b.open(c.port, "#b=billing&tab=find&id=nope").await;
     b.wait_text("dd[data-field=\"state\"]", |t| t == "not_found")
         .await;
     b.close().await;
+}
+
+/// A dead task `id` of the id-mode business on `key`, with its body, dead
+/// for `reason`.
+async fn dead_invoice(
+    r: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    id: &str,
+    reason: &str,
+) {
+    let _: () = query(r, "HSET", (&family(key).body, id, "the invoice")).await;
+    seed_dead(r, key, &[(id, reason)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
     let (billing, c, mut r) = billing_console().await;
     let fam = family(&billing.key);
-    let _: () = query(&mut r, "HSET", (&fam.body, "inv-7", "the invoice")).await;
-    seed_dead(
-        &mut r,
-        &billing.key,
-        &[
-            (
-                "inv-7",
-                "returned as unroutable (312 NO_ROUTE) after 5 attempts",
-            ),
-            ("<i>odd</i>", "rejected"),
-        ],
-    )
-    .await;
+    let unroutable = "returned as unroutable (312 NO_ROUTE) after 5 attempts";
+    dead_invoice(&mut r, &billing.key, "inv-7", unroutable).await;
+    seed_dead(&mut r, &billing.key, &[("<i>odd</i>", "rejected")]).await;
 
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=dead", c.port))
-        .await
-        .unwrap();
+    b.open(c.port, "#b=billing&tab=dead").await;
     b.wait_text("tr[data-member=\"inv-7\"] td:nth-child(3)", |t| {
         t.contains("NO_ROUTE")
     })
@@ -401,8 +417,7 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
     assert!(still.is_some(), "refused, so still dead");
 
     // With the token: requeued, then delivered.
-    b.type_into("#token", TOKEN).await;
-    b.click("#token-save").await;
+    b.use_token(TOKEN).await;
     b.wait_text("#token-state", |t| t.contains("token set"))
         .await;
     b.click("tr[data-member=\"inv-7\"] button[data-act=\"requeue\"]")
@@ -439,16 +454,10 @@ async fn a_dead_task_is_requeued_with_the_token_and_refused_without_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_button_found_before_a_refresh_still_takes_the_click_after_it() {
     let (billing, c, mut r) = billing_console().await;
-    let fam = family(&billing.key);
-    let _: () = query(&mut r, "HSET", (&fam.body, "inv-8", "the invoice")).await;
-    seed_dead(&mut r, &billing.key, &[("inv-8", "rejected")]).await;
+    dead_invoice(&mut r, &billing.key, "inv-8", "rejected").await;
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=dead", c.port))
-        .await
-        .unwrap();
-    b.type_into("#token", TOKEN).await;
-    b.click("#token-save").await;
+    b.open(c.port, "#b=billing&tab=dead").await;
+    b.use_token(TOKEN).await;
     let button = b
         .interactable("tr[data-member=\"inv-8\"] button[data-act=\"requeue\"]")
         .await;
@@ -480,28 +489,20 @@ async fn reads_need_the_read_token_and_the_admin_token_pauses_and_is_audited() {
     schedule_id(&mut r, &billing.key, "inv-1", "an invoice", later).await;
 
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!(
-            "http://127.0.0.1:{}/#b=billing&tab=pending",
-            c.port
-        ))
-        .await
-        .unwrap();
+    b.open(c.port, "#b=billing&tab=pending").await;
     b.wait_text("#error", |t| t.contains("needs a token to read"))
         .await;
     b.screenshot("token-needed").await;
 
     // The read token: everything shows, nothing can be changed.
-    b.type_into("#token", READ).await;
-    b.click("#token-save").await;
+    b.use_token(READ).await;
     b.wait_text("#mode", |t| t.contains("read-only")).await;
     b.wait_text("#pending tbody", |t| t.contains("inv-1")).await;
     assert!(!b.shown("#pause-toggle").await, "pause shows to a reader");
     b.wait_text("#pause-state", |t| t == "running").await;
 
     // The admin token: pause, shown at once, in the overview and the log.
-    b.type_into("#token", TOKEN).await;
-    b.click("#token-save").await;
+    b.use_token(TOKEN).await;
     b.wait_text("#mode", |t| t.contains("writes allowed")).await;
     b.click("#pause-toggle").await;
     b.wait_text("#pause-state", |t| t.starts_with("paused by admin_token"))
@@ -554,12 +555,8 @@ async fn bodies_are_searched_and_a_bulk_cancel_counts_first_then_cancels_the_cou
     let _: () = p.query_async(&mut r).await.unwrap();
 
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=find", c.port))
-        .await
-        .unwrap();
-    b.type_into("#token", TOKEN).await;
-    b.click("#token-save").await;
+    b.open(c.port, "#b=billing&tab=find").await;
+    b.use_token(TOKEN).await;
     b.wait_text("#token-state", |t| t.contains("token set"))
         .await;
     b.type_into("#body-input", "ACME-77;").await;
@@ -572,10 +569,7 @@ async fn bodies_are_searched_and_a_bulk_cancel_counts_first_then_cancels_the_cou
     assert!(row.contains("\"for\":\"ACME-77;\""), "{row}");
     b.screenshot("body-search").await;
 
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=billing&tab=bulk", c.port))
-        .await
-        .unwrap();
+    b.open(c.port, "#b=billing&tab=bulk").await;
     b.type_into("#bulk-prefix", "batch-").await;
     b.click("#bulk-count").await;
     b.wait_text("#bulk-confirm", |t| t.starts_with("cancel 1500 "))
@@ -612,15 +606,8 @@ async fn the_schedules_tab_shows_each_schedule_and_pauses_resumes_and_runs_one_n
     let inbox = c.setup.inbox().clone();
     inbox.wait_for(2, Duration::from_secs(15)).await;
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!(
-            "http://127.0.0.1:{}/#b=reports&tab=schedules",
-            c.port
-        ))
-        .await
-        .unwrap();
-    b.type_into("#token", TOKEN).await;
-    b.click("#token-save").await;
+    b.open(c.port, "#b=reports&tab=schedules").await;
+    b.use_token(TOKEN).await;
     b.wait_text(
         "tr[data-schedule=\"nightly\"] td[data-field=\"next\"]",
         |t| t.contains("02:30:00 CE"),
@@ -631,12 +618,7 @@ async fn the_schedules_tab_shows_each_schedule_and_pauses_resumes_and_runs_one_n
     })
     .await;
 
-    b.click("tr[data-schedule=\"tick\"] button[data-act=\"pause\"]")
-        .await;
-    b.wait_text("tr[data-schedule=\"tick\"] td[data-field=\"state\"]", |t| {
-        t.starts_with("paused by admin_token")
-    })
-    .await;
+    b.pause_row("tr[data-schedule=\"tick\"]").await;
     let api = api_get(c.port, "/api/v1/businesses/reports/schedules").await;
     let tick = &api.json["schedules"][1];
     assert_eq!(tick["name"], "tick");
@@ -652,12 +634,7 @@ async fn the_schedules_tab_shows_each_schedule_and_pauses_resumes_and_runs_one_n
     assert!(ran, "run now delivered nothing");
     b.screenshot("schedules").await;
 
-    b.click("tr[data-schedule=\"tick\"] button[data-act=\"resume\"]")
-        .await;
-    b.wait_text("tr[data-schedule=\"tick\"] td[data-field=\"state\"]", |t| {
-        t == "running"
-    })
-    .await;
+    b.resume_row("tr[data-schedule=\"tick\"]").await;
     b.close().await;
 }
 
@@ -671,15 +648,9 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
     );
     let c = ConsoleDaemon::start(&[&billing], Some(TOKEN)).await;
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/", c.port))
-        .await
-        .unwrap();
-    b.wait_text(
-        "#intake tr[data-business=\"billing\"] td[data-field=\"consumer\"]",
-        |t| t == "up",
-    )
-    .await;
+    b.open(c.port, "").await;
+    b.wait_cell("#intake tr[data-business=\"billing\"]", "consumer", "up")
+        .await;
     // Two seconds between refreshes, shown and kept.
     let select = b.interactable("#poll").await;
     select.select_by_value("2000").await.unwrap();
@@ -688,34 +659,15 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
 
     // Tasks arrive through the intake; the page shows them without a reload.
     b.js("window.firstLoad = 42; return 1").await;
-    let mut h = lapin::types::FieldTable::default();
-    h.insert(
-        "x-delay".into(),
-        lapin::types::AMQPValue::LongInt(3_600_000),
-    );
     for i in 0..3 {
-        c.setup
-            .ch
-            .basic_publish(
-                intake_ex.as_str().into(),
-                "".into(),
-                Default::default(),
-                format!("order {i}").as_bytes(),
-                lapin::BasicProperties::default().with_headers(h.clone()),
-            )
-            .await
-            .unwrap();
+        let props = delayed(lapin::types::AMQPValue::LongInt(3_600_000));
+        let body = format!("order {i}");
+        publish_props(&c.setup.ch, &intake_ex, "", body.as_bytes(), props).await;
     }
-    b.wait_text(
-        "tr[data-business=\"billing\"] td[data-field=\"pending\"]",
-        |t| t == "3",
-    )
-    .await;
-    b.wait_text(
-        "#intake tr[data-business=\"billing\"] td[data-field=\"taken_in\"]",
-        |t| t == "3",
-    )
-    .await;
+    b.wait_cell("tr[data-business=\"billing\"]", "pending", "3")
+        .await;
+    b.wait_cell("#intake tr[data-business=\"billing\"]", "taken_in", "3")
+        .await;
     let same = b.js("return window.firstLoad === 42").await;
     assert_eq!(same, json!(true), "the page was reloaded");
     b.screenshot("live").await;
@@ -725,6 +677,16 @@ async fn counts_refresh_without_a_reload_at_the_chosen_interval_beside_the_intak
     assert_eq!(row["intake"]["consuming"], true, "{row}");
     assert_eq!(row["intake"]["taken_in_total"], 3, "{row}");
     b.close().await;
+}
+
+/// Types `value` into globex's input labelled `label` on the tenants tab,
+/// clicks its `act` button, and waits for the row's `act` cell to say `shown`.
+async fn set_globex(b: &Browser, act: &str, label: &str, value: &str, shown: &str) {
+    let row = "tr[data-tenant=\"globex\"]";
+    b.type_into(&format!("{row} input[aria-label=\"{label}\"]"), value)
+        .await;
+    b.click(&format!("{row} button[data-act=\"{act}\"]")).await;
+    b.wait_cell(row, act, shown).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,98 +699,34 @@ async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_caps_and_resumes_on
     // Two tenants as a producer writes them, due in an hour: acme 3, globex 1.
     let due = redis_now_ms(&mut r).await + 3_600_000;
     for (tenant, n) in [("acme", 3), ("globex", 1)] {
-        for i in 0..n {
-            let () = redis::cmd("ZADD")
-                .arg(f.tenant_set(tenant.as_bytes()))
-                .arg(due + i)
-                .arg(format!("{tenant}-{i}"))
-                .query_async(&mut r)
-                .await
-                .unwrap();
-        }
-        let () = redis::cmd("ZADD")
-            .arg(f.tenant_index())
-            .arg("LT")
-            .arg(due)
-            .arg(tenant)
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let items: Vec<(f64, Vec<u8>)> = (0..n)
+            .map(|i| ((due + i) as f64, format!("{tenant}-{i}").into_bytes()))
+            .collect();
+        zadd_tenant(&mut r, &shop.key, tenant, &items).await;
     }
     let b = Browser::start(1280, 900).await;
-    b.client
-        .goto(&format!("http://127.0.0.1:{}/#b=shop&tab=tenants", c.port))
-        .await
-        .unwrap();
-    b.type_into("#token", TOKEN).await;
-    b.click("#token-save").await;
-    b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"pending\"]", |t| {
-        t == "3"
-    })
-    .await;
-    b.wait_text(
-        "tr[data-tenant=\"globex\"] td[data-field=\"pending\"]",
-        |t| t == "1",
-    )
-    .await;
-
-    b.click("tr[data-tenant=\"acme\"] button[data-act=\"pause\"]")
+    b.open(c.port, "#b=shop&tab=tenants").await;
+    b.use_token(TOKEN).await;
+    b.wait_cell("tr[data-tenant=\"acme\"]", "pending", "3")
         .await;
-    b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"state\"]", |t| {
-        t.starts_with("paused by admin_token")
-    })
-    .await;
+    b.wait_cell("tr[data-tenant=\"globex\"]", "pending", "1")
+        .await;
+
+    b.pause_row("tr[data-tenant=\"acme\"]").await;
     let api = api_get(c.port, "/api/v1/businesses/shop/tenants").await;
-    let acme = api.json["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tenant"] == "acme")
-        .cloned()
-        .unwrap();
+    let acme = find_row(&api.json["rows"], "tenant", "acme").unwrap();
     assert_eq!(acme["paused"]["by"], "admin_token", "{}", api.text);
     assert_eq!(api.json["paused"], 1, "{}", api.text);
 
-    let weight = "tr[data-tenant=\"globex\"] input[aria-label=\"weight of globex\"]";
-    b.type_into(weight, "3").await;
-    b.click("tr[data-tenant=\"globex\"] button[data-act=\"weight\"]")
-        .await;
-    b.wait_text(
-        "tr[data-tenant=\"globex\"] td[data-field=\"weight\"]",
-        |t| t == "3 (set)",
-    )
-    .await;
-    let set: Option<String> = redis::cmd("HGET")
-        .arg(f.tenant_weights())
-        .arg("globex")
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    assert_eq!(set.as_deref(), Some("3"));
-    let max_rate = "tr[data-tenant=\"globex\"] input[aria-label=\"max rate of globex\"]";
-    b.type_into(max_rate, "500").await;
-    b.click("tr[data-tenant=\"globex\"] button[data-act=\"max_rate\"]")
-        .await;
-    b.wait_text(
-        "tr[data-tenant=\"globex\"] td[data-field=\"max_rate\"]",
-        |t| t == "500/s (set)",
-    )
-    .await;
-    let set: Option<String> = redis::cmd("HGET")
-        .arg(f.tenant_max_rates())
-        .arg("globex")
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    assert_eq!(set.as_deref(), Some("500"));
+    set_globex(&b, "weight", "weight of globex", "3", "3 (set)").await;
+    let weight: Option<String> = query(&mut r, "HGET", (f.tenant_weights(), "globex")).await;
+    assert_eq!(weight.as_deref(), Some("3"));
+    set_globex(&b, "max_rate", "max rate of globex", "500", "500/s (set)").await;
+    let max_rate: Option<String> = query(&mut r, "HGET", (f.tenant_max_rates(), "globex")).await;
+    assert_eq!(max_rate.as_deref(), Some("500"));
     b.screenshot("tenants").await;
 
-    b.click("tr[data-tenant=\"acme\"] button[data-act=\"resume\"]")
-        .await;
-    b.wait_text("tr[data-tenant=\"acme\"] td[data-field=\"state\"]", |t| {
-        t == "running"
-    })
-    .await;
+    b.resume_row("tr[data-tenant=\"acme\"]").await;
 
     // The pending tab lists the tenants' tasks, or one tenant's.
     b.click("#tabs a[data-tab=\"pending\"]").await;

@@ -75,15 +75,8 @@ async fn sigkill_repeatedly_during_a_flow_loses_nothing() {
     for (i, point) in points.iter().enumerate() {
         let started = Instant::now();
         let pause = Duration::from_millis(rand::random_range(200..1200));
-        while inbox.len() < *point || started.elapsed() < pause {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "kill {i}: only {} of {point} messages arrived within 60s; log:\n{}",
-                inbox.len(),
-                d.tail()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_n(&inbox, *point, Duration::from_secs(60), &d).await;
+        tokio::time::sleep(pause.saturating_sub(started.elapsed())).await;
         d.kill();
         let delivered = inbox.bodies().len();
         assert!(delivered < n, "kill {i} came after the flow had ended");
@@ -320,8 +313,7 @@ async fn unroutable_publish_is_dead_lettered_then_requeue_delivers_it() {
 async fn nacked_publish_stays_pending_without_counting_attempts_until_the_queue_has_room() {
     let b = BusinessSpec::with_extra("nacked", "max_attempts = 3\nretry_backoff = \"100ms\"");
     let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
+    let (amqp, ch) = amqp_channel().await;
     let queue = unique("q");
     // Room for one message; the broker nacks publishes beyond that.
     let mut args = FieldTable::default();
@@ -391,8 +383,7 @@ async fn a_quorum_target_gets_each_member_once_without_a_delivery_count_and_what
         "max_attempts = 3\nretry_backoff = \"100ms\"\nscanners = 1\nbatch_size = 5\nmax_rate = 100",
     );
     let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
+    let (amqp, ch) = amqp_channel().await;
     let queue = unique("qq");
     let mut args = FieldTable::default();
     args.insert(

@@ -102,10 +102,42 @@ impl Intake {
             .await;
     }
 
+    /// Publishes each of `bodies` in turn, due at once.
+    async fn publish_now(&self, bodies: &[&[u8]]) {
+        for body in bodies {
+            self.publish_delayed("", body, 0).await;
+        }
+    }
+
+    /// The bodies delivered, in order, once `n` have come (within 10 s)
+    /// and nothing more has for `quiet`.
+    async fn delivered(&self, n: usize, quiet: Duration, d: &Daemon) -> Vec<Vec<u8>> {
+        wait_n(&self.inbox, n, Duration::from_secs(10), d).await;
+        self.inbox.settle(quiet).await;
+        self.inbox.all().into_iter().map(|r| r.body).collect()
+    }
+
+    /// Waits for one member in the business's dead set.
+    async fn assert_kept_dead(&self, d: &Daemon) {
+        let dead = family(&self.key).dead;
+        let kept = eventually_zcard(&self.redis, &dead, 1, Duration::from_secs(5)).await;
+        assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    }
+
     fn cli(&self, args: &[&str]) -> (i32, String, String) {
         let mut all = vec![args[0], "--config", self.config.to_str().unwrap()];
         all.extend_from_slice(&args[1..]);
         delayd(&all)
+    }
+
+    /// Like [`Intake::new`], on a direct target bound with the empty key.
+    async fn direct(business: &str, intake: &str) -> Self {
+        Self::new(ExchangeKind::Direct, &[""], business, intake).await
+    }
+
+    /// Like [`Intake::direct`], with delayd started and consuming the intake.
+    async fn direct_started(business: &str, intake: &str) -> (Self, Daemon) {
+        Self::started(ExchangeKind::Direct, &[""], business, intake).await
     }
 
     /// Like [`Intake::new`], with delayd started and consuming the intake.
@@ -170,30 +202,9 @@ async fn dead_letter_exchange(amqp: &Connection) -> (Channel, String, String) {
 
 /// Properties with one `x-delay` header and `delivery_mode = 2`, as the
 /// plugin's suite publishes.
-fn delayed(v: AMQPValue) -> BasicProperties {
-    let mut h = FieldTable::default();
-    h.insert("x-delay".into(), v);
-    BasicProperties::default()
-        .with_headers(h)
-        .with_delivery_mode(2)
-}
-
 async fn publish_to(ch: &Channel, exchange: &str, rk: &str, body: &[u8], props: BasicProperties) {
-    let confirm = ch
-        .basic_publish(
-            exchange.into(),
-            rk.into(),
-            BasicPublishOptions::default(),
-            body,
-            props,
-        )
-        .await
-        .unwrap();
-    let ok = tokio::time::timeout(Duration::from_secs(10), confirm)
-        .await
-        .expect("no confirm within 10s")
-        .unwrap();
-    assert!(ok.is_ack(), "the broker nacked a publish to {exchange}");
+    let confirm = publish_props(ch, exchange, rk, body, props).await;
+    assert_acked(vec![confirm], Duration::from_secs(10)).await;
 }
 
 /// A body that says which delay it was published with: the plugin suite's
@@ -233,19 +244,6 @@ async fn assert_delivered_in_delay_order(t: &Intake, d: &Daemon, delays: &[i32],
             "a message delayed {ms} ms arrived {} ms after the first publish",
             r.at_ms - start
         );
-    }
-}
-
-async fn wait_n(inbox: &Inbox, n: usize, limit: Duration, d: &Daemon) {
-    let start = Instant::now();
-    while inbox.len() < n {
-        assert!(
-            start.elapsed() < limit,
-            "only {} of {n} messages arrived within {limit:?}; log:\n{}",
-            inbox.len(),
-            d.tail()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -345,7 +343,7 @@ async fn delays_arrive_in_order_through_an_exchange_to_exchange_binding() {
 /// `string_delay_header`: the delays as strings of digits.
 #[tokio::test]
 async fn string_delays_are_read_as_the_plugin_reads_them() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, d) = Intake::direct_started("", "").await;
     assert_delivered_in_delay_order(&t, &d, &SUITE_DELAYS, true).await;
     t.stop(d).await;
 }
@@ -354,7 +352,7 @@ async fn string_delays_are_read_as_the_plugin_reads_them() {
 /// one ZCARD, and `delayd inspect` shows them pending.
 #[tokio::test]
 async fn delayed_messages_are_counted_with_one_zcard() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, d) = Intake::direct_started("", "").await;
     let delays = [5000, 2000, 3000, 2000, 3000, 4000];
     for (i, ms) in delays.iter().enumerate() {
         t.publish_delayed("", &body_of(i, *ms), *ms).await;
@@ -394,7 +392,7 @@ async fn assert_delivered_in_delay_order_after(
 /// delay (six stored, one delivered) or a step (delivered out of delay order).
 #[tokio::test]
 async fn a_restart_of_delayd_before_the_delays_expire_loses_nothing() {
-    let (t, mut d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, mut d) = Intake::direct_started("", "").await;
     let delays = [5000, 7000, 4000, 3000, 8000, 2000, 6000];
     for (i, ms) in delays.iter().enumerate() {
         t.publish_delayed("", &body_of(i, *ms), *ms).await;
@@ -481,7 +479,7 @@ async fn properties_and_headers_arrive_as_published() {
 /// byte-exact.
 #[tokio::test]
 async fn a_body_larger_than_a_frame_arrives_whole() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, d) = Intake::direct_started("", "").await;
     let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     t.publish_delayed("", &body, 200).await;
     wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
@@ -495,7 +493,7 @@ async fn a_body_larger_than_a_frame_arrives_whole() {
 /// it on every delivery), arrive intact and once, and the intake goes on.
 #[tokio::test]
 async fn headers_larger_than_a_32_kib_frame_arrive_whole_and_the_intake_goes_on() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, d) = Intake::direct_started("", "").await;
     let big: String = (0..100_000u32)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
@@ -597,7 +595,7 @@ async fn with_trace_link_an_intake_message_carries_a_new_trace_and_the_producers
 /// A non-numeric `x-delay` is published at once, with a warning and a count.
 #[tokio::test]
 async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let t = Intake::direct("", "").await;
     let port = listen_on_free_port(&t.config, 30000..40000);
     let d = t.start().await;
     let start = wall_ms();
@@ -657,7 +655,7 @@ async fn an_unroutable_target_is_retried_then_dead() {
 /// is no different.
 #[tokio::test]
 async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, d) = Intake::direct_started("", "").await;
     let id = unique("order-60d");
     let sixty_days: i64 = 60 * 86_400_000;
     let start = wall_ms();
@@ -710,7 +708,7 @@ async fn a_60_day_delay_is_visible_in_get_and_cancellable() {
 /// is absorbed (delivered once) and counted too.
 #[tokio::test]
 async fn a_reused_message_id_never_drops_a_different_message() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let t = Intake::direct("", "").await;
     let port = free_port(20000..30000, &[]);
     let listen = format!("127.0.0.1:{port}");
     let d = Daemon::start_with_env(&t.config, &[("DELAYD_HTTP__LISTEN", listen.as_str())]);
@@ -721,9 +719,7 @@ async fn a_reused_message_id_never_drops_a_different_message() {
     t.publish("", b"first", with_id(1_500)).await;
     t.publish("", b"second", with_id(300)).await;
     t.publish("", b"second", with_id(300)).await;
-    wait_n(&t.inbox, 2, Duration::from_secs(10), &d).await;
-    t.inbox.settle(Duration::from_millis(700)).await;
-    let got: Vec<Vec<u8>> = t.inbox.all().into_iter().map(|r| r.body).collect();
+    let got = t.delivered(2, Duration::from_millis(700), &d).await;
     assert_eq!(
         got,
         vec![b"second".to_vec(), b"first".to_vec()],
@@ -756,7 +752,7 @@ async fn a_reused_message_id_never_drops_a_different_message() {
 #[tokio::test]
 async fn with_a_dedup_window_a_reused_id_is_delivered_and_a_repeat_of_the_delivered_message_is_not()
 {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "dedup_window = \"1h\"", "").await;
+    let t = Intake::direct("dedup_window = \"1h\"", "").await;
     let d = t.start().await;
     let id = unique("reused");
     let with_id = || delayed(AMQPValue::LongInt(0)).with_message_id(ShortString::from(id.as_str()));
@@ -766,9 +762,7 @@ async fn with_a_dedup_window_a_reused_id_is_delivered_and_a_repeat_of_the_delive
     wait_n(&t.inbox, 2, Duration::from_secs(10), &d).await;
     t.publish("", b"first", with_id()).await;
     t.publish("", b"third", with_id()).await;
-    wait_n(&t.inbox, 3, Duration::from_secs(10), &d).await;
-    t.inbox.settle(Duration::from_secs(1)).await;
-    let got: Vec<Vec<u8>> = t.inbox.all().into_iter().map(|r| r.body).collect();
+    let got = t.delivered(3, Duration::from_secs(1), &d).await;
     assert_eq!(
         got,
         vec![b"first".to_vec(), b"second".to_vec(), b"third".to_vec()],
@@ -785,7 +779,7 @@ async fn with_a_dedup_window_a_reused_id_is_delivered_and_a_repeat_of_the_delive
 /// (the repeat arrived before the ack of the id's previous message).
 #[tokio::test]
 async fn with_a_dedup_window_a_repeat_is_dropped_whether_stored_under_its_id_or_a_derived_one() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "dedup_window = \"1h\"", "").await;
+    let t = Intake::direct("dedup_window = \"1h\"", "").await;
     let d = t.start().await;
     let id = unique("taken");
     let with_id =
@@ -801,15 +795,24 @@ async fn with_a_dedup_window_a_repeat_is_dropped_whether_stored_under_its_id_or_
     // The id is free again: the repeat is stored under it.
     t.publish("", b"first", with_id(0)).await;
     t.publish("", b"third", with_id(0)).await;
-    wait_n(&t.inbox, 2, Duration::from_secs(10), &d).await;
-    t.inbox.settle(Duration::from_secs(1)).await;
-    let got: Vec<Vec<u8>> = t.inbox.all().into_iter().map(|r| r.body).collect();
+    let got = t.delivered(2, Duration::from_secs(1), &d).await;
     assert_eq!(
         got,
         vec![b"first".to_vec(), b"third".to_vec()],
         "the repeat of the delivered message not again"
     );
     t.stop(d).await;
+}
+
+/// A body over a `max_message_size` of 1000.
+const TOO_LARGE: [u8; 2000] = [b'x'; 2000];
+
+/// An intake with `max_message_size = 1000` that rejects to `dlx`, with
+/// `dlq` bound behind it.
+fn too_large_to(dlx: &str, dlq: &str) -> String {
+    format!(
+        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
+    )
 }
 
 /// A message whose envelope exceeds max_message_size is rejected to the
@@ -820,21 +823,13 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
     let rejected = consume(&amqp, &dlq).await;
-    let intake = format!(
-        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
-    );
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
-    t.publish_delayed("", b"small-1", 0).await;
-    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
-    t.publish_delayed("", b"small-2", 0).await;
+    let intake = too_large_to(&dlx, &dlq);
+    let (t, d) = Intake::direct_started("", &intake).await;
+    t.publish_now(&[b"small-1", &TOO_LARGE, b"small-2"]).await;
     wait_n(&t.inbox, 2, Duration::from_secs(5), &d).await;
     wait_n(&rejected, 1, Duration::from_secs(5), &d).await;
     assert_eq!(rejected.all()[0].body.len(), 2000);
-    assert!(
-        d.logs().contains("more than max_message_size = 1000"),
-        "{}",
-        d.tail()
-    );
+    d.assert_logged("more than max_message_size = 1000");
     delete_topology(&ch, &[&dlq], &[&dlx]).await;
     t.stop(d).await;
 }
@@ -844,15 +839,11 @@ async fn a_message_too_large_is_rejected_to_the_intake_dead_letter_exchange() {
 /// the messages around it are delivered.
 #[tokio::test]
 async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "max_message_size = 1000").await;
-    t.publish_delayed("", b"small-1", 0).await;
-    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
-    t.publish_delayed("", b"small-2", 0).await;
+    let (t, d) = Intake::direct_started("", "max_message_size = 1000").await;
+    t.publish_now(&[b"small-1", &TOO_LARGE, b"small-2"]).await;
     wait_n(&t.inbox, 2, Duration::from_secs(5), &d).await;
     let mut r = t.redis.clone();
-    let dead = family(&t.key).dead;
-    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
-    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    t.assert_kept_dead(&d).await;
     let config = t.config.to_str().unwrap();
     let (code, out, err) = delayd(&["dead", "list", "--config", config, &t.name]);
     assert_eq!(code, 0, "{err}");
@@ -870,10 +861,8 @@ async fn a_message_too_large_without_a_dead_letter_exchange_is_kept_dead() {
 async fn a_message_too_large_is_kept_dead_when_the_existing_intake_queue_does_not_dead_letter() {
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
-    let intake = format!(
-        "max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\""
-    );
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", &intake).await;
+    let intake = too_large_to(&dlx, &dlq);
+    let t = Intake::direct("", &intake).await;
     // Declared before delayd ever ran, without arguments.
     declare_queue(&ch, &t.queue).await;
     let (code, out, err) = t.cli(&["check"]);
@@ -883,19 +872,11 @@ async fn a_message_too_large_is_kept_dead_when_the_existing_intake_queue_does_no
         "check says where rejected messages go and why:\n{out}"
     );
     let d = t.start().await;
-    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
-    t.publish_delayed("", b"small", 0).await;
+    t.publish_now(&[&TOO_LARGE, b"small"]).await;
     wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
-    let dead = family(&t.key).dead;
-    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
-    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    t.assert_kept_dead(&d).await;
     assert_eq!(queue_depth(&amqp, &dlq).await, 0, "nothing dead-lettered");
-    assert!(
-        d.logs()
-            .contains("kept in the business's dead set, not rejected"),
-        "run says so:\n{}",
-        d.tail()
-    );
+    d.assert_logged("kept in the business's dead set, not rejected");
     delete_topology(&ch, &[&dlq], &[&dlx]).await;
     t.stop(d).await;
 }
@@ -906,13 +887,10 @@ async fn a_message_too_large_is_kept_dead_when_the_existing_intake_queue_does_no
 async fn a_message_too_large_is_kept_dead_when_no_queue_is_known_behind_the_dead_letter_exchange() {
     let dlx = unique("dlx-unbound");
     let intake = format!("max_message_size = 1000\ndead_letter_exchange = \"{dlx}\"");
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
-    t.publish_delayed("", &vec![b'x'; 2000], 0).await;
-    t.publish_delayed("", b"small", 0).await;
+    let (t, d) = Intake::direct_started("", &intake).await;
+    t.publish_now(&[&TOO_LARGE, b"small"]).await;
     wait_n(&t.inbox, 1, Duration::from_secs(10), &d).await;
-    let dead = family(&t.key).dead;
-    let kept = eventually_zcard(&t.redis, &dead, 1, Duration::from_secs(5)).await;
-    assert!(kept, "not in the dead set; log:\n{}", d.tail());
+    t.assert_kept_dead(&d).await;
     let (code, out, err) = t.cli(&["check"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
@@ -928,7 +906,7 @@ async fn a_message_too_large_is_kept_dead_when_no_queue_is_known_behind_the_dead
 /// once, and rests at 0 once they are all written.
 #[tokio::test]
 async fn the_waiting_gauge_counts_every_waiting_batch_and_rests_at_zero_after() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "batch_size = 5").await;
+    let t = Intake::direct("", "batch_size = 5").await;
     let port = listen_on_free_port(&t.config, 30000..40000);
     let gauge = || {
         let (_, m) = http_get(port, "/metrics").unwrap_or_default();
@@ -973,7 +951,7 @@ async fn the_waiting_gauge_counts_every_waiting_batch_and_rests_at_zero_after() 
 /// `message_id` (delayd assigns each delivery a new id) are not stored twice.
 #[tokio::test]
 async fn a_batch_half_stored_at_the_stop_is_handed_back_only_in_its_unstored_half() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "shards = 2", "").await;
+    let t = Intake::direct("shards = 2", "").await;
     let shard1 = format!("{}:1", t.key);
     let mut r = t.redis.clone();
     // Shard 1 holds a string: its writes are refused (WRONGTYPE).
@@ -1028,7 +1006,7 @@ async fn a_batch_half_stored_at_the_stop_is_handed_back_only_in_its_unstored_hal
 #[tokio::test]
 async fn kill_9_mid_intake_loses_nothing() {
     // A short lease, so what the killed process had claimed comes back soon.
-    let t = Intake::new(ExchangeKind::Direct, &[""], "lease = \"2s\"", "").await;
+    let t = Intake::direct("lease = \"2s\"", "").await;
     // Below the ephemeral range: the restarted instance binds it again.
     let port = listen_on_free_port(&t.config, 25000..26000);
     let mut d = t.start().await;
@@ -1090,13 +1068,7 @@ async fn kill_9_mid_intake_loses_nothing() {
 /// redelivery): that count is the intake queue's, not the consumer's.
 #[tokio::test]
 async fn a_quorum_intake_queue_loses_nothing_under_kill_9_and_passes_on_no_delivery_count() {
-    let t = Intake::new(
-        ExchangeKind::Direct,
-        &[""],
-        "lease = \"2s\"",
-        "queue_type = \"quorum\"",
-    )
-    .await;
+    let t = Intake::direct("lease = \"2s\"", "queue_type = \"quorum\"").await;
     // Below the ephemeral range: the restarted instance binds it again.
     let port = listen_on_free_port(&t.config, 25000..26000);
     // A Redis of its own: the pause below stops every writer of a server,
@@ -1198,7 +1170,7 @@ async fn client_pause(redis: &redis::aio::MultiplexedConnection, args: &[&str]) 
 /// deploy), must not cost the messages waiting in the intake queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_intake_message_handed_back_more_than_20_times_is_still_delivered() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "queue_type = \"quorum\"").await;
+    let t = Intake::direct("", "queue_type = \"quorum\"").await;
     // A Redis of its own: the test makes it refuse every write.
     let redis_server = tokio::task::block_in_place(|| PrivateRedis::started(t.dir.path()));
     let config = std::fs::read_to_string(&t.config)
@@ -1253,7 +1225,7 @@ async fn a_quorum_intake_message_handed_back_more_than_20_times_is_still_deliver
 /// exchange that would not pass every routing key to the queue.
 #[tokio::test]
 async fn check_reports_the_intake_topology_and_refuses_a_direct_intake_exchange() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let t = Intake::direct("", "").await;
     let (code, out, err) = t.cli(&["check"]);
     assert_eq!(code, 0, "{out}{err}");
     let line = out
@@ -1295,7 +1267,7 @@ async fn check_reports_the_intake_topology_and_refuses_a_direct_intake_exchange(
 /// with the line `check` prints; it consumes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_refuses_an_intake_exchange_that_is_not_fanout() {
-    let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+    let t = Intake::direct("", "").await;
     let ch = t.amqp.create_channel().await.unwrap();
     declare_exchange_kind(&ch, &t.exchange, ExchangeKind::Direct).await;
     let mut d = Daemon::start(&t.config);
@@ -1325,23 +1297,9 @@ async fn run_refuses_an_intake_exchange_that_is_not_fanout() {
 /// in `tests/redis_sentinel.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsynced_is_refused_with_one_line_where_redis_lacks_waitaof() {
-    let t = Intake::new(
-        ExchangeKind::Direct,
-        &[""],
-        "",
-        "replicas = 1\nreplica_ack = \"fsynced\"",
-    )
-    .await;
-    let mut r = t.redis.clone();
-    let info: Vec<redis::Value> = redis::cmd("COMMAND")
-        .arg("INFO")
-        .arg("WAITAOF")
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    let has_waitaof = !matches!(info.first(), None | Some(redis::Value::Nil));
+    let t = Intake::direct("", "replicas = 1\nreplica_ack = \"fsynced\"").await;
     let wanted = "intake.replica_ack = \"fsynced\" needs WAITAOF";
-    if has_waitaof {
+    if has_waitaof(&mut t.redis.clone()).await {
         let (code, out, err) = t.cli(&["check"]);
         assert_eq!(
             code, 0,
@@ -1485,7 +1443,7 @@ async fn a_message_lapin_cannot_parse_is_dead_lettered_and_the_intake_moves_on()
     let amqp = amqp_at(&amqp_url()).await;
     let (ch, dlx, dlq) = dead_letter_exchange(&amqp).await;
     let intake = format!("dead_letter_exchange = \"{dlx}\"\ndead_letter_queue = \"{dlq}\"");
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", &intake).await;
+    let (t, d) = Intake::direct_started("", &intake).await;
     let mut raw = RawAmqp::connect(&amqp_url()).await;
     let bad_key = Table::default()
         .field(b"x-delay", b'I', &0i32.to_be_bytes())
@@ -1571,7 +1529,7 @@ struct BothWays {
 
 impl BothWays {
     async fn new() -> Self {
-        let t = Intake::new(ExchangeKind::Direct, &[""], "", "").await;
+        let t = Intake::direct("", "").await;
         let ch = t.amqp.create_channel().await.unwrap();
         let plain = unique("plain");
         let plain_queue = unique("plain-q");
@@ -1921,7 +1879,7 @@ async fn headers_arrive_sorted_with_one_value_a_key_as_the_broker_keeps_it() {
 /// test in `src/intake/delay.rs` covers it); `-1e300` is due at once.
 #[tokio::test]
 async fn an_x_delay_of_1e300_is_due_at_the_latest_time() {
-    let (t, d) = Intake::started(ExchangeKind::Direct, &[""], "", "").await;
+    let (t, d) = Intake::direct_started("", "").await;
     let double = unique("double");
     let digits = unique("digits");
     for (id, v) in [
@@ -2005,14 +1963,7 @@ async fn first_due_in(t: &Intake, tenant: &str) -> i64 {
     let mut r = t.redis.clone();
     let start = Instant::now();
     loop {
-        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(&set)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut r)
-            .await
-            .unwrap();
+        let first: Vec<(String, f64)> = query(&mut r, "ZRANGE", (&set, 0, 0, "WITHSCORES")).await;
         if let Some((_, due)) = first.first() {
             return *due as i64;
         }
@@ -2029,8 +1980,7 @@ async fn first_due_in(t: &Intake, tenant: &str) -> i64 {
 /// nothing into `K`; each is delivered once, not before its due time.
 #[tokio::test]
 async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its_due_time() {
-    let (t, d) =
-        Intake::started(ExchangeKind::Direct, &[""], "tenants = true", TENANT_HEADER).await;
+    let (t, d) = Intake::direct_started("tenants = true", TENANT_HEADER).await;
     let plan = [("acme", 1_500), ("acme", 1_200), ("zeta", 1_800)];
     let ids: Vec<(&str, String)> = plan.iter().map(|(t, _)| (*t, unique("m"))).collect();
     for ((tenant, delay), (_, id)) in plan.iter().zip(&ids) {
@@ -2040,14 +1990,7 @@ async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its
     let dues = stored_in_tenants(&t, &ids, &d).await;
     let f = family(&t.key);
     let mut r = t.redis.clone();
-    let index: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(f.tenant_index())
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let index: Vec<(String, f64)> = zrange_scores(&mut r, &f.tenant_index()).await;
     assert_eq!(
         index,
         vec![
@@ -2056,12 +1999,7 @@ async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its
         ],
         "each tenant in the index at its earliest due time"
     );
-    let in_k: i64 = redis::cmd("ZCARD")
-        .arg(&t.key)
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    assert_eq!(in_k, 0, "nothing in K");
+    assert_eq!(zcard(&mut r, &t.key).await, 0, "nothing in K");
 
     let want: std::collections::HashSet<Vec<u8>> =
         ids.iter().map(|(_, id)| id.as_bytes().to_vec()).collect();
@@ -2084,8 +2022,7 @@ async fn the_tenant_header_puts_each_message_in_its_tenant_delivered_once_at_its
 /// each goes to the "default" tenant and is delivered once.
 #[tokio::test]
 async fn hostile_tenant_headers_go_to_the_default_tenant_and_are_each_delivered_once() {
-    let (t, d) =
-        Intake::started(ExchangeKind::Direct, &[""], "tenants = true", TENANT_HEADER).await;
+    let (t, d) = Intake::direct_started("tenants = true", TENANT_HEADER).await;
     let mut table = FieldTable::default();
     table.insert("x".into(), AMQPValue::LongInt(1));
     let hostile = [
@@ -2135,13 +2072,7 @@ async fn hostile_tenant_headers_go_to_the_default_tenant_and_are_each_delivered_
 /// fairness.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_late() {
-    let (t, d) = Intake::started(
-        ExchangeKind::Direct,
-        &[""],
-        "tenants = true\nmax_rate = 2000",
-        TENANT_HEADER,
-    )
-    .await;
+    let (t, d) = Intake::direct_started("tenants = true\nmax_rate = 2000", TENANT_HEADER).await;
     // The light tenants' own queue and consumer, on a connection of their
     // own, as a tenant's consumers would be: in the heavy tenant's queue
     // they would wait behind its drain in the broker and the consumer.
@@ -2149,40 +2080,16 @@ async fn a_heavy_tenants_burst_through_the_intake_does_not_make_a_light_tenant_l
     let admin = light_amqp.create_channel().await.unwrap();
     let light_queue = unique("light-q");
     declare_queue(&admin, &light_queue).await;
-    admin
-        .queue_bind(
-            light_queue.as_str().into(),
-            t.target.as_str().into(),
-            "light".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    bind_key(&admin, &light_queue, &t.target, "light").await;
     let light_inbox = consume(&light_amqp, &light_queue).await;
     // The burst, published without waiting for each confirm.
     let mut confirms = Vec::new();
     for i in 0..6_000 {
         let id = format!("heavy-{i}");
-        let c =
-            t.ch.basic_publish(
-                t.exchange.as_str().into(),
-                "".into(),
-                BasicPublishOptions::default(),
-                id.as_bytes(),
-                of_tenant(text("heavy"), 5_000, &id),
-            )
-            .await
-            .unwrap();
-        confirms.push(c);
+        let props = of_tenant(text("heavy"), 5_000, &id);
+        confirms.push(publish_props(&t.ch, &t.exchange, "", id.as_bytes(), props).await);
     }
-    for c in confirms {
-        let ok = tokio::time::timeout(Duration::from_secs(30), c)
-            .await
-            .expect("no confirm within 30 s")
-            .unwrap();
-        assert!(ok.is_ack());
-    }
+    assert_acked(confirms, Duration::from_secs(30)).await;
     // Ten light tenants, one message each, due from 0.5 s to 1.85 s after
     // the burst's first message is.
     let first_heavy = first_due_in(&t, "heavy").await;

@@ -430,8 +430,7 @@ async fn a_return_always_wins_over_the_ack_it_rides_with_under_load() {
         "max_attempts = 1\nbatch_size = 2000\nwindow = 8000\nscanners = 4",
     );
     let dir = tempfile::tempdir().unwrap();
-    let amqp = amqp_at(&amqp_url()).await;
-    let ch = amqp.create_channel().await.unwrap();
+    let (_amqp, ch) = amqp_channel().await;
     declare_exchange(&ch, &b.exchange).await;
     let mut redis = redis().await;
     let now = redis_now_ms(&mut redis).await;
@@ -510,8 +509,7 @@ impl ReturnsFlow {
         let mut b = BusinessSpec::random(name);
         b.extra = self.extra.into();
         let dir = tempfile::tempdir().unwrap();
-        let amqp = amqp_at(&amqp_url()).await;
-        let ch = amqp.create_channel().await.unwrap();
+        let (amqp, ch) = amqp_channel().await;
         declare_exchange_kind(&ch, &b.exchange, lapin::ExchangeKind::Headers).await;
         let queue = unique("q");
         declare_queue(&ch, &queue).await;

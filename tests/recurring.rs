@@ -13,9 +13,14 @@ use common::*;
 /// A business with one schedule `tick`, every second, written `write_ahead`
 /// ahead; `more` adds lines to the schedule.
 fn every_second(more: &str) -> BusinessSpec {
+    every_second_with("full", more)
+}
+
+/// Like [`every_second`], with the business's `properties` set to `properties`.
+fn every_second_with(properties: &str, more: &str) -> BusinessSpec {
     let mut b = BusinessSpec::random("rec");
     b.extra = format!(
-        "properties = \"full\"\n[businesses.{}.recurring.tick]\ncron = \"* * * * * *\"\nbody = \"tick\"\n{more}\n",
+        "properties = \"{properties}\"\n[businesses.{}.recurring.tick]\ncron = \"* * * * * *\"\nbody = \"tick\"\n{more}\n",
         b.name
     );
     b
@@ -285,14 +290,18 @@ fn delayd_recurring_lists_the_next_occurrences_as_text_and_json() {
     );
 }
 
+/// Like [`every_second`], with standard properties and the schedule's own
+/// routing key, `tick.own`.
+fn routed_tick(write_ahead: &str) -> BusinessSpec {
+    let more = format!("routing_key = \"tick.own\"\nwrite_ahead = \"{write_ahead}\"");
+    every_second_with("standard", &more)
+}
+
 /// A schedule's own routing key reaches the broker, with the occurrence's
 /// stable message_id; the body is the schedule's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schedule_with_its_own_routing_key_publishes_with_it() {
-    let mut b = every_second("routing_key = \"tick.own\"\nwrite_ahead = \"2s\"");
-    b.extra = b
-        .extra
-        .replace("properties = \"full\"", "properties = \"standard\"");
+    let b = routed_tick("2s");
     let mut s = Setup::new(&[&b]).await;
     bind_key(&s.ch, &s.queues[0], &b.exchange, "tick.own").await;
     let mut d = Daemon::start(&s.config);
@@ -316,10 +325,7 @@ async fn a_schedule_with_its_own_routing_key_publishes_with_it() {
 /// be published as, not the stored envelope's bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_shows_an_occurrence_with_its_own_routing_key_as_its_body_and_message() {
-    let mut b = every_second("routing_key = \"tick.own\"\nwrite_ahead = \"10s\"");
-    b.extra = b
-        .extra
-        .replace("properties = \"full\"", "properties = \"standard\"");
+    let b = routed_tick("10s");
     let mut s = Setup::new(&[&b]).await;
     let port = listen_on_free_port(&s.config, 30000..40000);
     let d = Daemon::start(&s.config);

@@ -331,28 +331,6 @@ impl Flow {
     }
 }
 
-/// Whether no key of `key`'s family is left, the tenants' index and
-/// virtual times included.
-async fn family_empty(conn: &mut impl ConnectionLike, key: &str) -> bool {
-    let f = family(key);
-    let tenant_keys = [f.tenant_index(), f.tenant_clock()];
-    for k in f
-        .all()
-        .into_iter()
-        .chain(tenant_keys.iter().map(String::as_str))
-    {
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(k)
-            .query_async(conn)
-            .await
-            .unwrap_or(1);
-        if exists != 0 {
-            return false;
-        }
-    }
-    true
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_drain_spreads_over_masters_and_delivers_exactly_once() {
     let _turn = SERIAL.lock().await;

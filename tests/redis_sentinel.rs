@@ -35,6 +35,15 @@ static SHARED: OnceLock<Sentinels> = OnceLock::new();
 /// wake-up timings need the machine's attention.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// This test's turn on the shared set, healed of what an earlier test did
+/// to it.
+async fn healed_turn() -> (tokio::sync::MutexGuard<'static, ()>, &'static Sentinels) {
+    let turn = SERIAL.lock().await;
+    let s = shared();
+    s.heal();
+    (turn, s)
+}
+
 /// The shared set, started on first use and stopped by the script's watcher
 /// when this test process exits, however it exits.
 fn shared() -> &'static Sentinels {
@@ -349,23 +358,7 @@ impl Flow {
                 let Some(mut c) = s.master().await else {
                     return false;
                 };
-                let f = family(&key);
-                let tenant_keys = [f.tenant_index(), f.tenant_clock()];
-                for k in f
-                    .all()
-                    .into_iter()
-                    .chain(tenant_keys.iter().map(String::as_str))
-                {
-                    let n: i64 = redis::cmd("EXISTS")
-                        .arg(k)
-                        .query_async(&mut c)
-                        .await
-                        .unwrap_or(1);
-                    if n != 0 {
-                        return false;
-                    }
-                }
-                true
+                family_empty(&mut c, &key).await
             }
         })
         .await;
@@ -527,9 +520,7 @@ async fn killing_the_master_mid_flow_of_a_business_with_tenants_loses_no_acknowl
 /// acked member is delivered, delivery resumes within 10 s of the kill,
 /// and the family is left empty.
 async fn kill_the_master_mid_flow(name: &str, tenants: bool) {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let extra = if tenants {
         "scanners = 2\nlease = \"3s\"\ntenants = true"
     } else {
@@ -645,9 +636,7 @@ async fn kill_the_master_mid_flow(name: &str, tenants: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_vote_for_a_failover_try_that_came_to_nothing_the_set_is_ready_only_once_the_sentinels_can_fail_over(
 ) {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let master = s.named_master().await.expect("no master named");
     // What a sentinel is asked when another tries a failover: its vote, for
     // a leader that will never act, in an epoch above any used so far.
@@ -683,9 +672,7 @@ async fn after_a_vote_for_a_failover_try_that_came_to_nothing_the_set_is_ready_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zadd_wakes_an_idle_business_within_100ms_also_after_a_failover() {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let f = flow(
         s,
         "wake",
@@ -977,9 +964,7 @@ impl RedisSide for Lagging {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_confirmed_intake_publish_is_delivered_or_dead_under_a_nemesis_with_a_lagging_replica(
 ) {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let dir = tempfile::tempdir().unwrap();
     let lag = Fault::Redis(SetFault::ReplicaLag);
     let faults = [
@@ -1072,38 +1057,19 @@ impl IntakeFlow {
     /// Publishes `ids` as message ids with `x-delay` = `delay_ms`, and
     /// waits for the broker's confirm of each.
     async fn publish_in(&self, ids: &[String], delay_ms: i32) {
-        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+        use lapin::options::ConfirmSelectOptions;
         let ch = self.amqp.create_channel().await.unwrap();
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
         let mut confirms = Vec::new();
         for id in ids {
-            let mut h = lapin::types::FieldTable::default();
-            h.insert("x-delay".into(), lapin::types::AMQPValue::LongInt(delay_ms));
-            let props = lapin::BasicProperties::default()
-                .with_headers(h)
-                .with_message_id(id.as_str().into())
-                .with_delivery_mode(2);
-            let c = ch
-                .basic_publish(
-                    self.exchange.as_str().into(),
-                    self.b.routing_key.as_str().into(),
-                    BasicPublishOptions::default(),
-                    id.as_bytes(),
-                    props,
-                )
-                .await
-                .unwrap();
-            confirms.push(c);
+            let props = delayed(lapin::types::AMQPValue::LongInt(delay_ms))
+                .with_message_id(id.as_str().into());
+            let rk = &self.b.routing_key;
+            confirms.push(publish_props(&ch, &self.exchange, rk, id.as_bytes(), props).await);
         }
-        for c in confirms {
-            let ok = tokio::time::timeout(Duration::from_secs(10), c)
-                .await
-                .expect("no confirm within 10s")
-                .unwrap();
-            assert!(ok.is_ack(), "the broker nacked a publish to the intake");
-        }
+        assert_acked(confirms, Duration::from_secs(10)).await;
     }
 
     /// Intake messages delayd acknowledged to the broker so far.
@@ -1173,9 +1139,7 @@ async fn replica_port(s: &Sentinels) -> (u16, u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intake_write_no_replica_holds_is_not_acknowledged_until_the_replica_takes_it() {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let f = IntakeFlow::start(s, "unreplicated").await;
     let (_, replica) = replica_port(s).await;
     let ids: Vec<String> = (0..200).map(|i| format!("u-{i}")).collect();
@@ -1238,9 +1202,7 @@ async fn an_intake_write_no_replica_holds_is_not_acknowledged_until_the_replica_
 /// the write again would store it anew, one more delivery per retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intake_message_due_at_once_is_delivered_once_while_the_replica_lags() {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let f = IntakeFlow::start(s, "lagging").await;
     let (_, replica) = replica_port(s).await;
     let ids: Vec<String> = (0..10).map(|i| format!("lag-{i}")).collect();
@@ -1267,9 +1229,7 @@ async fn an_intake_message_due_at_once_is_delivered_once_while_the_replica_lags(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intake_messages_acknowledged_before_the_master_dies_are_on_the_promoted_replica() {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let f = IntakeFlow::start(s, "failover").await;
     let (master, replica) = replica_port(s).await;
     let ids: Vec<String> = (0..200).map(|i| format!("f-{i}")).collect();
@@ -1311,15 +1271,8 @@ async fn intake_messages_acknowledged_before_the_master_dies_are_on_the_promoted
 }
 
 /// Whether the server at `url` has `WAITAOF` (Redis 7.2 and later, Valkey).
-async fn has_waitaof(url: &str) -> bool {
-    let mut c = connect(url).await.unwrap();
-    let info: Vec<redis::Value> = redis::cmd("COMMAND")
-        .arg("INFO")
-        .arg("WAITAOF")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    !matches!(info.first(), None | Some(redis::Value::Nil))
+async fn has_waitaof_at(url: &str) -> bool {
+    has_waitaof(&mut connect(url).await.unwrap()).await
 }
 
 /// `CONFIG SET appendonly` on the node at `url`; waits until the append-only
@@ -1363,12 +1316,10 @@ async fn set_appendonly(url: &str, on: bool) {
 /// `tests/intake.rs`), and this test has nothing to run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_fsynced_intake_write_is_acknowledged_only_once_the_replicas_append_only_file_has_it() {
-    let _turn = SERIAL.lock().await;
-    let s = shared();
-    s.heal();
+    let (_turn, s) = healed_turn().await;
     let (_, replica) = replica_port(s).await;
     let replica_url = s.url(replica, &s.password);
-    if !has_waitaof(&replica_url).await {
+    if !has_waitaof_at(&replica_url).await {
         return;
     }
     set_appendonly(&replica_url, true).await;

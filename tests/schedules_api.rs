@@ -281,39 +281,20 @@ async fn schedule_writes_need_the_admin_token_a_known_schedule_and_their_own_ori
     let c = ConsoleDaemon::start_with_tokens(&[&b, &plain], READ, TOKEN).await;
     let base = format!("/api/v1/businesses/{}/schedules", b.name);
     let pause = format!("{base}/tick/pause");
-    let none = call(c.port, "POST", &pause, None, Some("{}")).await;
+    let none = api_post(c.port, &pause, None, &json!({})).await;
     assert_eq!(none.status, 401, "{}", none.text);
     none.error_line();
-    let reader = call(c.port, "POST", &pause, Some(READ), Some("{}")).await;
+    let reader = api_post(c.port, &pause, Some(READ), &json!({})).await;
     assert_eq!(reader.status, 403, "{}", reader.text);
-    let unknown = call(
-        c.port,
-        "POST",
-        &format!("{base}/nope/run"),
-        Some(TOKEN),
-        Some("{}"),
-    )
-    .await;
-    assert_eq!(unknown.status, 404);
-    assert!(
-        unknown.error_line().contains("its schedules are tick"),
-        "{}",
-        unknown.text
-    );
-    let nobiz = call(
-        c.port,
-        "POST",
-        "/api/v1/businesses/nope/schedules/tick/run",
-        Some(TOKEN),
-        Some("{}"),
-    )
-    .await;
+    let unknown = api_post(c.port, &format!("{base}/nope/run"), Some(TOKEN), &json!({})).await;
+    unknown.assert_error(404, "its schedules are tick");
+    let nobiz_run = "/api/v1/businesses/nope/schedules/tick/run";
+    let nobiz = api_post(c.port, nobiz_run, Some(TOKEN), &json!({})).await;
     assert_eq!(nobiz.status, 404);
     nobiz.error_line();
     let plain_run = format!("/api/v1/businesses/{}/schedules/tick/run", plain.name);
-    let unscheduled = call(c.port, "POST", &plain_run, Some(TOKEN), Some("{}")).await;
-    assert_eq!(unscheduled.status, 404);
-    assert!(unscheduled.error_line().contains("no recurring schedules"));
+    let unscheduled = api_post(c.port, &plain_run, Some(TOKEN), &json!({})).await;
+    unscheduled.assert_error(404, "no recurring schedules");
     let auth = format!("Bearer {TOKEN}");
     let foreign = call_with(
         c.port,

@@ -33,6 +33,16 @@ async fn tenant_keys_left(
     left
 }
 
+/// Asserts that no tenant key of `key` is left (see [`tenant_keys_left`]).
+async fn assert_no_tenant_keys_left(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    tenants: &[String],
+) {
+    let left = tenant_keys_left(conn, key, tenants).await;
+    assert!(left.is_empty(), "tenant keys left behind: {left:?}");
+}
+
 /// `count` members of `tenant`, due from `from` ms every `step` ms.
 fn members(tenant: &str, count: usize, from: i64, step: i64) -> Vec<(f64, Vec<u8>)> {
     (0..count)
@@ -51,9 +61,7 @@ fn bodies(items: &[(f64, Vec<u8>)]) -> HashSet<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tenants_members_are_delivered_once_and_never_early() {
-    let b = BusinessSpec::with_extra("tenants_once", "tenants = true");
-    let s = Setup::new(&[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let (b, s, inbox, mut redis) = tenants_setup("tenants_once", "").await;
     let d = Daemon::start(&s.config);
 
     // Five tenants: some members already due, the rest over the next 2 s,
@@ -87,10 +95,7 @@ async fn each_tenants_members_are_delivered_once_and_never_early() {
     // Nothing is left behind: K, in flight, the tenants' sets, the index
     // and the virtual times are gone.
     wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
-    assert_eq!(
-        tenant_keys_left(&mut redis, &b.key, &tenants).await,
-        Vec::<String>::new()
-    );
+    assert_no_tenant_keys_left(&mut redis, &b.key, &tenants).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,9 +109,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
     // the member seen gone from its tenant's set and its arrival), are
     // printed: a loaded host stalls everything alike, which says nothing
     // of fairness.
-    let b = BusinessSpec::with_extra("tenants_light", "tenants = true\nmax_rate = 4000");
-    let s = Setup::new(&[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let (b, s, inbox, mut redis) = tenants_setup("tenants_light", "max_rate = 4000").await;
     let d = Daemon::start(&s.config);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
@@ -152,12 +155,7 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
         })
         .collect();
     late.sort();
-    let heavy_last = got
-        .iter()
-        .filter(|r| r.body.starts_with(b"heavy-"))
-        .map(|r| r.at_ms)
-        .max()
-        .unwrap();
+    let heavy_last = last_arrival(&got, b"heavy-");
     let last_light_due = light.iter().map(|l| l.0 as i64).max().unwrap();
     // The backlog outlived the light members: had they waited behind it,
     // the last would have been seconds late.
@@ -183,12 +181,8 @@ async fn a_heavy_tenants_backlog_does_not_make_a_light_tenant_late() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_drain_then_restart_delivers_every_tenants_member() {
-    let b = BusinessSpec::with_extra(
-        "tenants_kill",
-        "tenants = true\nmax_rate = 3000\nlease = \"2s\"",
-    );
-    let s = Setup::new(&[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let (b, s, inbox, mut redis) =
+        tenants_setup("tenants_kill", "max_rate = 3000\nlease = \"2s\"").await;
 
     let now = redis_now_ms(&mut redis).await;
     let tenants: Vec<String> = (0..3).map(|i| format!("k{i}")).collect();
@@ -199,16 +193,7 @@ async fn sigkill_mid_drain_then_restart_delivers_every_tenants_member() {
         want.extend(bodies(&items));
     }
     let mut d = Daemon::start(&s.config);
-    let started = Instant::now();
-    while inbox.len() < 2000 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "only {} messages within 30 s; log:\n{}",
-            inbox.len(),
-            d.tail()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_n(&inbox, 2000, Duration::from_secs(30), &d).await;
     d.kill();
     assert!(
         inbox.bodies().len() < want.len(),
@@ -220,10 +205,7 @@ async fn sigkill_mid_drain_then_restart_delivers_every_tenants_member() {
     assert_eq!(inbox.bodies(), want, "nothing but the scheduled members");
     // What the killed process held comes back within a lease plus a sweep.
     wait_family_empty(&mut redis, &b.key, Duration::from_secs(15)).await;
-    assert_eq!(
-        tenant_keys_left(&mut redis, &b.key, &tenants).await,
-        Vec::<String>::new()
-    );
+    assert_no_tenant_keys_left(&mut redis, &b.key, &tenants).await;
 }
 
 /// `delayd schedule --tenant` on a business with tenants writes the task
@@ -255,38 +237,16 @@ async fn schedule_with_a_tenant_writes_into_its_set_and_is_delivered_once() {
     let (code, _, err) = delayd(&["schedule", "-c", cfg, "tenants_cli", "--in", "1s", &other]);
     assert_eq!(code, 0, "{err}");
     let f = family(&b.key);
-    let in_acme: Option<f64> = redis::cmd("ZSCORE")
-        .arg(f.tenant_set(b"acme"))
-        .arg(&acme)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let in_default: Option<f64> = redis::cmd("ZSCORE")
-        .arg(f.tenant_set(b"default"))
-        .arg(&other)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let in_acme = zscore(&mut redis, f.tenant_set(b"acme"), &acme).await;
+    let in_default = zscore(&mut redis, f.tenant_set(b"default"), &other).await;
     assert!(
         in_acme.is_some() && in_default.is_some(),
         "{in_acme:?} {in_default:?}"
     );
-    let index: Vec<String> = redis::cmd("ZRANGE")
-        .arg(f.tenant_index())
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let mut index = index;
+    let mut index: Vec<String> = zrange(&mut redis, &f.tenant_index()).await;
     index.sort();
     assert_eq!(index, vec!["acme".to_string(), "default".to_string()]);
-    let in_k: i64 = redis::cmd("ZCARD")
-        .arg(&b.key)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(in_k, 0, "nothing in K");
+    assert_eq!(zcard(&mut redis, &b.key).await, 0, "nothing in K");
 
     let (code, _, err) = delayd(&[
         "schedule",
@@ -302,12 +262,7 @@ async fn schedule_with_a_tenant_writes_into_its_set_and_is_delivered_once() {
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(err.contains("has no tenants"), "{err}");
-    let plain_k: i64 = redis::cmd("ZCARD")
-        .arg(&plain.key)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(plain_k, 0, "nothing written");
+    assert_eq!(zcard(&mut redis, &plain.key).await, 0, "nothing written");
 
     let d = Daemon::start(&s.config);
     let want: HashSet<Vec<u8>> = [acme.clone().into_bytes(), other.clone().into_bytes()].into();
@@ -411,18 +366,60 @@ async fn tenant_action(
         .map_or_else(|| a.status.to_string(), str::to_string)
 }
 
+/// When the last message whose body starts with `prefix` arrived, epoch ms.
+fn last_arrival(got: &[Received], prefix: &[u8]) -> i64 {
+    got.iter()
+        .filter(|r| r.body.starts_with(prefix))
+        .map(|r| r.at_ms)
+        .max()
+        .unwrap_or_else(|| panic!("no {} arrived", String::from_utf8_lossy(prefix)))
+}
+
+/// A setup for one business with tenants, named `name`, with the `more`
+/// config lines; with its inbox and a Redis connection.
+async fn tenants_setup(
+    name: &str,
+    more: &str,
+) -> (
+    BusinessSpec,
+    Setup,
+    Inbox,
+    redis::aio::MultiplexedConnection,
+) {
+    let b = BusinessSpec::with_extra(name, format!("tenants = true\n{more}"));
+    let s = Setup::new(&[&b]).await;
+    let (inbox, redis) = (s.inbox().clone(), s.redis.clone());
+    (b, s, inbox, redis)
+}
+
+/// A console over one business with tenants, named `name`, whose writes
+/// take the `ADMIN` token; with its inbox and a Redis connection.
+async fn tenants_console(
+    name: &str,
+) -> (
+    BusinessSpec,
+    ConsoleDaemon,
+    Inbox,
+    redis::aio::MultiplexedConnection,
+) {
+    let b = BusinessSpec::with_extra(name, "tenants = true");
+    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
+    let (inbox, redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    (b, c, inbox, redis)
+}
+
+/// Pauses `tenant` of `b` through the API, asserting it says so.
+async fn pause_tenant(c: &ConsoleDaemon, b: &BusinessSpec, tenant: &str) {
+    let said = tenant_action(c.port, &b.name, tenant, "pause", Some(ADMIN)).await;
+    assert_eq!(said, "paused", "pause {tenant}");
+}
+
 /// One tenant's row of `GET …/tenants`.
 async fn tenant_row(port: u16, business: &str, tenant: &str) -> serde_json::Value {
     let path = format!("/api/v1/businesses/{business}/tenants?limit=1000");
     let a = call(port, "GET", &path, None, None).await;
     assert_eq!(a.status, 200, "{}", a.text);
-    a.json["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["tenant"] == tenant)
-        .cloned()
-        .unwrap_or(serde_json::Value::Null)
+    find_row(&a.json["rows"], "tenant", tenant).unwrap_or(serde_json::Value::Null)
 }
 
 /// A paused tenant's members stay in its set, due, while every other
@@ -430,9 +427,7 @@ async fn tenant_row(port: u16, business: &str, tenant: &str) -> serde_json::Valu
 /// resumed each is delivered once. From the API and from the CLI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_tenant_is_held_while_the_others_are_delivered_then_resume_releases_it() {
-    let b = BusinessSpec::with_extra("tenants_pause", "tenants = true");
-    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
-    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let (b, c, inbox, mut redis) = tenants_console("tenants_pause").await;
     let act = |action: &'static str, token| tenant_action(c.port, &b.name, "held", action, token);
 
     assert_eq!(
@@ -520,22 +515,9 @@ async fn a_weight_set_at_run_time_changes_the_shares_of_two_saturated_tenants() 
     let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
     let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
     let path = format!("/api/v1/businesses/{}/tenants/a/weight", b.name);
-    let a = api_post(
-        c.port,
-        &path,
-        Some(ADMIN),
-        &serde_json::json!({"weight": 1001}),
-    )
-    .await;
-    assert_eq!(a.status, 400, "{}", a.text);
-    assert!(a.error_line().contains("from 1 to 1000"), "{}", a.text);
-    let a = api_post(
-        c.port,
-        &path,
-        Some(ADMIN),
-        &serde_json::json!({"weight": 3}),
-    )
-    .await;
+    let a = c.post(&path, serde_json::json!({"weight": 1001})).await;
+    a.assert_error(400, "from 1 to 1000");
+    let a = c.post(&path, serde_json::json!({"weight": 3})).await;
     assert_eq!(a.json["weight"], 3, "{}", a.text);
     assert_eq!(a.json["before"], 1, "{}", a.text);
 
@@ -605,15 +587,10 @@ fn series(text: &str, metric: &str, business: &str, label: &str) -> Option<f64> 
 /// each one's due count, oldest overdue and pause, and the tenant counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_metrics_name_the_top_ten_by_pending_and_add_up_the_rest_as_other() {
-    let b = BusinessSpec::with_extra("tenants_metrics", "tenants = true");
-    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
-    let mut redis = c.setup.redis.clone();
+    let (b, c, _, mut redis) = tenants_console("tenants_metrics").await;
     // t11 is paused with its 12 members overdue; t00..t10 have 1..11
     // members due in an hour.
-    assert_eq!(
-        tenant_action(c.port, &b.name, "t11", "pause", Some(ADMIN)).await,
-        "paused"
-    );
+    pause_tenant(&c, &b, "t11").await;
     let now = redis_now_ms(&mut redis).await;
     for i in 0..12usize {
         let t = format!("t{i:02}");
@@ -677,15 +654,10 @@ async fn tenant_metrics_name_the_top_ten_by_pending_and_add_up_the_rest_as_other
 /// too), the oldest overdue, and what comes due within an hour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_metrics_and_the_overview_count_the_tenants_sets_beside_k() {
-    let b = BusinessSpec::with_extra("tenants_stats", "tenants = true");
-    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
-    let mut redis = c.setup.redis.clone();
+    let (b, c, _, mut redis) = tenants_console("tenants_stats").await;
     // acme paused with 3 members 5 s overdue, globex 2 due in 30 minutes,
     // and one member written to K directly, due in 2 hours.
-    assert_eq!(
-        tenant_action(c.port, &b.name, "acme", "pause", Some(ADMIN)).await,
-        "paused"
-    );
+    pause_tenant(&c, &b, "acme").await;
     let now = redis_now_ms(&mut redis).await;
     zadd_tenant(
         &mut redis,
@@ -776,9 +748,7 @@ fn run_code(args: &[&str], code: i32) -> String {
 /// its index entry, so the tasks are delivered then, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_search_and_bulk_reach_the_tenants_sets_or_one_named_tenant() {
-    let b = BusinessSpec::with_extra("tenants_bulk", "tenants = true");
-    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
-    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let (b, c, inbox, mut redis) = tenants_console("tenants_bulk").await;
     let cfg = c.setup.config.to_str().unwrap();
     let name = b.name.as_str();
     let hour = redis_now_ms(&mut redis).await + 3_600_000;
@@ -965,11 +935,7 @@ async fn drain_capped_and_free(
         let rate = released_per_second(&mut redis.clone(), key, "capped", 2400).await;
         let list: serde_json::Value =
             serde_json::from_str(&tenants_cli(cfg, business, &["--json"])).unwrap();
-        let row = list["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["tenant"] == "capped");
+        let row = find_row(&list["rows"], "tenant", "capped");
         let shown = row.and_then(|r| r["released_per_s"].as_u64()).unwrap_or(0);
         held = Some((rate, shown));
     }
@@ -977,12 +943,7 @@ async fn drain_capped_and_free(
     want.extend(bodies(&free));
     wait_all(inbox, &want, Duration::from_secs(30), d).await;
     let got = inbox.assert_each_once(&want, "a drain with a capped tenant");
-    let free_last = got
-        .iter()
-        .filter(|r| r.body.starts_with(b"free-"))
-        .map(|r| r.at_ms)
-        .max()
-        .unwrap();
+    let free_last = last_arrival(&got, b"free-");
     (
         held,
         3000.0 * 1000.0 / (free_last - (now + 300)).max(1) as f64,
@@ -1040,28 +1001,13 @@ async fn a_max_rate_set_at_run_time_holds_and_default_returns_the_tenant_to_the_
     let _turn = TIMING.lock().await;
     const RATE: f64 = 300.0;
     const TOTAL: usize = 3000;
-    let b = BusinessSpec::with_extra("tenants_rt_rate", "tenants = true");
-    let c = ConsoleDaemon::start(&[&b], Some(ADMIN)).await;
-    let (inbox, mut redis) = (c.setup.inbox().clone(), c.setup.redis.clone());
+    let (b, c, inbox, mut redis) = tenants_console("tenants_rt_rate").await;
     let path = format!("/api/v1/businesses/{}/tenants/t/max_rate", b.name);
     for bad in [0, 10_000_001] {
-        let a = api_post(
-            c.port,
-            &path,
-            Some(ADMIN),
-            &serde_json::json!({"max_rate": bad}),
-        )
-        .await;
-        assert_eq!(a.status, 400, "{}", a.text);
-        assert!(a.error_line().contains("from 1 to 10000000"), "{}", a.text);
+        let a = c.post(&path, serde_json::json!({"max_rate": bad})).await;
+        a.assert_error(400, "from 1 to 10000000");
     }
-    let a = api_post(
-        c.port,
-        &path,
-        Some(ADMIN),
-        &serde_json::json!({"max_rate": 300}),
-    )
-    .await;
+    let a = c.post(&path, serde_json::json!({"max_rate": 300})).await;
     assert_eq!(a.status, 200, "{}", a.text);
     assert_eq!(a.json["max_rate"], 300, "{}", a.text);
     assert_eq!(a.json["before"], serde_json::Value::Null, "{}", a.text);
@@ -1146,12 +1092,8 @@ async fn a_body_search_shows_tasks_in_their_tenants_sets_as_pending_with_their_d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_waiting_in_their_tenants_sets_keep_their_bodies_across_sweeps_and_are_delivered() {
     // A 1 s lease sweeps every second; the tasks wait 4 s.
-    let b = BusinessSpec::with_extra(
-        "tenants_swept",
-        "tenants = true\nmember = \"id\"\nlease = \"1s\"",
-    );
-    let s = Setup::new(&[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let (b, s, inbox, mut redis) =
+        tenants_setup("tenants_swept", "member = \"id\"\nlease = \"1s\"").await;
     let d = Daemon::start(&s.config);
     let f = family(&b.key);
     let due = redis_now_ms(&mut redis).await + 4_000;

@@ -55,6 +55,13 @@ pub struct Leftover {
     pub reference: String,
 }
 
+/// An `EVALSHA` of `script` with `keys`; its other arguments follow.
+fn evalsha(script: &redis::Script, keys: &[&String]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    cmd
+}
+
 /// Stages `batch`, each message on the shard of its id. Returns how many
 /// an earlier run had moved already (recorded in `{K}:adopted`): those are
 /// not staged again.
@@ -62,12 +69,8 @@ pub async fn stage(writer: &Writer, batch: &[Moving]) -> Result<u64, WriteError>
     let mut already = 0;
     for (key, mine) in by_shard(writer.keys(), batch) {
         let f = KeyFamily::new(key);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(scripts::ADOPT_STAGE.get_hash())
-            .arg(2)
-            .arg(&f.staged)
-            .arg(&f.adopted)
-            .arg(KEEP_MS);
+        let mut cmd = evalsha(&scripts::ADOPT_STAGE, &[&f.staged, &f.adopted]);
+        cmd.arg(KEEP_MS);
         for m in mine {
             cmd.arg(&m.name).arg(pack(m));
         }
@@ -115,14 +118,9 @@ pub async fn settle_each<'a>(
     let mut done = Settled::default();
     for (key, (promote, drop)) in names {
         let f = KeyFamily::new(key);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(scripts::ADOPT_PROMOTE.get_hash())
-            .arg(4)
-            .arg(&f.pending)
-            .arg(&f.body)
-            .arg(&f.adopted)
-            .arg(&f.staged)
-            .arg(business.score_unit.millis())
+        let keys = [&f.pending, &f.body, &f.adopted, &f.staged];
+        let mut cmd = evalsha(&scripts::ADOPT_PROMOTE, &keys);
+        cmd.arg(business.score_unit.millis())
             .arg(KEEP_MS)
             .arg(promote.len())
             .arg(&promote)

@@ -124,13 +124,9 @@ pub(super) async fn light(
     (size, offset): (usize, f64),
     watch: &tokio::sync::mpsc::UnboundedSender<super::fair_release::Written>,
 ) -> Result<usize, BenchError> {
-    let total = (rate as u64 * secs) as usize;
-    let started = Instant::now();
+    let mut pace = super::pace::Pace::new(rate, secs, Duration::from_millis(10));
     let mut next = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    while next < total {
-        tick.tick().await;
-        let upto = ((started.elapsed().as_secs_f64() * rate as f64) as usize).min(total);
+    while let Some(upto) = pace.upto(next).await {
         let due = (wall_ms_f() - offset).floor() as i64;
         let mut by_tenant: Vec<Vec<(i64, Vec<u8>)>> = vec![Vec::new(); tenants.len()];
         for i in next..upto {
@@ -149,7 +145,7 @@ pub(super) async fn light(
             }
         }
     }
-    Ok(total)
+    Ok(pace.total())
 }
 
 /// Cancels what is left of a burst due at `due` (as a producer's

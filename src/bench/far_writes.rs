@@ -5,7 +5,7 @@
 //! producers' `ZADD`s and the bench's own `INFO`, count as delayd's).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{fail, BenchError};
 use crate::redis_conn::RedisConn;
@@ -36,13 +36,9 @@ pub(super) async fn run(
     secs: u64,
 ) -> Result<FarWrites, BenchError> {
     let before = commandstats(redis).await?;
-    let total = (rate as u64 * secs) as usize;
-    let started = Instant::now();
+    let mut pace = super::pace::Pace::new(rate, secs, Duration::from_millis(5));
     let mut sent = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    while sent < total {
-        tick.tick().await;
-        let want = ((started.elapsed().as_secs_f64() * rate as f64) as usize).min(total);
+    while let Some(want) = pace.upto(sent).await {
         if want <= sent {
             continue;
         }

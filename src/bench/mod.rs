@@ -23,6 +23,7 @@ mod full;
 mod idle;
 mod intake;
 mod lateness;
+mod pace;
 mod procs;
 mod report;
 mod rounds;

@@ -250,10 +250,7 @@ async fn flush_acks(lane: &Lane, batch: &mut Batch, give_up: Instant, backoff: &
         tracing::error!(members = group.len(), "could not record confirms in Redis in time; these members will be recovered and published again");
         batch.keep(&group.records);
     }
-    METRICS
-        .confirmed
-        .with_label_values(&[&b.name])
-        .inc_by(group.len() as u64);
+    add_to(&METRICS.confirmed, &[&b.name], group.len() as u64);
     let h = METRICS.lateness.with_label_values(&[&b.name]);
     for l in &batch.lateness {
         h.observe(*l);
@@ -312,16 +309,10 @@ fn report_hand_back(
 ) {
     match kind.mode() {
         Back::Release => {
-            METRICS
-                .released
-                .with_label_values(&[&b.name])
-                .inc_by(out.back);
+            add_to(&METRICS.released, &[&b.name], out.back);
         }
         Back::Nack if out.back > 0 => {
-            METRICS
-                .retried
-                .with_label_values(&[&b.name, kind.label()])
-                .inc_by(out.back);
+            add_to(&METRICS.retried, &[&b.name, kind.label()], out.back);
             tracing::warn!(
                 members = out.back,
                 exchange = %b.exchange,
@@ -331,10 +322,7 @@ fn report_hand_back(
             );
         }
         Back::Refused if out.back > 0 => {
-            METRICS
-                .retried
-                .with_label_values(&[&b.name, kind.label()])
-                .inc_by(out.back);
+            add_to(&METRICS.retried, &[&b.name, kind.label()], out.back);
             tracing::warn!(
                 reason = %reason,
                 members = out.back,
@@ -347,10 +335,7 @@ fn report_hand_back(
         _ => {}
     }
     if out.dead > 0 {
-        METRICS
-            .dead_lettered
-            .with_label_values(&[&b.name, kind.label()])
-            .inc_by(out.dead);
+        count_dead(b, kind.label(), out.dead);
         tracing::error!(
             reason = %reason,
             members = out.dead,

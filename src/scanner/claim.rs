@@ -271,10 +271,7 @@ impl<'a> Scanner<'a> {
             idle(lane, self.index, &claim, claimed_at, self.stop).await;
             return Err(Next::Again);
         }
-        METRICS
-            .claimed
-            .with_label_values(&[&b.name])
-            .inc_by(got as u64);
+        add_to(&METRICS.claimed, &[&b.name], got as u64);
         if got == want {
             // A full batch: likely more is due, so bring the others in.
             lane.all_wake.notify_waiters();
@@ -404,10 +401,7 @@ impl<'a> Scanner<'a> {
                 }
             }
         }
-        METRICS
-            .published
-            .with_label_values(&[&b.name])
-            .inc_by(confirms.len() as u64);
+        add_to(&METRICS.published, &[&b.name], confirms.len() as u64);
         if !confirms.is_empty() {
             let _ = self.tx.send(ToSettle::Published(confirms, ch.clone()));
         }
@@ -438,20 +432,14 @@ impl<'a> Scanner<'a> {
 /// duplicates dropped.
 fn report_claim(b: &Business, claim: &crate::store::Claim) {
     if claim.recovered > 0 {
-        METRICS
-            .recovered
-            .with_label_values(&[&b.name])
-            .inc_by(claim.recovered);
+        add_to(&METRICS.recovered, &[&b.name], claim.recovered);
         tracing::warn!(
             recovered = claim.recovered,
             "recovered members whose lease expired (a dispatcher died or stalled); they will be published again"
         );
     }
     if claim.dead_no_body > 0 {
-        METRICS
-            .dead_lettered
-            .with_label_values(&[&b.name, "no body"])
-            .inc_by(claim.dead_no_body);
+        count_dead(b, "no body", claim.dead_no_body);
         tracing::error!(
             dead = claim.dead_no_body,
             reason = "no body",
@@ -459,10 +447,7 @@ fn report_claim(b: &Business, claim: &crate::store::Claim) {
         );
     }
     if claim.dead_lease_expired > 0 {
-        METRICS
-            .dead_lettered
-            .with_label_values(&[&b.name, "lease expired"])
-            .inc_by(claim.dead_lease_expired);
+        count_dead(b, "lease expired", claim.dead_lease_expired);
         tracing::error!(
             dead = claim.dead_lease_expired,
             max_attempts = b.max_attempts,
@@ -470,10 +455,7 @@ fn report_claim(b: &Business, claim: &crate::store::Claim) {
         );
     }
     if claim.deduplicated > 0 {
-        METRICS
-            .deduplicated
-            .with_label_values(&[&b.name])
-            .inc_by(claim.deduplicated);
+        add_to(&METRICS.deduplicated, &[&b.name], claim.deduplicated);
     }
 }
 

@@ -37,6 +37,16 @@ use outcome::*;
 use settle::*;
 pub use sweep::{sweep, sweep_interval, BODY_PASS};
 
+/// Adds `n` to `counter` under `labels` (the business's name first).
+fn add_to(counter: &prometheus::IntCounterVec, labels: &[&str], n: u64) {
+    counter.with_label_values(labels).inc_by(n);
+}
+
+/// Counts `n` members of `b` moved to the dead set for `reason`.
+fn count_dead(b: &Business, reason: &str, n: u64) {
+    add_to(&METRICS.dead_lettered, &[&b.name, reason], n);
+}
+
 /// One Redis key of a business and what its scanners share.
 pub struct Lane {
     /// The business this key belongs to.

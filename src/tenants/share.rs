@@ -141,6 +141,30 @@ mod tests {
             }
         }
 
+        /// A heavy tenant with a huge backlog, after `claims` claims of
+        /// `batch`: a large virtual time.
+        fn heavy_after(claims: usize, batch: u64) -> Self {
+            let mut w = Self::new(&[(b"heavy", 1_000_000, 1)]);
+            for _ in 0..claims {
+                w.claim(batch);
+            }
+            w
+        }
+
+        /// A light tenant's member comes due, and the claim of `batch` right
+        /// after must carry it (`round`, for the message): what each got.
+        fn claim_a_light_member(
+            &mut self,
+            batch: u64,
+            round: usize,
+        ) -> HashMap<&'static [u8], u64> {
+            self.due.push((b"light", 1, 1));
+            let got = self.claim(batch);
+            assert_eq!(got.get(&b"light"[..]), Some(&1), "round {round}");
+            self.due.retain(|d| d.1 > 0);
+            got
+        }
+
         /// One claim of `batch`: returns what each tenant got.
         fn claim(&mut self, batch: u64) -> HashMap<&'static [u8], u64> {
             let backlogs: Vec<Backlog> = self
@@ -198,19 +222,13 @@ mod tests {
 
     #[test]
     fn a_light_tenant_never_waits_behind_a_heavy_backlog() {
-        let mut w = World::new(&[(b"heavy", 1_000_000, 1)]);
-        for _ in 0..1000 {
-            w.claim(256);
-        }
+        let mut w = World::heavy_after(1000, 256);
         // A light tenant's member comes due while the heavy one has a huge
         // backlog and a large virtual time: the very next batch carries it,
         // and so does every later one, as members keep coming due.
         for round in 0..100 {
-            w.due.push((b"light", 1, 1));
-            let got = w.claim(256);
-            assert_eq!(got.get(&b"light"[..]), Some(&1), "round {round}");
+            let got = w.claim_a_light_member(256, round);
             assert_eq!(got[&b"heavy"[..]], 255);
-            w.due.retain(|d| d.1 > 0);
         }
     }
 
@@ -218,15 +236,9 @@ mod tests {
     fn a_light_tenant_goes_first_even_in_batches_of_one() {
         // A rate cap can grant a claim a single token: the light member must
         // still take the next one, not wait for the heavy backlog to drain.
-        let mut w = World::new(&[(b"heavy", 1_000_000, 1)]);
-        for _ in 0..50 {
-            w.claim(1);
-        }
+        let mut w = World::heavy_after(50, 1);
         for round in 0..20 {
-            w.due.push((b"light", 1, 1));
-            let got = w.claim(1);
-            assert_eq!(got.get(&b"light"[..]), Some(&1), "round {round}");
-            w.due.retain(|d| d.1 > 0);
+            w.claim_a_light_member(1, round);
             w.claim(1);
         }
     }

@@ -96,6 +96,16 @@ impl Daemon {
         );
     }
 
+    /// Asserts that the daemon logged `text`, showing the log's tail if not.
+    #[track_caller]
+    pub fn assert_logged(&self, text: &str) {
+        assert!(
+            self.logs().contains(text),
+            "no {text:?} in:\n{}",
+            self.tail()
+        );
+    }
+
     /// The last 40 lines of the daemon's log, for failure messages.
     pub fn tail(&self) -> String {
         let logs = self.logs();

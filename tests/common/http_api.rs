@@ -23,6 +23,20 @@ impl Answer {
         assert!(!e.contains('\n') && !e.is_empty(), "error {e:?}");
         e
     }
+
+    /// Asserts a 200 whose `field` is `n`.
+    #[track_caller]
+    pub fn assert_ok_with(&self, field: &str, n: u64) {
+        let got = (self.status, self.json[field].as_u64());
+        assert_eq!(got, (200, Some(n)), "{}", self.text);
+    }
+
+    /// Asserts a refusal: this status, and an `error` line that says `says`.
+    #[track_caller]
+    pub fn assert_error(&self, status: u16, says: &str) {
+        assert_eq!(self.status, status, "{}", self.text);
+        assert!(self.error_line().contains(says), "{}", self.text);
+    }
 }
 
 /// `method path` with an optional bearer token and JSON body; panics if
@@ -242,14 +256,14 @@ impl ConsoleDaemon {
     pub async fn overview_of(&self, business: &str) -> serde_json::Value {
         let a = api_get(self.port, "/api/v1/businesses").await;
         assert_eq!(a.status, 200, "{}", a.text);
-        a.json["businesses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["name"] == business)
-            .cloned()
+        find_row(&a.json["businesses"], "name", business)
             .unwrap_or_else(|| panic!("no {business} in {}", a.text))
     }
+}
+
+/// The row of the JSON array `rows` whose `field` is `value`.
+pub fn find_row(rows: &serde_json::Value, field: &str, value: &str) -> Option<serde_json::Value> {
+    rows.as_array()?.iter().find(|r| r[field] == value).cloned()
 }
 
 /// Puts `members` in `key`'s dead set with their reasons, as delayd would.

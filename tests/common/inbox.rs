@@ -14,6 +14,13 @@ pub async fn amqp_at(url: &str) -> Connection {
     .expect("cannot connect to RabbitMQ")
 }
 
+/// A connection to the shared server and a channel on it.
+pub async fn amqp_channel() -> (Connection, Channel) {
+    let amqp = amqp_at(&amqp_url()).await;
+    let ch = amqp.create_channel().await.unwrap();
+    (amqp, ch)
+}
+
 /// Declares a durable direct exchange and a queue bound to it with `routing_key`.
 pub async fn declare(ch: &Channel, exchange: &str, queue: &str, routing_key: &str) {
     declare_with(ch, exchange, queue, routing_key, FieldTable::default()).await
@@ -369,5 +376,61 @@ impl Inbox {
             "a member delivered twice after {after}"
         );
         got
+    }
+}
+
+/// Properties with one `x-delay` header and `delivery_mode = 2`, as an
+/// intake's producers publish.
+pub fn delayed(v: AMQPValue) -> lapin::BasicProperties {
+    let mut h = FieldTable::default();
+    h.insert("x-delay".into(), v);
+    lapin::BasicProperties::default()
+        .with_headers(h)
+        .with_delivery_mode(2)
+}
+
+/// Publishes `body` to `exchange` with `routing_key` and `props`; returns
+/// the broker's confirm, for [`assert_acked`] on a channel in confirm mode.
+pub async fn publish_props(
+    ch: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    props: lapin::BasicProperties,
+) -> lapin::PublisherConfirm {
+    ch.basic_publish(
+        exchange.into(),
+        routing_key.into(),
+        BasicPublishOptions::default(),
+        body,
+        props,
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits up to `limit` for each confirm and asserts the broker acked it.
+pub async fn assert_acked(confirms: Vec<lapin::PublisherConfirm>, limit: Duration) {
+    for c in confirms {
+        let ok = tokio::time::timeout(limit, c)
+            .await
+            .unwrap_or_else(|_| panic!("no confirm within {limit:?}"))
+            .unwrap();
+        assert!(ok.is_ack(), "the broker nacked a publish");
+    }
+}
+
+/// Waits until at least `n` messages arrived; panics after `limit` with
+/// the tail of `d`'s log.
+pub async fn wait_n(inbox: &Inbox, n: usize, limit: Duration, d: &Daemon) {
+    let start = Instant::now();
+    while inbox.len() < n {
+        assert!(
+            start.elapsed() < limit,
+            "only {} of {n} messages arrived within {limit:?}; log:\n{}",
+            inbox.len(),
+            d.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

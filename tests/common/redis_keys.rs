@@ -194,6 +194,28 @@ pub async fn family_keys_left(conn: &mut impl redis::aio::ConnectionLike, key: &
         .unwrap()
 }
 
+/// Whether no key of `key`'s family is left, the tenants' index and
+/// virtual times included; a key whose check fails counts as left.
+pub async fn family_empty(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> bool {
+    let f = family(key);
+    let tenant_keys = [f.tenant_index(), f.tenant_clock()];
+    for k in f
+        .all()
+        .into_iter()
+        .chain(tenant_keys.iter().map(String::as_str))
+    {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(k)
+            .query_async(conn)
+            .await
+            .unwrap_or(1);
+        if exists != 0 {
+            return false;
+        }
+    }
+    true
+}
+
 /// Asserts no key of the family is left behind (a clean drain leaves nothing).
 pub async fn assert_family_empty(conn: &mut impl redis::aio::ConnectionLike, key: &str) {
     for k in family(key).all() {
@@ -242,10 +264,24 @@ pub async fn zrange<T: redis::FromRedisValue>(
     query(conn, "ZRANGE", (key, 0, -1)).await
 }
 
+/// Whether the server has `WAITAOF` (Redis 7.2 and later, Valkey).
+pub async fn has_waitaof(conn: &mut impl redis::aio::ConnectionLike) -> bool {
+    let info: Vec<redis::Value> = query(conn, "COMMAND", ("INFO", "WAITAOF")).await;
+    !matches!(info.first(), None | Some(redis::Value::Nil))
+}
+
+/// Every member of the sorted set `key` with its score, lowest first.
+pub async fn zrange_scores<T: redis::FromRedisValue>(
+    conn: &mut impl redis::aio::ConnectionLike,
+    key: &str,
+) -> Vec<(T, f64)> {
+    query(conn, "ZRANGE", (key, 0, -1, "WITHSCORES")).await
+}
+
 /// The score of `member` in the sorted set `key`, if it is there.
 pub async fn zscore(
     conn: &mut impl redis::aio::ConnectionLike,
-    key: &str,
+    key: impl redis::ToRedisArgs,
     member: impl redis::ToRedisArgs,
 ) -> Option<f64> {
     query(conn, "ZSCORE", (key, member)).await
