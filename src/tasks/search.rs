@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 
 use super::tenant_sets::{self, SetAt};
-use super::to_ms;
+use super::{to_ms, Listed};
 use crate::config::Business;
 use crate::redis_conn::scripts::{BODY_SEARCH, SCAN_GLIMPSE};
 use crate::store::{int_of, score_text, Glimpse, KeyFamily, StoreError};
@@ -22,22 +22,11 @@ pub const SCAN_COUNT: usize = 500;
 /// The smallest, for the last few matches a page still wants.
 const MIN_SCAN_COUNT: usize = 10;
 
-/// One pending task a search found.
-#[derive(Debug, Clone)]
-pub struct Found {
-    /// The member: body or id (its start when longer than a glimpse).
-    pub member: Glimpse,
-    /// Its score as Redis printed it.
-    pub score: String,
-    /// Due time, epoch ms.
-    pub due_ms: i64,
-}
-
 /// One page of a search.
 #[derive(Debug, Clone, Default)]
 pub struct SearchPage {
     /// Matches found on this page, in the order Redis scanned them.
-    pub tasks: Vec<Found>,
+    pub tasks: Vec<Listed>,
     /// Pass to the next call to search on; `None` once every shard was
     /// searched to its end.
     pub cursor: Option<String>,
@@ -129,7 +118,7 @@ pub async fn by_prefix<C: ConnectionLike>(
         let next = int_of(it.next())? as u64;
         while let Some(member) = Glimpse::read(&mut it)? {
             let score = score_text(it.next())?;
-            tasks.push(Found {
+            tasks.push(Listed {
                 member,
                 due_ms: to_ms(super::score_num(&score), business.score_unit),
                 score,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 
 use super::error::{ApiError, MAX_REQUEST_BYTES};
 use super::HttpState;
@@ -41,63 +41,39 @@ pub(super) type Shared = axum::extract::State<Arc<HttpState>>;
 
 /// The `/api/v1` routes.
 pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
-    axum::Router::new()
+    // Everything but the overview and the audit log is one business's,
+    // under `/businesses/{business}/`.
+    let per_business: [(&str, MethodRouter<Arc<HttpState>>); 21] = [
+        ("histogram", get(overview::histogram)),
+        ("tasks", get(tasks::list).post(tasks::schedule)),
+        ("tasks/{id}", get(tasks::get).delete(tasks::cancel)),
+        ("tasks/{id}/reschedule", post(tasks::reschedule)),
+        ("tasks/{id}/run", post(tasks::run_now)),
+        ("search", get(tasks::search)),
+        ("dead", get(dead::list)),
+        ("dead/requeue", post(dead::requeue)),
+        ("dead/purge", post(dead::purge)),
+        ("bulk/{action}", post(bulk::act)),
+        ("pause", post(pause::pause)),
+        ("resume", post(pause::resume)),
+        ("tenants", get(tenants::list)),
+        ("tenants/{tenant}/pause", post(tenants::pause)),
+        ("tenants/{tenant}/resume", post(tenants::resume)),
+        ("tenants/{tenant}/weight", post(tenants::weight)),
+        ("tenants/{tenant}/max_rate", post(tenants::max_rate)),
+        ("schedules", get(schedules::list)),
+        ("schedules/{schedule}/pause", post(schedules::pause)),
+        ("schedules/{schedule}/resume", post(schedules::resume)),
+        ("schedules/{schedule}/run", post(schedules::run)),
+    ];
+    let top = axum::Router::new()
         .route("/businesses", get(overview::businesses))
-        .route("/audit", get(audit::list))
-        .route("/businesses/{business}/histogram", get(overview::histogram))
-        .route(
-            "/businesses/{business}/tasks",
-            get(tasks::list).post(tasks::schedule),
-        )
-        .route(
-            "/businesses/{business}/tasks/{id}",
-            get(tasks::get).delete(tasks::cancel),
-        )
-        .route(
-            "/businesses/{business}/tasks/{id}/reschedule",
-            post(tasks::reschedule),
-        )
-        .route(
-            "/businesses/{business}/tasks/{id}/run",
-            post(tasks::run_now),
-        )
-        .route("/businesses/{business}/search", get(tasks::search))
-        .route("/businesses/{business}/dead", get(dead::list))
-        .route("/businesses/{business}/dead/requeue", post(dead::requeue))
-        .route("/businesses/{business}/dead/purge", post(dead::purge))
-        .route("/businesses/{business}/bulk/{action}", post(bulk::act))
-        .route("/businesses/{business}/pause", post(pause::pause))
-        .route("/businesses/{business}/resume", post(pause::resume))
-        .route("/businesses/{business}/tenants", get(tenants::list))
-        .route(
-            "/businesses/{business}/tenants/{tenant}/pause",
-            post(tenants::pause),
-        )
-        .route(
-            "/businesses/{business}/tenants/{tenant}/resume",
-            post(tenants::resume),
-        )
-        .route(
-            "/businesses/{business}/tenants/{tenant}/weight",
-            post(tenants::weight),
-        )
-        .route(
-            "/businesses/{business}/tenants/{tenant}/max_rate",
-            post(tenants::max_rate),
-        )
-        .route("/businesses/{business}/schedules", get(schedules::list))
-        .route(
-            "/businesses/{business}/schedules/{schedule}/pause",
-            post(schedules::pause),
-        )
-        .route(
-            "/businesses/{business}/schedules/{schedule}/resume",
-            post(schedules::resume),
-        )
-        .route(
-            "/businesses/{business}/schedules/{schedule}/run",
-            post(schedules::run),
-        )
+        .route("/audit", get(audit::list));
+    per_business
+        .into_iter()
+        .fold(top, |r, (path, m)| {
+            r.route(&format!("/businesses/{{business}}/{path}"), m)
+        })
         .fallback(|| async {
             ApiError::not_found("no such API path; the paths are listed in docs/console.md")
         })

@@ -12,9 +12,8 @@ use super::body_search;
 use super::{bounded, handle, member_kind, page_limit, ApiError, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::{require_admin, Role};
-use crate::store::Glimpse;
 use crate::tasks::audit::Write;
-use crate::tasks::{self, when, Cancelled, Range, TaskState};
+use crate::tasks::{self, when, Cancelled, Listed, Range, TaskState};
 
 /// Query of `GET /tasks`.
 #[derive(Debug, serde::Deserialize)]
@@ -80,11 +79,7 @@ pub async fn list(
         ),
     )
     .await?;
-    let rows = task_rows(
-        page.tasks
-            .iter()
-            .map(|t| (&t.member, &t.score[..], t.due_ms)),
-    );
+    let rows = task_rows(&page.tasks);
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "now_ms": now_ms,
         "tasks": rows, "cursor": page.cursor,
@@ -93,12 +88,13 @@ pub async fn list(
 
 /// A page's pending tasks, each as its member (as shown), its handle and
 /// its due time.
-fn task_rows<'a>(tasks: impl Iterator<Item = (&'a Glimpse, &'a str, i64)>) -> Vec<Value> {
+fn task_rows(tasks: &[Listed]) -> Vec<Value> {
     tasks
-        .map(|(member, score, due_ms)| {
+        .iter()
+        .map(|t| {
             json!({
-                "member": Shown::of_start(&member.head, member.size),
-                "handle": handle(member, score), "due_ms": due_ms,
+                "member": Shown::of_start(&t.member.head, t.member.size),
+                "handle": handle(&t.member, &t.score), "due_ms": t.due_ms,
             })
         })
         .collect()
@@ -174,11 +170,7 @@ pub async fn search(
         ),
     )
     .await?;
-    let rows = task_rows(
-        page.tasks
-            .iter()
-            .map(|t| (&t.member, &t.score[..], t.due_ms)),
-    );
+    let rows = task_rows(&page.tasks);
     Ok(Json(json!({
         "business": b.name, "member": member_kind(b), "tasks": rows,
         "cursor": page.cursor, "partial": page.cursor.is_some(),
