@@ -354,6 +354,30 @@ impl Counted {
 /// The business the nemesis runs, and its instances' config.
 const BUSINESS: &str = "delayed";
 
+/// What RabbitMQ's own log (`DIR/log/`, deploy/local/rabbitmq-lib.sh) says
+/// of recovering its queues after a stop: a loss after a SIGKILL of its VM
+/// is then told apart from one in delayd.
+fn broker_recovery(dir: &std::path::Path) -> String {
+    let words = ["unclean shutdown", "dropped", "crashed queue", "Restarting"];
+    let lines: Vec<String> = std::fs::read_dir(dir.join("log"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|f| {
+            std::fs::read_to_string(f.path())
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| words.iter().any(|w| l.contains(w)))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    match lines.is_empty() {
+        true => "(nothing)".into(),
+        false => lines[lines.len().saturating_sub(20)..].join("\n"),
+    }
+}
+
 /// The servers and instances the nemesis strikes.
 struct World<R> {
     redis: R,
@@ -658,10 +682,11 @@ pub async fn run<R: RedisSide>(
         panic!(
             "seed {seed}: {} of {} confirmed publishes neither delivered nor dead (first: {:?}); \
              where they are: {whereabouts}; {waiting} messages wait in the intake queue; \
-             complaints in the logs:\n{}",
+             what RabbitMQ logged of its queues' recovery:\n{}\ncomplaints in the logs:\n{}",
             lost.len(),
             confirmed.len(),
             &lost[..lost.len().min(20)],
+            broker_recovery(&world.rabbit.dir),
             world.complaints()
         );
     }
