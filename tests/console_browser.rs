@@ -734,7 +734,15 @@ async fn the_tenants_tab_lists_each_tenant_and_pauses_weighs_caps_and_resumes_on
         t.contains("acme-2") && t.contains("globex-0")
     })
     .await;
+    // A refresh every 2 s, and one of them between typing and submitting:
+    // the refresh must not wipe what was typed.
+    let select = b.interactable("#poll").await;
+    select.select_by_value("2000").await.unwrap();
     b.type_into("#pending-tenant", "globex").await;
+    let first = b
+        .wait_text("#poll-state", |t| t.contains("every 2 s"))
+        .await;
+    b.wait_text("#poll-state", |t| t != first).await;
     b.click("#pending-form button[type=\"submit\"]").await;
     b.wait_text("#pending tbody", |t| {
         t.contains("globex-0") && !t.contains("acme")

@@ -54,9 +54,13 @@ STANDIN_DEBIAN="localhost/delayd-standin/debian:${SUITE}-slim"
 WORK_DIR="$DELAYD_LOCAL_DIR/container"
 # The daemon's own uid/gid in the image (deploy/Dockerfile, USER).
 IMAGE_UID=10001
-# Ports of our own, for the daemon's HTTP listener on the host network.
-PORT_RANGE_LO=45000
-PORT_RANGE_HI=46000
+# Ports of our own, for the daemon's HTTP listener on the host network,
+# below the kernel's ephemeral range (32768 up): a port there that nothing
+# listens on can still be taken by an outgoing connection of the tests
+# running beside, and the daemon then exits "Address already in use" (a
+# bare run at 800b8a6's successor, on port 45316).
+PORT_RANGE_LO=24000
+PORT_RANGE_HI=25000
 
 # --- prerequisites -------------------------------------------------------------
 

@@ -13,6 +13,9 @@ const TOKEN_KEY = "delayd-admin-token";
 
 let overview = null;
 let pendingCursor = null;
+// The window the pending form last showed: a poll that re-renders the same
+// window leaves the fields alone, so it never wipes what is being typed.
+let pendingShown = null;
 let searchCursor = null;
 let pendingConfirm = null;
 
@@ -634,9 +637,11 @@ async function renderBusiness(b) {
   for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + tab;
   if (tab === "histogram") await loadHistogram(b);
   if (tab === "pending") {
-    $("pending-from").value = s.get("from") || "";
-    $("pending-to").value = s.get("to") || "";
-    $("pending-tenant").value = s.get("tenant") || "";
+    const asked = [b.name, s.get("from") || "", s.get("to") || "", s.get("tenant") || ""];
+    if (JSON.stringify(asked) !== pendingShown) {
+      pendingShown = JSON.stringify(asked);
+      [$("pending-from").value, $("pending-to").value, $("pending-tenant").value] = asked.slice(1);
+    }
     await loadPending(b);
   }
   if (tab === "find") {
