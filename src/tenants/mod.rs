@@ -233,25 +233,25 @@ mod tests {
         ];
         let (takes, _, budgets) = fair.plan(300);
         let burst = |t: &str| budgets.iter().find(|b| b.tenant == t).map(|b| b.burst);
-        // 100/s and 50/s hold 2 members when full; 1000/s (the config's) 20.
-        assert_eq!(burst("acme"), Some(2));
-        assert_eq!(burst("globex"), Some(20));
-        assert_eq!(burst("initech"), Some(2));
+        // 100 ms of 100/s, 1000/s (the config's) and 50/s when full.
+        assert_eq!(burst("acme"), Some(10));
+        assert_eq!(burst("globex"), Some(100));
+        assert_eq!(burst("initech"), Some(5));
         let take = |t: &str| {
             takes
                 .iter()
                 .find(|k| k.tenant == t.as_bytes())
                 .map(|k| k.count)
         };
-        assert_eq!(take("acme"), Some(2));
-        assert_eq!(take("initech"), Some(2));
-        assert_eq!(take("globex"), Some(20));
+        assert_eq!(take("acme"), Some(10));
+        assert_eq!(take("initech"), Some(5));
+        assert_eq!(take("globex"), Some(100));
         // Reported without a run-time value, the config's cap is back.
         *fair.seen.lock().unwrap() = vec![due("acme", 500, None)];
         let (_, _, budgets) = fair.plan(300);
         assert_eq!(
             budgets.iter().find(|b| b.tenant == "acme").map(|b| b.burst),
-            Some(8)
+            Some(40)
         );
     }
 
