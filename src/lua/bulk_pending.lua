@@ -14,9 +14,9 @@
 -- ARGV[8..10] the cursor as list.lua takes it (score, member or its first
 -- 4 KiB, SHA-1 or ''); or 'prefix', then ARGV[6] the ZSCAN cursor,
 -- ARGV[7] its MATCH pattern, ARGV[8] its COUNT
--- Returns for 'due' {n, more, last member read as a glimpse (3 values),
--- its score} ({n, 0} when none was read); for 'prefix' {n, next ZSCAN
--- cursor}; n the members cancelled or moved.
+-- Returns for 'due' prelude.lua's step_reply ({n, more, the last member
+-- read as a glimpse, its score}); for 'prefix' {n, next ZSCAN cursor}; n
+-- the members cancelled or moved.
 local id_mode, act, tenant = ARGV[1] == '1', ARGV[2], ARGV[3]
 local most = tonumber(ARGV[4])
 local n = 0
@@ -61,8 +61,4 @@ for i = 1, math.min(#items, 2 * most), 2 do
   last, last_score = items[i], items[i + 1]
 end
 moved()
-if not last then return {n, 0} end
-local out = {n, #items > 2 * most and 1 or 0}
-push_glimpse(out, last)
-out[#out + 1] = last_score
-return out
+return step_reply(n, last, last_score, #items > 2 * most)

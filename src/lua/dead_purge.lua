@@ -4,7 +4,7 @@
 -- ARGV[1] most members to delete, ARGV[2..] which members: as prelude.lua's
 -- dead_picked reads them ('oldest'; 'named' m1 m2 ...; 'digest' score
 -- sha1; 'reason' text cursor...)
--- Returns dead_reply's {n, ...}: n the number of members deleted. A named
+-- Returns step_reply's {n, ...}: n the number of members deleted. A named
 -- member that is not dead is left alone. In id mode a dead id's body goes
 -- with it, unless a producer has scheduled the id again.
 local members, last, last_score, more = dead_picked(KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV, 2)
@@ -16,4 +16,4 @@ for _, m in ipairs(members) do
     redis.call('HDEL', KEYS[5], m)
   end
 end
-return dead_reply(#members, last, last_score, more)
+return step_reply(#members, last, last_score, more)

@@ -4,7 +4,7 @@
 -- ARGV[1] most members to move, ARGV[2] ms per score unit,
 -- ARGV[3..] which members: as prelude.lua's dead_picked reads them
 -- ('oldest'; 'named' m1 m2 ...; 'digest' score sha1; 'reason' text cursor...)
--- Returns dead_reply's {n, ...}: n the number of members requeued. A named
+-- Returns step_reply's {n, ...}: n the number of members requeued. A named
 -- member that is not dead is left alone. A dead member that a producer has
 -- scheduled again keeps the producer's due time: it only leaves the dead set.
 local err = wrong_type(KEYS[1])
@@ -18,4 +18,4 @@ for _, m in ipairs(members) do
   redis.call('HDEL', KEYS[3], m)
   redis.call('HDEL', KEYS[4], m)
 end
-return dead_reply(#members, last, last_score, more)
+return step_reply(#members, last, last_score, more)

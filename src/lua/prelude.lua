@@ -180,10 +180,10 @@ local function dead_picked(dead, reasons, most, args, from)
   return members
 end
 
--- The reply of a dead-set script that acted on `n` members picked by
--- dead_picked: {n}, or for a 'reason' pick {n, more, the last member read
--- as a glimpse, its score} ({n, 0} when none was read).
-local function dead_reply(n, last, last_score, more)
+-- The reply of a script that acted on `n` members of a walk: {n} when it
+-- walks nothing, else {n, more, the last member read as a glimpse, its
+-- score} ({n, 0} when none was read), the next call's cursor.
+local function step_reply(n, last, last_score, more)
   if not last then return {n, 0} end
   local out = {n, more and 1 or 0}
   push_glimpse(out, last)

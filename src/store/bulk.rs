@@ -3,7 +3,7 @@
 //! cancelled or moved in the same script call (`bulk_pending.lua`), so no
 //! member leaves Redis; and counts. Each call touches at most its batch.
 
-use super::{int_of, score_text, Glimpse, Store, StoreError};
+use super::{int_of, Glimpse, Store, StoreError};
 use crate::redis_conn::scripts::{BULK_PENDING, SCAN_GLIMPSE};
 
 /// Which pending members one batch picks.
@@ -152,10 +152,7 @@ impl Store {
             });
         }
         let more = int_of(it.next())? == 1;
-        let last = match Glimpse::read(&mut it)? {
-            Some(g) => Some((score_text(it.next())?, g)),
-            None => None,
-        };
+        let last = Glimpse::read_last(&mut it)?;
         Ok(PendingStep {
             n,
             more,

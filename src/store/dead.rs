@@ -4,7 +4,7 @@
 
 use redis::ScriptInvocation;
 
-use super::{int_of, score_text, Glimpse, Store, StoreError};
+use super::{int_of, Glimpse, Store, StoreError};
 use crate::redis_conn::scripts::{DEAD_MATCH, DEAD_PURGE, DEAD_REQUEUE};
 
 impl Store {
@@ -65,10 +65,7 @@ impl Store {
         let mut it = reply.into_iter();
         let n = int_of(it.next())? as u64;
         let more = matches!(it.next(), Some(redis::Value::Int(1)));
-        let last = match Glimpse::read(&mut it)? {
-            Some(g) => Some((score_text(it.next())?, g)),
-            None => None,
-        };
+        let last = Glimpse::read_last(&mut it)?;
         Ok(DeadStep { n, more, last })
     }
 }

@@ -61,6 +61,17 @@ impl Glimpse {
         }
     }
 
+    /// The tail of prelude.lua's `step_reply`: the last member read and
+    /// its score, when there was one.
+    pub(crate) fn read_last(
+        it: &mut impl Iterator<Item = redis::Value>,
+    ) -> Result<Option<(String, Self)>, StoreError> {
+        match Self::read(it)? {
+            Some(g) => Ok(Some((super::score_text(it.next())?, g))),
+            None => Ok(None),
+        }
+    }
+
     /// The digest as scripts take it: '' when `head` is the whole member.
     pub fn digest_arg(&self) -> &str {
         self.digest.as_deref().unwrap_or("")
