@@ -166,6 +166,7 @@ async fn the_shared_budget_grants_a_burst_then_the_rate_and_takes_back_what_a_cl
     let (other, _) = Limiter::for_business(&cfg.businesses[0], &conn).unwrap();
 
     assert_eq!(limiter.take(100, burst).await.unwrap(), Take::Granted(100));
+    let emptied = std::time::Instant::now();
     match other.take(100, burst).await.unwrap() {
         // 1,000/s refills 20 (the fewest worth a claim) in 20 ms.
         Take::Wait(d) => assert!(
@@ -175,10 +176,14 @@ async fn the_shared_budget_grants_a_burst_then_the_rate_and_takes_back_what_a_cl
         Take::Granted(n) => assert!(n <= 5, "an emptied budget granted {n} at once"),
     }
     limiter.give_back(60, burst).await.unwrap();
-    match other.take(100, burst).await.unwrap() {
+    let taken = other.take(100, burst).await.unwrap();
+    // The budget also refills 1 a millisecond meanwhile: on a loaded host
+    // that is more than the 5 of a quiet one.
+    let refilled = emptied.elapsed().as_millis() as usize;
+    match taken {
         Take::Granted(n) => assert!(
-            (60..=70).contains(&n),
-            "60 given back, yet the other process got {n}"
+            (60..=65 + refilled).contains(&n),
+            "60 given back, {refilled} ms of refill, yet the other process got {n}"
         ),
         Take::Wait(d) => panic!("60 given back, yet the other process must wait {d:?}"),
     }
