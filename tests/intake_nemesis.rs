@@ -86,20 +86,6 @@ impl RedisSide for Standalone {
     }
 }
 
-/// A number from `INFO section`, on the line that starts with `prefix`
-/// (0 when there is none).
-async fn info_field(c: &mut redis::aio::MultiplexedConnection, section: &str, prefix: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg(section)
-        .query_async(c)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Commands Redis has refused with OOM since it started.
 async fn oom_errors(c: &mut redis::aio::MultiplexedConnection) -> u64 {
     info_field(c, "errorstats", "errorstat_OOM:count=").await

@@ -224,6 +224,24 @@ pub async fn assert_family_empty(conn: &mut impl redis::aio::ConnectionLike, key
     }
 }
 
+/// A number from `INFO section`, on the line that starts with `prefix`
+/// (0 when there is none).
+pub async fn info_field(
+    c: &mut redis::aio::MultiplexedConnection,
+    section: &str,
+    prefix: &str,
+) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Calls and microseconds of one command in `INFO commandstats` (commands a
 /// script runs count too).
 pub async fn command_stats(conn: &mut redis::aio::MultiplexedConnection, cmd: &str) -> (u64, u64) {
