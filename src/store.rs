@@ -335,13 +335,17 @@ pub struct Store {
     keys: KeyFamily,
     unit: ScoreUnit,
     member: MemberMode,
-    /// Id-mode bodies are intake envelopes (see [`Store::with_envelopes`]).
+    /// Id-mode bodies are intake envelopes (the business has an intake):
+    /// its dedup record names each id with its content, so a different
+    /// message reusing a delivered id is delivered too.
     envelopes: bool,
     /// The business has tenants ([`Store::with_tenants`]).
     tenants: bool,
     /// Bulk actions on one tenant's set ([`Store::in_tenant`]): the tenant
     /// and its set's key, which the bulk calls read in place of `K`.
     tenant: Option<(String, String)>,
+    /// Attempts before a member is dead-lettered: the claim applies it to
+    /// members whose lease expired.
     max_attempts: u32,
 }
 
@@ -363,18 +367,13 @@ impl Store {
     /// The store of `b`'s key `key`, set up as the business says: its
     /// member mode, intake envelopes, tenants and attempts.
     pub fn of_business(conn: impl Into<RedisConn>, key: &str, b: &crate::config::Business) -> Self {
-        Self::new(conn, KeyFamily::new(key), b.score_unit)
-            .with_member(b.member)
-            .with_envelopes(b.intake.is_some())
-            .with_tenants(b.tenants.is_some())
-            .with_max_attempts(b.max_attempts)
-    }
-
-    /// The same store for a business that dead-letters a member after
-    /// `max_attempts`: the claim applies it to members whose lease expired.
-    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts;
-        self
+        Self {
+            member: b.member,
+            envelopes: b.intake.is_some(),
+            tenants: b.tenants.is_some(),
+            max_attempts: b.max_attempts,
+            ..Self::new(conn, KeyFamily::new(key), b.score_unit)
+        }
     }
 
     /// The same store for a business whose members are `member` (body
@@ -388,14 +387,6 @@ impl Store {
     /// tenants' sets beside `K`.
     pub fn with_tenants(mut self, tenants: bool) -> Self {
         self.tenants = tenants;
-        self
-    }
-
-    /// The same store for a business whose id-mode bodies are intake
-    /// envelopes: its dedup record names each id with its content, so a
-    /// different message reusing a delivered id is delivered too.
-    pub fn with_envelopes(mut self, envelopes: bool) -> Self {
-        self.envelopes = envelopes;
         self
     }
 
