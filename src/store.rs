@@ -81,7 +81,7 @@ pub use forecast::DueCounts;
 pub use glimpse::Glimpse;
 pub use tenant_control::{TenantPage, TenantRow};
 pub use tenants::{indexed, Indexed, TenantBudget, TenantDue, TenantTake};
-pub use totals::Totals;
+pub use totals::{Counts, Totals};
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call
 /// should hold Redis for a few milliseconds at most.
@@ -157,21 +157,13 @@ pub struct Claim {
 pub struct Stats {
     /// Redis's clock, epoch ms.
     pub now_ms: i64,
-    /// Members in `K` (and the counted tenants' sets).
-    pub pending: u64,
-    /// Of them, those due now.
-    pub due_now: u64,
+    /// Its members, counted by state.
+    #[serde(flatten)]
+    pub counts: Counts,
     /// Due time of the oldest overdue member, epoch ms.
     pub oldest_due_ms: Option<f64>,
     /// Due time of the next member not yet due, epoch ms.
     pub next_due_ms: Option<f64>,
-    /// Members claimed and awaiting a confirm.
-    pub in_flight: u64,
-    /// Dead members.
-    pub dead: u64,
-    /// Pending members due within each of [`FORECAST_WINDOWS`] from now,
-    /// overdue ones included: what is coming, before it comes.
-    pub due_within: [u64; 3],
     /// Set while an operator has paused the business.
     pub paused: Option<Paused>,
     /// Tenants in the index (0 for a business without tenants).
@@ -813,13 +805,15 @@ fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
         tenants,
         tenants_counted,
         now_ms: now.parse().map_err(|_| StoreError::Reply(now.clone()))?,
-        pending,
-        due_now,
+        counts: Counts {
+            pending,
+            due_now,
+            in_flight,
+            dead,
+            due_within,
+        },
         oldest_due_ms: oldest.parse().ok(),
         next_due_ms: next.parse().ok(),
-        in_flight,
-        dead,
-        due_within,
         paused,
     })
 }
