@@ -81,7 +81,7 @@ pub use forecast::DueCounts;
 pub use glimpse::Glimpse;
 pub use tenant_control::{TenantPage, TenantRow};
 pub use tenants::{indexed, Indexed, TenantBudget, TenantDue, TenantTake};
-pub use totals::Totals;
+pub use totals::{Counts, Totals};
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call
 /// should hold Redis for a few milliseconds at most.
@@ -157,21 +157,13 @@ pub struct Claim {
 pub struct Stats {
     /// Redis's clock, epoch ms.
     pub now_ms: i64,
-    /// Members in `K` (and the counted tenants' sets).
-    pub pending: u64,
-    /// Of them, those due now.
-    pub due_now: u64,
+    /// Its members, counted by state.
+    #[serde(flatten)]
+    pub counts: Counts,
     /// Due time of the oldest overdue member, epoch ms.
     pub oldest_due_ms: Option<f64>,
     /// Due time of the next member not yet due, epoch ms.
     pub next_due_ms: Option<f64>,
-    /// Members claimed and awaiting a confirm.
-    pub in_flight: u64,
-    /// Dead members.
-    pub dead: u64,
-    /// Pending members due within each of [`FORECAST_WINDOWS`] from now,
-    /// overdue ones included: what is coming, before it comes.
-    pub due_within: [u64; 3],
     /// Set while an operator has paused the business.
     pub paused: Option<Paused>,
     /// Tenants in the index (0 for a business without tenants).
@@ -335,13 +327,17 @@ pub struct Store {
     keys: KeyFamily,
     unit: ScoreUnit,
     member: MemberMode,
-    /// Id-mode bodies are intake envelopes (see [`Store::with_envelopes`]).
+    /// Id-mode bodies are intake envelopes (the business has an intake):
+    /// its dedup record names each id with its content, so a different
+    /// message reusing a delivered id is delivered too.
     envelopes: bool,
     /// The business has tenants ([`Store::with_tenants`]).
     tenants: bool,
     /// Bulk actions on one tenant's set ([`Store::in_tenant`]): the tenant
     /// and its set's key, which the bulk calls read in place of `K`.
     tenant: Option<(String, String)>,
+    /// Attempts before a member is dead-lettered: the claim applies it to
+    /// members whose lease expired.
     max_attempts: u32,
 }
 
@@ -363,18 +359,13 @@ impl Store {
     /// The store of `b`'s key `key`, set up as the business says: its
     /// member mode, intake envelopes, tenants and attempts.
     pub fn of_business(conn: impl Into<RedisConn>, key: &str, b: &crate::config::Business) -> Self {
-        Self::new(conn, KeyFamily::new(key), b.score_unit)
-            .with_member(b.member)
-            .with_envelopes(b.intake.is_some())
-            .with_tenants(b.tenants.is_some())
-            .with_max_attempts(b.max_attempts)
-    }
-
-    /// The same store for a business that dead-letters a member after
-    /// `max_attempts`: the claim applies it to members whose lease expired.
-    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts;
-        self
+        Self {
+            member: b.member,
+            envelopes: b.intake.is_some(),
+            tenants: b.tenants.is_some(),
+            max_attempts: b.max_attempts,
+            ..Self::new(conn, KeyFamily::new(key), b.score_unit)
+        }
     }
 
     /// The same store for a business whose members are `member` (body
@@ -388,14 +379,6 @@ impl Store {
     /// tenants' sets beside `K`.
     pub fn with_tenants(mut self, tenants: bool) -> Self {
         self.tenants = tenants;
-        self
-    }
-
-    /// The same store for a business whose id-mode bodies are intake
-    /// envelopes: its dedup record names each id with its content, so a
-    /// different message reusing a delivered id is delivered too.
-    pub fn with_envelopes(mut self, envelopes: bool) -> Self {
-        self.envelopes = envelopes;
         self
     }
 
@@ -822,13 +805,15 @@ fn parse_stats(reply: Vec<redis::Value>) -> Result<Stats, StoreError> {
         tenants,
         tenants_counted,
         now_ms: now.parse().map_err(|_| StoreError::Reply(now.clone()))?,
-        pending,
-        due_now,
+        counts: Counts {
+            pending,
+            due_now,
+            in_flight,
+            dead,
+            due_within,
+        },
         oldest_due_ms: oldest.parse().ok(),
         next_due_ms: next.parse().ok(),
-        in_flight,
-        dead,
-        due_within,
         paused,
     })
 }

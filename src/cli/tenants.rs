@@ -74,28 +74,24 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
     let conn = redis_conn(&cfg).await?;
     let stores = stores(&conn, b);
     let redis = |e: StoreError| Failure::runtime(format!("business \"{}\": redis: {e}", b.name));
-    let (action, tenant, count, said) = if let Some(t) = &a.action.pause {
+    let toggle = match (&a.action.pause, &a.action.resume) {
+        (Some(t), _) => Some((t, true)),
+        (_, Some(t)) => Some((t, false)),
+        _ => None,
+    };
+    let (action, tenant, count, said) = if let Some((t, pause)) = toggle {
         check_tenant(b, t)?;
-        let n = tenants::pause(&stores, t.as_bytes(), "cli")
-            .await
-            .map_err(redis)?;
-        let said = if n > 0 {
-            format!("tenant \"{t}\" paused on every instance: none of its members is claimed until `--resume {t}`")
+        let n = match pause {
+            true => tenants::pause(&stores, t.as_bytes(), "cli").await,
+            false => tenants::resume(&stores, t.as_bytes()).await,
+        }
+        .map_err(redis)?;
+        let action = if pause {
+            "tenant_pause"
         } else {
-            format!("tenant \"{t}\" was paused already")
+            "tenant_resume"
         };
-        ("tenant_pause", t, n, said)
-    } else if let Some(t) = &a.action.resume {
-        check_tenant(b, t)?;
-        let n = tenants::resume(&stores, t.as_bytes())
-            .await
-            .map_err(redis)?;
-        let said = if n > 0 {
-            format!("tenant \"{t}\" resumed: its members are claimed again")
-        } else {
-            format!("tenant \"{t}\" was not paused")
-        };
-        ("tenant_resume", t, n, said)
+        (action, t, n, toggled_said(t, pause, n > 0))
     } else if let Some((setting, t, v)) = &setting {
         check_tenant(b, t)?;
         tenants::set(&stores, *setting, t.as_bytes(), *v)
@@ -117,6 +113,17 @@ pub(super) async fn run(a: TenantsArgs) -> Result<(), Failure> {
     super::audit_cli(&conn, &b.name, action, tenant, count as u64).await;
     println!("{said}");
     Ok(())
+}
+
+/// What a pause (`pause`) or resume of tenant `t` says, as it `changed`
+/// the tenant's state or found it so already.
+fn toggled_said(t: &str, pause: bool, changed: bool) -> String {
+    match (pause, changed) {
+        (true, true) => format!("tenant \"{t}\" paused on every instance: none of its members is claimed until `--resume {t}`"),
+        (true, false) => format!("tenant \"{t}\" was paused already"),
+        (false, true) => format!("tenant \"{t}\" resumed: its members are claimed again"),
+        (false, false) => format!("tenant \"{t}\" was not paused"),
+    }
 }
 
 /// `TENANT=N` (1 to the setting's most) or `TENANT=default`.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::HttpState;
+use crate::store::{Counts, FORECAST_WINDOWS};
 use crate::telemetry::{Health, METRICS};
 
 /// Ready when both servers are reached and no business's publishing is
@@ -70,8 +71,7 @@ pub(super) async fn metrics(
         .collect();
     {
         let _guard = state.scrape.lock().await;
-        let mut totals: std::collections::BTreeMap<&str, (i64, i64, i64, f64)> = Default::default();
-        let mut forecast: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
+        let mut totals: std::collections::BTreeMap<&str, (Counts, f64)> = Default::default();
         let mut held: std::collections::BTreeMap<&str, bool> = Default::default();
         // Every key at once, each bounded: with Redis away a scrape answers
         // within the bound, not the bound times the number of keys.
@@ -84,24 +84,33 @@ pub(super) async fn metrics(
         for (business, stats) in all {
             if let Ok(Ok(s)) = stats {
                 let t = totals.entry(business.as_str()).or_default();
-                t.0 += s.pending as i64;
-                t.1 += s.in_flight as i64;
-                t.2 += s.dead as i64;
+                t.0 += s.counts;
                 if let Some(oldest) = s.oldest_due_ms {
-                    t.3 = t.3.max((s.now_ms as f64 - oldest) / 1000.0);
+                    t.1 = t.1.max((s.now_ms as f64 - oldest) / 1000.0);
                 }
                 *held.entry(business.as_str()).or_default() |= s.paused.is_some();
-                let f = forecast.entry(business.as_str()).or_default();
-                for (sum, n) in f.iter_mut().zip(s.due_within) {
-                    *sum += n as i64;
-                }
             }
         }
-        for (business, (p, i, d, o)) in totals {
-            METRICS.pending.with_label_values(&[business]).set(p);
-            METRICS.inflight.with_label_values(&[business]).set(i);
-            METRICS.dead.with_label_values(&[business]).set(d);
+        for (business, (c, o)) in totals {
+            METRICS
+                .pending
+                .with_label_values(&[business])
+                .set(c.pending as i64);
+            METRICS
+                .inflight
+                .with_label_values(&[business])
+                .set(c.in_flight as i64);
+            METRICS
+                .dead
+                .with_label_values(&[business])
+                .set(c.dead as i64);
             METRICS.oldest_overdue.with_label_values(&[business]).set(o);
+            for ((window, _), n) in FORECAST_WINDOWS.iter().zip(c.due_within) {
+                METRICS
+                    .pending_due_within
+                    .with_label_values(&[business, window])
+                    .set(n as i64);
+            }
         }
         for (business, paused) in held {
             METRICS
@@ -110,14 +119,6 @@ pub(super) async fn metrics(
                 .set(paused as i64);
         }
         tenant_gauges(&state).await;
-        for (business, counts) in forecast {
-            for ((window, _), n) in crate::store::FORECAST_WINDOWS.iter().zip(counts) {
-                METRICS
-                    .pending_due_within
-                    .with_label_values(&[business, window])
-                    .set(n);
-            }
-        }
     }
     (
         [(

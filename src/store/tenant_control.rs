@@ -4,7 +4,7 @@
 //! Each lives in a hash under `K`'s hash tag that `claim_tenants.lua` reads
 //! in the claim it runs anyway, so none adds a command to the hot path.
 
-use super::tenants::parsed;
+use super::tenants::{parsed, per_tenant};
 use super::{int_of, scripts, Paused, Store, StoreError};
 use crate::config::TenantSetting;
 
@@ -135,31 +135,18 @@ impl Store {
             Some(redis::Value::BulkString(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
             other => Err(StoreError::Reply(format!("tenant field {other:?}"))),
         };
-        let mut out = Vec::with_capacity(a.len() / 8);
-        let mut it = a.into_iter();
-        while let Some(t) = it.next() {
-            let redis::Value::BulkString(tenant) = t else {
-                return Err(StoreError::Reply(format!("tenant {t:?}")));
-            };
-            let pending = int_of(it.next())?.max(0) as u64;
-            let due = int_of(it.next())?.max(0) as u64;
-            let head_ms =
-                parsed::<f64>(it.next(), "head")?.map(|s| (s * self.unit.millis() as f64) as i64);
-            let paused = Paused::parse(&text(it.next())?);
-            let weight = parsed(it.next(), "weight")?;
-            let released_per_s = int_of(it.next())?.max(0) as u64;
-            let max_rate = parsed(it.next(), "max_rate")?;
-            out.push(TenantRow {
+        let unit_ms = self.unit.millis() as f64;
+        per_tenant(a, 8, |tenant, it| {
+            Ok(TenantRow {
                 tenant,
-                pending,
-                due,
-                head_ms,
-                paused,
-                weight,
-                released_per_s,
-                max_rate,
-            });
-        }
-        Ok(out)
+                pending: int_of(it.next())?.max(0) as u64,
+                due: int_of(it.next())?.max(0) as u64,
+                head_ms: parsed::<f64>(it.next(), "head")?.map(|s| (s * unit_ms) as i64),
+                paused: Paused::parse(&text(it.next())?),
+                weight: parsed(it.next(), "weight")?,
+                released_per_s: int_of(it.next())?.max(0) as u64,
+                max_rate: parsed(it.next(), "max_rate")?,
+            })
+        })
     }
 }

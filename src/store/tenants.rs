@@ -213,23 +213,31 @@ fn attribute(claim: &mut Claim, owners: Vec<redis::Value>) -> Result<(), StoreEr
 /// `{tenant, due, vtime or '', weight or '', max_rate or '', ...}` as the
 /// script reports it.
 fn parse_due(a: Vec<redis::Value>) -> Result<Vec<TenantDue>, StoreError> {
-    let mut out = Vec::with_capacity(a.len() / 5);
+    per_tenant(a, 5, |tenant, it| {
+        Ok(TenantDue {
+            tenant,
+            due: int_of(it.next())?.max(0) as u64,
+            vtime: parsed(it.next(), "vtime")?,
+            weight: parsed(it.next(), "weight")?,
+            max_rate: parsed(it.next(), "max_rate")?,
+        })
+    })
+}
+
+/// The rows of a script's flat reply of `width` values per tenant, its
+/// name first: `row` reads the rest of each from the reply.
+pub(super) fn per_tenant<T>(
+    a: Vec<redis::Value>,
+    width: usize,
+    mut row: impl FnMut(Vec<u8>, &mut std::vec::IntoIter<redis::Value>) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut out = Vec::with_capacity(a.len() / width);
     let mut it = a.into_iter();
     while let Some(t) = it.next() {
         let redis::Value::BulkString(tenant) = t else {
             return Err(StoreError::Reply(format!("tenant {t:?}")));
         };
-        let due = int_of(it.next())?.max(0) as u64;
-        let vtime = parsed(it.next(), "vtime")?;
-        let weight = parsed(it.next(), "weight")?;
-        let max_rate = parsed(it.next(), "max_rate")?;
-        out.push(TenantDue {
-            tenant,
-            due,
-            vtime,
-            weight,
-            max_rate,
-        });
+        out.push(row(tenant, &mut it)?);
     }
     Ok(out)
 }

@@ -1,7 +1,36 @@
 //! One business's counts summed over its shards, as `delayd inspect` and
 //! the console's overview show them.
 
-use super::{Paused, Stats};
+use super::{Paused, Stats, FORECAST_WINDOWS};
+
+/// The counts of one key family that add up over a business's shards, as
+/// the totals and the metrics scrape sum them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    /// Members in `K` (and the counted tenants' sets).
+    pub pending: u64,
+    /// Of them, those due now.
+    pub due_now: u64,
+    /// Members claimed and awaiting a confirm.
+    pub in_flight: u64,
+    /// Dead members.
+    pub dead: u64,
+    /// Pending members due within each of [`FORECAST_WINDOWS`] from now,
+    /// overdue ones included: what is coming, before it comes.
+    pub due_within: [u64; FORECAST_WINDOWS.len()],
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, other: Self) {
+        self.pending += other.pending;
+        self.due_now += other.due_now;
+        self.in_flight += other.in_flight;
+        self.dead += other.dead;
+        for (sum, n) in self.due_within.iter_mut().zip(other.due_within) {
+            *sum += n;
+        }
+    }
+}
 
 /// Per-business totals over its shards.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -33,19 +62,14 @@ pub struct Totals {
 impl Totals {
     /// The totals of `name`'s shards, one [`Stats`] each.
     pub fn of(name: &str, all: &[Stats]) -> Self {
+        let mut counts = Counts::default();
         let mut out = Totals {
             business: name.to_string(),
             ..Default::default()
         };
         for s in all {
-            out.pending += s.pending;
-            out.due_now += s.due_now;
-            out.in_flight += s.in_flight;
-            out.dead += s.dead;
+            counts += s.counts;
             out.tenants_uncounted += s.tenants.saturating_sub(s.tenants_counted);
-            for (sum, n) in out.due_within.iter_mut().zip(s.due_within) {
-                *sum += n;
-            }
             if let Some(o) = s.oldest_due_ms {
                 let age = (s.now_ms as f64 - o).max(0.0) as i64;
                 out.oldest_overdue_ms = Some(out.oldest_overdue_ms.map_or(age, |a| a.max(age)));
@@ -60,6 +84,13 @@ impl Totals {
                 out.next_due_in_ms = Some(out.next_due_in_ms.map_or(inn, |a| a.min(inn)));
             }
         }
-        out
+        Totals {
+            pending: counts.pending,
+            due_now: counts.due_now,
+            in_flight: counts.in_flight,
+            dead: counts.dead,
+            due_within: counts.due_within,
+            ..out
+        }
     }
 }

@@ -4,9 +4,9 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{bounded, ApiError, Shared};
+use super::{bounded, ApiError, Reply, Shared};
 use crate::http::auth::{require_read, Role};
 use crate::tasks::audit;
 
@@ -25,7 +25,7 @@ pub async fn list(
     state: Shared,
     headers: HeaderMap,
     q: Result<Query<AuditQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Reply {
     let Query(q) = q?;
     let role = require_read(&state, &headers, None)?;
     let limit = match q.limit.unwrap_or(50) {

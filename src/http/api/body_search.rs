@@ -4,7 +4,7 @@
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, ApiError, Shown};
+use super::{bounded, ApiError, Reply, Shown};
 use crate::config::Business;
 use crate::http::HttpState;
 use crate::tasks::search;
@@ -17,7 +17,7 @@ pub async fn page(
     text: &str,
     limit: usize,
     cursor: Option<&str>,
-) -> Result<Json<Value>, ApiError> {
+) -> Reply {
     if !b.member.is_id() {
         return Err(ApiError::bad(format!(
             "business \"{}\" has member = \"body\": its members are their bodies; search them with \"prefix\"",

@@ -9,10 +9,10 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::tasks::{due_range, When};
-use super::{bounded, bounded_by, ApiError, Shared};
+use super::{bounded, bounded_by, ApiError, Reply, Shared};
 use crate::http::auth::{require_admin, require_read};
 use crate::tasks::audit::Write;
 use crate::tasks::bulk::{self, Act, Pick, Scope};
@@ -89,7 +89,7 @@ pub async fn act(
     headers: HeaderMap,
     Path((name, action)): Path<(String, String)>,
     req: Result<Json<BulkBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Reply {
     let b = state.business(&name)?;
     let Json(req) = req?;
     if !matches!(

@@ -1,14 +1,15 @@
 //! The dead set: list with reasons; requeue or purge one member, those
 //! whose reason matches, or all, always able to count first (`dry_run`).
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::{
-    bounded, bounded_by, dead_filter_of, handle, member_kind, page_limit, ApiError, Shared, Shown,
+    bounded, bounded_by, dead_filter_of, handle, member_kind, page_limit, ApiError, Asked, Reply,
+    Shared, Shown,
 };
 use crate::http::auth::{require_admin, require_read};
 use crate::tasks::audit::Write;
@@ -23,12 +24,7 @@ pub struct DeadQuery {
 }
 
 /// The oldest dead members with when and why they died.
-pub async fn list(
-    state: Shared,
-    Path(name): Path<String>,
-    q: Result<Query<DeadQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q?;
+pub async fn list(state: Shared, Asked(name, q): Asked<DeadQuery>) -> Reply {
     let b = state.business(&name)?;
     let limit = page_limit(q.limit, 100)?;
     let stores = state.stores_of(&b.name)?;
@@ -108,8 +104,6 @@ impl DeadBody {
 
 /// A requeue's or purge's body, or why it was refused.
 type Req = Result<Json<DeadBody>, JsonRejection>;
-/// What a requeue or purge answers: what it did or would do, or why not.
-type Reply = Result<Json<Value>, ApiError>;
 
 /// Requeues dead members: due now, attempts reset.
 pub async fn requeue(state: Shared, headers: HeaderMap, path: Path<String>, req: Req) -> Reply {

@@ -20,6 +20,7 @@ use crate::redis_conn::RedisConn;
 use crate::store::{Glimpse, Store, StoreError};
 use crate::tasks::dead::Filter;
 
+mod asked;
 mod audit;
 mod body_search;
 mod bulk;
@@ -31,6 +32,8 @@ mod schedules;
 mod tasks;
 mod tenants;
 
+use asked::Asked;
+
 /// Longest a request waits on Redis before it answers 503.
 const REDIS_BOUND: Duration = Duration::from_secs(5);
 /// Most bytes of a body or member an answer carries; the rest is cut and
@@ -38,6 +41,8 @@ const REDIS_BOUND: Duration = Duration::from_secs(5);
 pub const SHOWN_BYTES: usize = 4096;
 
 pub(super) type Shared = axum::extract::State<Arc<HttpState>>;
+/// What a handler answers: JSON, or why not.
+type Reply = Result<axum::Json<serde_json::Value>, ApiError>;
 
 /// The `/api/v1` routes.
 pub(super) fn routes() -> axum::Router<Arc<HttpState>> {

@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{bounded, member_kind, ApiError, Shared};
+use super::{bounded, member_kind, ApiError, Reply, Shared};
 use crate::http::auth::{require_read, Role};
 use crate::store::{Totals, FORECAST_WINDOWS};
 
@@ -17,7 +17,7 @@ const REUSE: Duration = Duration::from_secs(1);
 
 /// Every business: counts from one stats script call per key, rates and
 /// lateness from this process's counters, paused and why.
-pub async fn businesses(state: Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+pub async fn businesses(state: Shared, headers: HeaderMap) -> Reply {
     let role = require_read(&state, &headers, None)?;
     let s = state.0.clone();
     let mut v = state
@@ -133,7 +133,7 @@ fn label(i: usize, ends: &[u64]) -> String {
 }
 
 /// The due-time histogram of one business, its shards summed.
-pub async fn histogram(state: Shared, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn histogram(state: Shared, Path(name): Path<String>) -> Reply {
     let b = state.business(&name)?.clone();
     let stores = state.stores_of(&b.name)?;
     let key = format!("histogram:{}", b.name);

@@ -4,15 +4,12 @@
 use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{bounded, ApiError, Shared};
+use super::{bounded, Reply, Shared};
 use crate::http::auth::require_admin;
 use crate::tasks::audit::Write;
 use crate::tasks::pause;
-
-/// What each of these answers: the business's new state, or why not.
-type Reply = Result<Json<Value>, ApiError>;
 
 /// Pauses the business: no instance claims from it until it is resumed.
 pub async fn pause(state: Shared, headers: HeaderMap, Path(name): Path<String>) -> Reply {

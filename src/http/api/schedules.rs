@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query};
+use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{bounded, count_within, ApiError, Shared};
+use super::{bounded, count_within, ApiError, Asked, Reply, Shared};
 use crate::http::auth::require_admin;
 use crate::recurring::{self, control, view};
 use crate::tasks::audit::Write;
@@ -19,9 +18,6 @@ use crate::tasks::audit::Write;
 const REUSE: Duration = Duration::from_secs(1);
 /// Most next occurrences one answer lists per schedule.
 const MAX_NEXT: usize = 100;
-
-/// What these answer: JSON, or why not.
-type Reply = Result<Json<Value>, ApiError>;
 
 /// Query of `GET …/schedules`.
 #[derive(Debug, serde::Deserialize)]
@@ -33,12 +29,7 @@ pub struct SchedulesQuery {
 
 /// Every schedule of the business with its state (an empty list for a
 /// business without schedules).
-pub async fn list(
-    state: Shared,
-    Path(name): Path<String>,
-    q: Result<Query<SchedulesQuery>, QueryRejection>,
-) -> Reply {
-    let Query(q) = q?;
+pub async fn list(state: Shared, Asked(name, q): Asked<SchedulesQuery>) -> Reply {
     let next = count_within("next", q.next, 5, MAX_NEXT)?;
     let b = state.business(&name)?.clone();
     let conn = state.conn(&b.name)?;

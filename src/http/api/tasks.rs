@@ -1,15 +1,15 @@
 //! Pending tasks: list by due window, look up, search by prefix, schedule,
 //! cancel, reschedule and run now, through [`crate::tasks`] as the CLI.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::body_search;
-use super::{bounded, handle, member_kind, page_limit, ApiError, Shared, Shown};
+use super::{bounded, handle, member_kind, page_limit, ApiError, Asked, Reply, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::{require_admin, Role};
 use crate::tasks::audit::Write;
@@ -48,12 +48,7 @@ pub(super) fn due_range(from: Option<&str>, to: Option<&str>) -> Result<Range, A
 }
 
 /// One page of pending tasks in due order, with `list`'s cursor.
-pub async fn list(
-    state: Shared,
-    Path(name): Path<String>,
-    q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q?;
+pub async fn list(state: Shared, Asked(name, q): Asked<ListQuery>) -> Reply {
     let b = state.business(&name)?;
     let limit = page_limit(q.limit, 50)?;
     if let Some(c) = &q.cursor {
@@ -79,17 +74,16 @@ pub async fn list(
         ),
     )
     .await?;
-    let rows = task_rows(&page.tasks);
-    Ok(Json(json!({
-        "business": b.name, "member": member_kind(b), "now_ms": now_ms,
-        "tasks": rows, "cursor": page.cursor,
-    })))
+    let mut v = page_json(b, &page.tasks, &page.cursor);
+    v["now_ms"] = now_ms.into();
+    Ok(Json(v))
 }
 
-/// A page's pending tasks, each as its member (as shown), its handle and
-/// its due time.
-fn task_rows(tasks: &[Listed]) -> Vec<Value> {
-    tasks
+/// A page of pending tasks as the listing and the prefix search answer it:
+/// each task as its member (as shown), its handle and its due time, and
+/// the cursor to the next page.
+fn page_json(b: &Business, tasks: &[Listed], cursor: &Option<String>) -> Value {
+    let rows: Vec<Value> = tasks
         .iter()
         .map(|t| {
             json!({
@@ -97,7 +91,8 @@ fn task_rows(tasks: &[Listed]) -> Vec<Value> {
                 "handle": handle(&t.member, &t.score), "due_ms": t.due_ms,
             })
         })
-        .collect()
+        .collect();
+    json!({ "business": b.name, "member": member_kind(b), "tasks": rows, "cursor": cursor })
 }
 
 /// Query of `GET /search`.
@@ -118,12 +113,7 @@ pub struct SearchQuery {
 
 /// Pending tasks whose member (body, or id) starts with a prefix: one
 /// bounded `ZSCAN` walk per page, `partial` while the walk is not over.
-pub async fn search(
-    state: Shared,
-    Path(name): Path<String>,
-    q: Result<Query<SearchQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Query(q) = q?;
+pub async fn search(state: Shared, Asked(name, q): Asked<SearchQuery>) -> Reply {
     let b = state.business(&name)?;
     let limit = page_limit(q.limit, 50)?;
     let prefix = match (q.prefix, q.body) {
@@ -170,11 +160,9 @@ pub async fn search(
         ),
     )
     .await?;
-    let rows = task_rows(&page.tasks);
-    Ok(Json(json!({
-        "business": b.name, "member": member_kind(b), "tasks": rows,
-        "cursor": page.cursor, "partial": page.cursor.is_some(),
-    })))
+    let mut v = page_json(b, &page.tasks, &page.cursor);
+    v["partial"] = page.cursor.is_some().into();
+    Ok(Json(v))
 }
 
 /// Refuses a `tenant` that cannot name tasks of `b` (no tenants, or not a

@@ -3,20 +3,17 @@
 //! `POST …/tenants/{tenant}/pause`, `/resume`, `/weight` and `/max_rate`
 //! (admin token), on a business with tenants.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::{bounded, count_within, ApiError, Shared};
+use super::{bounded, count_within, ApiError, Asked, Reply, Shared};
 use crate::config::{Business, TenantSetting};
 use crate::http::auth::require_admin;
 use crate::tasks::audit::Write;
 use crate::tasks::tenants::{self, MOST_LISTED};
-
-/// What these answer: JSON, or why not.
-type Reply = Result<Json<Value>, ApiError>;
 
 /// Query of `GET …/tenants`.
 #[derive(Debug, serde::Deserialize)]
@@ -29,12 +26,7 @@ pub struct TenantsQuery {
 }
 
 /// The business's tenants, the earliest head first.
-pub async fn list(
-    state: Shared,
-    Path(name): Path<String>,
-    q: Result<Query<TenantsQuery>, QueryRejection>,
-) -> Reply {
-    let Query(q) = q?;
+pub async fn list(state: Shared, Asked(name, q): Asked<TenantsQuery>) -> Reply {
     let limit = count_within("limit", q.limit, 100, MOST_LISTED)?;
     let b = state.business(&name)?;
     with_tenants(b)?;
