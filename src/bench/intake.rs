@@ -503,23 +503,8 @@ async fn record(
 async fn wait_consumer(amqp: &Connection, queue: &str) -> Result<(), BenchError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let ch = amqp
-            .create_channel()
-            .await
-            .map_err(|e| fail("channel")(e.to_string()))?;
-        let q = ch
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        if let Ok(q) = q {
-            let _ = ch.close(200, "ok".into()).await;
-            if q.consumer_count() > 0 {
+        if let Ok(Some(n)) = crate::intake::topology::consumers(amqp, queue).await {
+            if n > 0 {
                 return Ok(());
             }
         }

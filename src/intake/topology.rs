@@ -264,17 +264,31 @@ pub async fn exchange(conn: &Connection, name: &str) -> Result<Found, lapin::Err
 /// Whether `name` exists as a queue, and how many messages wait in it.
 pub async fn queue(conn: &Connection, name: &str) -> Result<Found, lapin::Error> {
     let ch = conn.create_channel().await?;
-    let r = ch
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
+    let r = passive_queue(&ch, name).await;
     found(ch, r.map(|q| Some(q.message_count()))).await
+}
+
+/// How many consumers `name` has; `None` while the queue does not exist.
+pub async fn consumers(conn: &Connection, name: &str) -> Result<Option<u32>, lapin::Error> {
+    let ch = conn.create_channel().await?;
+    let r = passive_queue(&ch, name).await;
+    let count = r.as_ref().map(|q| q.consumer_count()).unwrap_or(0);
+    Ok(match found(ch, r.map(|_| None)).await? {
+        Found::Exists(_) => Some(count),
+        Found::Missing => None,
+    })
+}
+
+async fn passive_queue(ch: &Channel, name: &str) -> Result<lapin::Queue, lapin::Error> {
+    ch.queue_declare(
+        name.into(),
+        QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
 }
 
 async fn found(ch: Channel, r: Result<Option<u32>, lapin::Error>) -> Result<Found, lapin::Error> {

@@ -391,9 +391,7 @@ pub async fn reschedule(
 ) -> Result<Response, ApiError> {
     let (role, b) = admin_by_id(&state, &headers, &name)?;
     let Json(req) = req?;
-    let mut conn = state.conn(&b.name)?;
-    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
-    let due_ms = req.due_ms(now_ms)?;
+    let due_ms = req.due_ms(redis_now(&state, b).await?)?;
     moved(&state, (b, role, "reschedule"), &id, due_ms).await
 }
 
@@ -404,9 +402,14 @@ pub async fn run_now(
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let (role, b) = admin_by_id(&state, &headers, &name)?;
-    let mut conn = state.conn(&b.name)?;
-    let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
+    let now_ms = redis_now(&state, b).await?;
     moved(&state, (b, role, "run_now"), &id, now_ms).await
+}
+
+/// Redis's clock, epoch ms, from the server that holds `b`.
+async fn redis_now(state: &Shared, b: &Business) -> Result<i64, ApiError> {
+    let mut conn = state.conn(&b.name)?;
+    bounded(&b.name, tasks::redis_now_ms(&mut conn)).await
 }
 
 /// A write on one task by id: the caller's role and the business, which
