@@ -731,9 +731,20 @@ async fn the_page_and_its_assets_are_served_with_a_policy_that_runs_only_them() 
             && !js.contains("insertAdjacentHTML")
             && !js.contains("document.write")
     );
-    for probe in ["/metrics", "/healthz", "/readyz"] {
+    for probe in ["/metrics", "/healthz"] {
         assert_eq!(api_get(c.port, probe).await.status, 200, "{probe}");
     }
+    // Ready once the broker's connection is up too, which the console
+    // does not wait for (a bare run at 406b840 asked before it was: 503).
+    let ready = eventually(Duration::from_secs(20), || async {
+        api_get(c.port, "/readyz").await.status == 200
+    })
+    .await;
+    assert!(
+        ready,
+        "/readyz: not 200 within 20 s: {}",
+        api_get(c.port, "/readyz").await.text
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
