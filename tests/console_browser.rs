@@ -30,7 +30,7 @@ impl Browser {
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())
             .expect("chromedriver not found: install Debian's chromium and chromium-driver (deploy/local/test.sh does)");
-        let port = free_port(50000..55000, &[]);
+        let port = free_port(20000..25000, &[]);
         let driver = Command::new(driver_bin)
             .arg(format!("--port={port}"))
             .stdin(Stdio::null())

@@ -458,7 +458,7 @@ async fn metrics_answer_within_their_bound_while_redis_is_frozen() {
     // Four keys, each read for the gauges.
     b.extra = "shards = 4".into();
     let c = Consumers::on(&amqp_url(), &[&b]).await;
-    let port = free_port(40000..45000, &[]);
+    let port = free_port(10000..15000, &[]);
     let config = write_config_with(
         c.dir.path(),
         &redis_server.url(),

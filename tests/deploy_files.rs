@@ -1099,7 +1099,7 @@ fn probe_paths_the_files_name_are_served_by_the_binary_with_their_meaning() {
     // not ready, which tells a readiness route from a liveness one. (It
     // serves HTTP only once Redis has answered.)
     let dir = tempfile::tempdir().unwrap();
-    let port = common::free_port(45000..46000, &[]);
+    let port = common::free_port(15000..16000, &[]);
     let config: PathBuf = dir.path().join("delayd.toml");
     std::fs::write(
         &config,

@@ -596,7 +596,7 @@ async fn with_trace_link_an_intake_message_carries_a_new_trace_and_the_producers
 #[tokio::test]
 async fn an_invalid_x_delay_is_published_at_once_with_a_warning_and_a_count() {
     let t = Intake::direct("", "").await;
-    let port = listen_on_free_port(&t.config, 30000..40000);
+    let port = listen_on_free_port(&t.config, 30000..32700);
     let d = t.start().await;
     let start = wall_ms();
     t.publish(
@@ -907,7 +907,7 @@ async fn a_message_too_large_is_kept_dead_when_no_queue_is_known_behind_the_dead
 #[tokio::test]
 async fn the_waiting_gauge_counts_every_waiting_batch_and_rests_at_zero_after() {
     let t = Intake::direct("", "batch_size = 5").await;
-    let port = listen_on_free_port(&t.config, 30000..40000);
+    let port = listen_on_free_port(&t.config, 30000..32700);
     let gauge = || {
         let (_, m) = http_get(port, "/metrics").unwrap_or_default();
         m.lines()

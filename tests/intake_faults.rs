@@ -379,7 +379,7 @@ async fn a_redis_out_of_memory_pauses_the_intake_and_rejects_nothing() {
     let mut r = server.conn().await;
     let (amqp, ch, [tgt, queue, intake], inbox) = consumed_target("oom").await;
     let (config, key) = intake_config(dir.path(), &server.url(), &amqp_url(), &tgt, &intake);
-    let port = free_port(30000..35000, &[]);
+    let port = free_port(30000..32700, &[]);
     let listen = format!("127.0.0.1:{port}");
     let d = Daemon::start_with_env(&config, &[("DELAYD_HTTP__LISTEN", listen.as_str())]);
     wait_consumed_queue(&amqp, &format!("{intake}.q"), &d).await;

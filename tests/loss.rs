@@ -700,7 +700,7 @@ async fn missing_exchange_pauses_publishing_without_spinning() {
     let b = BusinessSpec::random("noexchange");
     let s = Setup::new(&[&b]).await;
     let (config, ch, queue, inbox) = (&s.config, &s.ch, &s.queues[0], s.inbox().clone());
-    let port = listen_on_free_port(config, 44000..45000);
+    let port = listen_on_free_port(config, 14000..15000);
     let mut redis = s.redis.clone();
     let d = Daemon::start(config);
     let now = redis_now_ms(&mut redis).await;

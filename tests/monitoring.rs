@@ -284,7 +284,7 @@ async fn metrics_of_a_driven_daemon() -> String {
         &amqp_url(),
         &[&delivered, &unroutable, &intake],
     );
-    let port = listen_on_free_port(&config, 47100..47600);
+    let port = listen_on_free_port(&config, 17100..17600);
     let d = Daemon::start(&config);
     let mut redis = redis().await;
     schedule_due_now(&mut redis, &delivered.key, "m", 1).await;

@@ -25,7 +25,7 @@ fn node() -> &'static TlsNode {
     NODE.get_or_init(|| {
         let certs = certs();
         let amqp = rabbit_port();
-        let tls = free_port(46000..49000, &[]);
+        let tls = free_port(16000..19000, &[]);
         let dir = std::env::temp_dir().join(format!("delayd-tls-node-{}", std::process::id()));
         run_script(
             "rabbitmq-node.sh",
@@ -80,7 +80,7 @@ fn check(dir: &Path, amqp: &str) -> (i32, String) {
 /// Starts delayd with `amqp_section` for a random business named after
 /// `name`, its HTTP endpoint on a free port, which it returns.
 fn start_listening(dir: &std::path::Path, amqp_section: &str, name: &str) -> (Daemon, u16) {
-    let http = free_port(46000..49000, &[]);
+    let http = free_port(16000..19000, &[]);
     let b = BusinessSpec::random(name);
     let listen = format!("127.0.0.1:{http}");
     let config = write_config_with(dir, &redis_url(), amqp_section, &listen, &[&b]);
@@ -208,7 +208,7 @@ async fn expired_server_certificate_is_refused_with_a_clear_error() {
     let mut result = None;
     let mut why = String::new();
     for _ in 0..3 {
-        let port = free_port(46000..49000, &[]);
+        let port = free_port(16000..19000, &[]);
         let log = dir.path().join(format!("s_server-{port}.log"));
         let mut server = std::process::Command::new("openssl")
             .args(["s_server", "-quiet", "-accept"])

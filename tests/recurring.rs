@@ -327,7 +327,7 @@ async fn a_schedule_with_its_own_routing_key_publishes_with_it() {
 async fn the_api_shows_an_occurrence_with_its_own_routing_key_as_its_body_and_message() {
     let b = routed_tick("10s");
     let mut s = Setup::new(&[&b]).await;
-    let port = listen_on_free_port(&s.config, 30000..40000);
+    let port = listen_on_free_port(&s.config, 30000..32700);
     let d = Daemon::start(&s.config);
     let key = b.key.clone();
     let written = eventually_redis(&s.redis, Duration::from_secs(10), |mut c| {

@@ -76,10 +76,10 @@ fn servers() -> &'static Servers {
             ]
         };
         let s = Servers {
-            tls: free_port(43000..44000, &[]),
-            mtls: free_port(43000..44000, &[]),
-            expired: free_port(43000..44000, &[]),
-            plain: free_port(43000..44000, &[]),
+            tls: free_port(13000..14000, &[]),
+            mtls: free_port(13000..14000, &[]),
+            expired: free_port(13000..14000, &[]),
+            plain: free_port(13000..14000, &[]),
             certs: certs.clone(),
         };
         let pids = vec![
@@ -246,7 +246,7 @@ async fn daemon_keeps_retrying_and_readyz_says_why() {
     let s = servers();
     let dir = tempfile::tempdir().unwrap();
     let b = BusinessSpec::random("tlsready");
-    let http = free_port(43000..44000, &[]);
+    let http = free_port(13000..14000, &[]);
     let config = write_config_redis(
         dir.path(),
         &section(

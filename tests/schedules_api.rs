@@ -57,7 +57,7 @@ async fn a_paused_schedule_writes_nothing_on_any_instance_stays_paused_across_a_
     let c = ConsoleDaemon::start(&[&b], Some(TOKEN)).await;
     let mut r = c.setup.redis.clone();
     let since = redis_now_ms(&mut r).await;
-    let other_port = free_port(46000..50000, &[c.port]);
+    let other_port = free_port(16000..20000, &[]);
     let listen = format!("127.0.0.1:{other_port}");
     let mut other = Daemon::start_with_env(&c.setup.config, &[("DELAYD_HTTP__LISTEN", &listen)]);
     let inbox = c.setup.inbox().clone();

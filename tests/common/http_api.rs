@@ -195,7 +195,7 @@ impl ConsoleDaemon {
     /// with the read token (`DELAYD_HTTP__READ_TOKEN`) when one is set.
     pub async fn start_with_env(businesses: &[&BusinessSpec], env: &[(&str, &str)]) -> Self {
         let c = Consumers::on(&amqp_url(), businesses).await;
-        let port = free_port(46000..50000, &[]);
+        let port = free_port(16000..20000, &[]);
         let config = write_config_with(
             c.dir.path(),
             &redis_url(),

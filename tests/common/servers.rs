@@ -48,8 +48,16 @@ fn reserve_port(port: u16) -> bool {
 
 /// A random port in `range` on which nothing listens, nor on `port + offset`
 /// for each of `also` (RabbitMQ's Erlang distribution port, for one), and
-/// which no other test process has claimed.
+/// which no other test process has claimed. Every port lies below the
+/// kernel's ephemeral range (32768 up): there a port nothing listens on yet,
+/// or one a restarted server is about to bind again, can be taken by any
+/// outgoing connection of the tests beside it.
 pub fn free_port(range: std::ops::Range<u16>, also: &[u16]) -> u16 {
+    let top = range.end as u32 + also.iter().copied().max().unwrap_or(0) as u32;
+    assert!(
+        top <= 32768,
+        "free_port({range:?}, {also:?}) reaches the ephemeral range (32768 up)"
+    );
     let mut taken = TAKEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
         let p = rand::random_range(range.clone());
