@@ -272,9 +272,9 @@ pub async fn queue(conn: &Connection, name: &str) -> Result<Found, lapin::Error>
 pub async fn consumers(conn: &Connection, name: &str) -> Result<Option<u32>, lapin::Error> {
     let ch = conn.create_channel().await?;
     let r = passive_queue(&ch, name).await;
-    let count = r.as_ref().map(|q| q.consumer_count()).unwrap_or(0);
-    Ok(match found(ch, r.map(|_| None)).await? {
-        Found::Exists(_) => Some(count),
+    let found = found(ch, r.map(|q| Some(q.consumer_count()))).await?;
+    Ok(match found {
+        Found::Exists(n) => n,
         Found::Missing => None,
     })
 }
