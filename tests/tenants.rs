@@ -1483,3 +1483,26 @@ async fn tenants_sets_cost_the_memory_of_one_set_within_10_percent_and_idle_no_c
         "idle for {secs} s, a business with 1,000 tenants ran {with:?} and one with 1 tenant {with_one:?}"
     );
 }
+
+/// A tenant name `delayd tenants` refuses is quoted in one short line:
+/// a control character escaped, never written to the terminal, and a long
+/// name cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_tenant_name_is_quoted_escaped_and_cut_in_one_line() {
+    let (b, s, _inbox, _redis) = tenants_setup("tenants_refused", "").await;
+    let cfg = s.config.to_str().unwrap();
+    let hostile = "a\u{1b}[2Jb";
+    let out = run_code(&["tenants", "-c", cfg, &b.name, "--pause", hostile], 2);
+    assert!(
+        !out.contains('\u{1b}') && out.contains("a\\u{1b}[2Jb"),
+        "the refusal: {out:?}"
+    );
+    let long = "x".repeat(3000);
+    let out = run_code(&["tenants", "-c", cfg, &b.name, "--resume", &long], 2);
+    assert!(
+        out.lines().count() == 1 && out.len() < 300 && out.contains('…'),
+        "the refusal of a 3,000-byte name: {} bytes, {:?}",
+        out.len(),
+        &out[..out.len().min(300)]
+    );
+}

@@ -170,10 +170,16 @@ fn set_said(setting: TenantSetting, t: &str, v: Option<u32>, config: Option<u32>
 }
 
 fn check_tenant(b: &Business, t: &str) -> Result<(), Failure> {
-    match crate::tasks::tenant_refused(b, t.as_bytes()) {
-        Some(why) => Err(Failure::usage(format!("tenant \"{t}\": {why}"))),
-        None => Ok(()),
+    let Some(why) = crate::tasks::tenant_refused(b, t.as_bytes()) else {
+        return Ok(());
+    };
+    // The name was refused: quoted with its control characters escaped and
+    // cut, so that it can neither drive the terminal nor fill it.
+    let mut shown = crate::text::visible(&t.chars().take(64).collect::<String>());
+    if t.chars().nth(64).is_some() {
+        shown.push('…');
     }
+    Err(Failure::usage(format!("tenant \"{shown}\": {why}")))
 }
 
 fn print_list(l: &TenantList, json: bool) {
