@@ -43,6 +43,8 @@ pub struct Metrics {
     registry: Registry,
     /// Members claimed from Redis.
     pub claimed: IntCounterVec,
+    /// Claims run (each one claim script call in Redis), empty ones too.
+    pub claims: IntCounterVec,
     /// Members published (awaiting a confirm).
     pub published: IntCounterVec,
     /// Members the broker confirmed and delayd forgot.
@@ -164,6 +166,10 @@ impl Metrics {
         let level = |name: &str, help: &str| gauge(&r, name, help, b);
         Self {
             claimed: count("delayd_claimed_total", "Members claimed from Redis"),
+            claims: count(
+                "delayd_claims_total",
+                "Claims run against Redis, empty ones included",
+            ),
             published: count("delayd_published_total", "Members published to RabbitMQ"),
             confirmed: count("delayd_confirmed_total", "Members confirmed by RabbitMQ and removed"),
             returned: count("delayd_returned_total", "Publishes returned as unroutable"),

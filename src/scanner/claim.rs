@@ -254,6 +254,7 @@ impl<'a> Scanner<'a> {
             tracing::info!("the key is a sorted set again; dispatching resumes");
             self.wrong_type_logged = false;
         }
+        add_to(&METRICS.claims, &[&b.name], 1);
         report_claim(b, &claim);
         let got = claim.members.len();
         self.window.add_permits(want - got);
@@ -569,10 +570,10 @@ pub(super) async fn idle(
 /// earlier of it and the tenants' index head.
 async fn head_due_ms(lane: &Lane) -> Result<Option<i64>, crate::store::StoreError> {
     let head = lane.store.head_due_ms().await?;
-    if lane.fair.is_none() {
+    let Some(fair) = &lane.fair else {
         return Ok(head);
-    }
-    let tenants = lane.store.tenants_head_due_ms().await?;
+    };
+    let tenants = lane.store.tenants_head_due_ms(&fair.held()).await?;
     Ok(match (head, tenants) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

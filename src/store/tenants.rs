@@ -172,15 +172,14 @@ impl Store {
         Ok((claim, state))
     }
 
-    /// Due time of the earliest member of a tenant not paused, epoch ms,
-    /// from the index: what a wake-up hint compares with besides `K`'s head.
-    pub async fn tenants_head_due_ms(&self) -> Result<Option<i64>, StoreError> {
+    /// Due time of the earliest member of a tenant neither paused nor in
+    /// `held`, epoch ms, from the index: what a wake-up hint compares with
+    /// besides `K`'s head.
+    pub async fn tenants_head_due_ms(&self, held: &[Vec<u8>]) -> Result<Option<i64>, StoreError> {
         let mut conn = self.conn.clone();
-        let score: Option<f64> = scripts::TENANTS_HEAD
-            .key(self.keys.tenant_index())
-            .key(self.keys.tenant_paused())
-            .invoke_async(&mut conn)
-            .await?;
+        let mut inv = scripts::TENANTS_HEAD.key(self.keys.tenant_index());
+        inv.key(self.keys.tenant_paused()).arg(held);
+        let score: Option<f64> = inv.invoke_async(&mut conn).await?;
         Ok(score.map(|s| (s * self.unit.millis() as f64) as i64))
     }
 }

@@ -111,6 +111,22 @@ impl Fair {
         Ok(claim)
     }
 
+    /// The tenants the last claim saw with due work that it could not
+    /// release: at their `tenant_window` or held to a `max_rate`. Their
+    /// members are no news to a sleeping scanner: the window's wake-up
+    /// ([`Fair::freed`]) and the claim's next due time answer for them.
+    pub fn held(&self) -> Vec<Vec<u8>> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let full = |t: &[u8]| self.unconfirmed.as_ref().is_some_and(|u| u.room(t) == 0);
+        let capped = |t: &TenantDue| {
+            t.max_rate.is_some() || self.budgets.iter().any(|b| b.tenant.as_bytes() == t.tenant)
+        };
+        seen.iter()
+            .filter(|t| full(&t.tenant) || capped(t))
+            .map(|t| t.tenant.clone())
+            .collect()
+    }
+
     /// Whether the last claim saw a tenant with due work it may release.
     fn has_due(&self) -> bool {
         let room = |t: &[u8]| self.unconfirmed.as_ref().is_none_or(|u| u.room(t) > 0);
