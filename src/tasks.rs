@@ -190,6 +190,34 @@ pub fn tenant_refused(business: &Business, tenant: &[u8]) -> Option<String> {
         .then(|| "a tenant is 1 to 200 bytes of text without control characters".to_string())
 }
 
+/// How a front end tells its caller to fix a task given with an id where
+/// none applies, or without one where it is needed: each names its own
+/// flag or field.
+pub struct IdFixes {
+    /// What an id-mode business asks for when no id was given.
+    pub give_id: &'static str,
+    /// What a body-mode business says of the id it was given.
+    pub drop_id: &'static str,
+}
+
+/// Why a task to schedule on `business` cannot be given as asked, with an
+/// id (`has_id`) or without: an id-mode business needs its id, a body-mode
+/// one addresses its tasks by their body. Both front ends refuse alike.
+pub fn id_refused(business: &Business, has_id: bool, fixes: &IdFixes) -> Option<String> {
+    let name = &business.name;
+    match (business.member, has_id) {
+        (MemberMode::Id { .. }, false) => Some(format!(
+            "business \"{name}\" has member = \"id\": {}",
+            fixes.give_id
+        )),
+        (MemberMode::Body, true) => Some(format!(
+            "business \"{name}\" has member = \"body\": its tasks are addressed by their body, so {}",
+            fixes.drop_id
+        )),
+        _ => None,
+    }
+}
+
 /// Where `member` is, looking in every shard (its hash shard first). With
 /// `cut`, at most that many bytes of an id-mode body leave Redis (its start,
 /// with its full size), so a look-up costs the caller a bounded amount

@@ -179,24 +179,22 @@ fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
+/// `schedule`'s fixes name `--id`.
+const ID_FIXES: tasks::IdFixes = tasks::IdFixes {
+    give_id: "give the task's id with --id ID",
+    drop_id: "--id does not apply; set member = \"id\" to schedule by id",
+};
+
 pub(super) async fn schedule(a: ScheduleArgs) -> Result<(), Failure> {
     let (cfg, b) = load(&a.config.config, &a.business)?;
     super::tenant_ok(&b, a.tenant.as_deref())?;
-    let (member, body) = match (b.member, &a.id) {
-        (MemberMode::Id { .. }, None) => {
-            return Err(Failure::usage(format!(
-                "business \"{}\" has member = \"id\": give the task's id with --id ID",
-                b.name
-            )))
-        }
-        (MemberMode::Body, Some(_)) => {
-            return Err(Failure::usage(format!(
-                "business \"{}\" has member = \"body\": its tasks are addressed by their body, so --id does not apply; set member = \"id\" to schedule by id",
-                b.name
-            )))
-        }
-        (MemberMode::Id { .. }, Some(id)) => (id.clone().into_bytes(), Some(read_body(a.body)?)),
-        (MemberMode::Body, None) => (read_body(a.body)?, None),
+    if let Some(why) = tasks::id_refused(&b, a.id.is_some(), &ID_FIXES) {
+        return Err(Failure::usage(why));
+    }
+    // The body is read only once the id fits: stdin may be a terminal.
+    let (member, body) = match &a.id {
+        Some(id) => (id.clone().into_bytes(), Some(read_body(a.body)?)),
+        None => (read_body(a.body)?, None),
     };
     let (mut conn, now_ms) = connect(&cfg, &b).await?;
     let due_ms = a.when.due_ms(now_ms)?;

@@ -279,6 +279,12 @@ pub struct ScheduleBody {
     when: When,
 }
 
+/// `POST /tasks`'s fixes name the body's `"id"`.
+const ID_FIXES: tasks::IdFixes = tasks::IdFixes {
+    give_id: "give the task's \"id\"",
+    drop_id: "\"id\" does not apply",
+};
+
 /// Schedules one task, as `delayd schedule` does.
 pub async fn schedule(
     state: Shared,
@@ -290,24 +296,15 @@ pub async fn schedule(
     let b = state.business(&name)?;
     let Json(req) = req?;
     tenant_ok(b, req.tenant.as_deref())?;
-    let (member, body) = match (b.member, req.id) {
-        (MemberMode::Id { .. }, None) => {
-            return Err(ApiError::bad(format!(
-                "business \"{}\" has member = \"id\": give the task's \"id\"",
-                b.name
-            )))
-        }
-        (MemberMode::Body, Some(_)) => {
-            return Err(ApiError::bad(format!(
-                "business \"{}\" has member = \"body\": its tasks are addressed by their body, so \"id\" does not apply",
-                b.name
-            )))
-        }
-        (MemberMode::Id { .. }, Some(id)) if id.is_empty() => {
+    if let Some(why) = tasks::id_refused(b, req.id.is_some(), &ID_FIXES) {
+        return Err(ApiError::bad(why));
+    }
+    let (member, body) = match req.id {
+        Some(id) if id.is_empty() => {
             return Err(ApiError::bad("\"id\" is empty; give the task an id"))
         }
-        (MemberMode::Id { .. }, Some(id)) => (id.into_bytes(), Some(req.body.into_bytes())),
-        (MemberMode::Body, None) => (req.body.into_bytes(), None),
+        Some(id) => (id.into_bytes(), Some(req.body.into_bytes())),
+        None => (req.body.into_bytes(), None),
     };
     let mut conn = state.conn(&b.name)?;
     let now_ms = bounded(&b.name, tasks::redis_now_ms(&mut conn)).await?;
