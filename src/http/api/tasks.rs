@@ -1,8 +1,11 @@
 //! Pending tasks: list by due window, look up, search by prefix, schedule,
 //! cancel, reschedule and run now, through [`crate::tasks`] as the CLI.
 
+use std::sync::Arc;
+
 use axum::extract::rejection::JsonRejection;
-use axum::extract::Path;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,6 +15,7 @@ use super::body_search;
 use super::{bounded, handle, member_kind, page_limit, ApiError, Asked, Reply, Shared, Shown};
 use crate::config::{Business, MemberMode};
 use crate::http::auth::{require_admin, Role};
+use crate::http::HttpState;
 use crate::tasks::audit::Write;
 use crate::tasks::{self, when, Cancelled, Listed, Range, TaskState};
 
@@ -346,16 +350,12 @@ pub async fn schedule(
 
 /// Cancels one pending task: 200 when cancelled, 409 while in flight, 404
 /// when dead or not pending (the CLI's exit codes 0, 3 and 4).
-pub async fn cancel(
-    state: Shared,
-    headers: HeaderMap,
-    Path((name, id)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    let (role, b) = admin_by_id(&state, &headers, &name)?;
-    let mut conn = state.conn(&b.name)?;
+pub async fn cancel(w: IdWrite) -> Result<Response, ApiError> {
+    let (b, id) = (&w.b, &w.id);
+    let mut conn = w.state.conn(&b.name)?;
     let (key, outcome) = bounded(&b.name, tasks::cancel(&mut conn, b, id.as_bytes())).await?;
     let count = (outcome == Cancelled::Cancelled) as u64;
-    audit_id(&state, (b, role, "cancel"), &id, count).await;
+    w.audit("cancel", count).await;
     let mut v = json!({ "business": b.name, "id": id, "key": key, "result": outcome });
     let what = format!("id \"{id}\" of business \"{}\"", b.name);
     let status = match outcome {
@@ -381,26 +381,18 @@ pub async fn cancel(
 
 /// Moves one pending task to a new due time.
 pub async fn reschedule(
-    state: Shared,
-    headers: HeaderMap,
-    Path((name, id)): Path<(String, String)>,
+    w: IdWrite,
     req: Result<Json<When>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let (role, b) = admin_by_id(&state, &headers, &name)?;
     let Json(req) = req?;
-    let due_ms = req.due_ms(redis_now(&state, b).await?)?;
-    moved(&state, (b, role, "reschedule"), &id, due_ms).await
+    let due_ms = req.due_ms(redis_now(&w.state, &w.b).await?)?;
+    moved(w, "reschedule", due_ms).await
 }
 
 /// Makes one pending task due now, on Redis's clock.
-pub async fn run_now(
-    state: Shared,
-    headers: HeaderMap,
-    Path((name, id)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    let (role, b) = admin_by_id(&state, &headers, &name)?;
-    let now_ms = redis_now(&state, b).await?;
-    moved(&state, (b, role, "run_now"), &id, now_ms).await
+pub async fn run_now(w: IdWrite) -> Result<Response, ApiError> {
+    let now_ms = redis_now(&w.state, &w.b).await?;
+    moved(w, "run_now", now_ms).await
 }
 
 /// Redis's clock, epoch ms, from the server that holds `b`.
@@ -409,8 +401,33 @@ async fn redis_now(state: &Shared, b: &Business) -> Result<i64, ApiError> {
     bounded(&b.name, tasks::redis_now_ms(&mut conn)).await
 }
 
-/// A write on one task by id: the caller's role and the business, which
-/// must be in id mode.
+/// A write on one task by id (`…/tasks/{id}`): the business, the id and
+/// the caller, read from the request's parts once the caller is the
+/// business's admin and the business is in id mode, so that a refusal
+/// answers before any body is read.
+pub(super) struct IdWrite {
+    state: Shared,
+    role: Role,
+    b: Business,
+    id: String,
+}
+
+impl FromRequestParts<Arc<HttpState>> for IdWrite {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<HttpState>) -> Result<Self, Response> {
+        let Path((name, id)) = Path::<(String, String)>::from_request_parts(parts, s)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let state = State(s.clone());
+        let (role, b) =
+            admin_by_id(&state, &parts.headers, &name).map_err(IntoResponse::into_response)?;
+        let b = b.clone();
+        Ok(Self { state, role, b, id })
+    }
+}
+
+/// The caller's role and the business, which must be in id mode.
 fn admin_by_id<'a>(
     state: &'a Shared,
     headers: &HeaderMap,
@@ -422,40 +439,34 @@ fn admin_by_id<'a>(
     Ok((role, b))
 }
 
-/// Logs a write on task `id` to the audit log; `count` is 1 when it took.
-async fn audit_id(
-    state: &Shared,
-    (b, role, action): (&Business, Role, &str),
-    id: &str,
-    count: u64,
-) {
-    state
-        .audit(Write {
-            by: role.name(),
-            business: &b.name,
-            action,
-            what: &format!("id \"{id}\""),
-            count,
-        })
-        .await;
+impl IdWrite {
+    /// Logs the write as `action` to the audit log; `count` is 1 when it
+    /// took.
+    async fn audit(&self, action: &str, count: u64) {
+        self.state
+            .audit(Write {
+                by: self.role.name(),
+                business: &self.b.name,
+                action,
+                what: &format!("id \"{}\"", self.id),
+                count,
+            })
+            .await;
+    }
 }
 
-/// Reschedules `id` to `due_ms`; when it is not pending, says where it is
+/// Reschedules the task to `due_ms`; when it is not pending, says where it is
 /// (409 in flight, 404 dead or gone), as `delayd reschedule` does; the
 /// audit log names `action` and who asked.
-async fn moved(
-    state: &Shared,
-    (b, role, action): (&Business, Role, &str),
-    id: &str,
-    due_ms: i64,
-) -> Result<Response, ApiError> {
-    let mut conn = state.conn(&b.name)?;
+async fn moved(w: IdWrite, action: &str, due_ms: i64) -> Result<Response, ApiError> {
+    let (b, id) = (&w.b, &w.id);
+    let mut conn = w.state.conn(&b.name)?;
     let key = bounded(
         &b.name,
         tasks::reschedule(&mut conn, b, id.as_bytes(), due_ms),
     )
     .await?;
-    audit_id(state, (b, role, action), id, key.is_some() as u64).await;
+    w.audit(action, key.is_some() as u64).await;
     if let Some(key) = key {
         return Ok(Json(json!({
             "business": b.name, "id": id, "result": "rescheduled", "key": key, "due_ms": due_ms,
