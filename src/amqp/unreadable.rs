@@ -452,14 +452,27 @@ mod tests {
         );
     }
 
+    /// Properties of only a `content_type` (flag 15) the filter must mend.
     #[test]
-    fn a_short_string_property_that_is_not_utf8_is_named() {
-        let p = rewritten(b"\x80\0\x04a\xc3(b");
-        assert_eq!(p.content_type().as_ref().unwrap().as_str(), "a?(b");
-        assert_eq!(
-            reason(&p).unwrap(),
-            "content_type \"a\\xc3(b\" is not UTF-8"
-        );
+    fn a_content_type_is_kept_readable_and_the_reason_names_what_was_wrong() {
+        for (props, content_type, why) in [
+            // A short string that is not UTF-8 is named.
+            (
+                &b"\x80\0\x04a\xc3(b"[..],
+                "a?(b",
+                "content_type \"a\\xc3(b\" is not UTF-8",
+            ),
+            // Stray bytes after the properties are a reason too.
+            (
+                b"\x80\0\x01a!",
+                "a",
+                "its properties are followed by stray bytes",
+            ),
+        ] {
+            let p = rewritten(props);
+            assert_eq!(p.content_type().as_ref().unwrap().as_str(), content_type);
+            assert_eq!(reason(&p).unwrap(), why);
+        }
     }
 
     #[test]
@@ -467,16 +480,6 @@ mod tests {
         let p = rewritten(b"\x20\0\0\0\0\x03\x01kZ");
         assert_eq!(p.headers().as_ref().unwrap().inner().len(), 1);
         assert!(reason(&p).unwrap().contains("type code 'Z'"));
-    }
-
-    #[test]
-    fn stray_bytes_after_the_properties_are_a_reason_too() {
-        let p = rewritten(b"\x80\0\x01a!");
-        assert_eq!(p.content_type().as_ref().unwrap().as_str(), "a");
-        assert_eq!(
-            reason(&p).unwrap(),
-            "its properties are followed by stray bytes"
-        );
     }
 
     #[test]
