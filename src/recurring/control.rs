@@ -15,6 +15,12 @@ pub fn family(business: &Business) -> KeyFamily {
     KeyFamily::new(&business.keys().into_iter().next().unwrap_or_default())
 }
 
+/// `business`'s schedule key family, and a connection of the caller's own
+/// to send to it (a command needs it mutable; the shared one is a clone).
+pub fn keys_and_conn(conn: &RedisConn, business: &Business) -> (KeyFamily, RedisConn) {
+    (family(business), conn.clone())
+}
+
 /// What a pause or resume changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Toggled {
@@ -53,8 +59,7 @@ async fn toggle(
     op: &str,
     by: &str,
 ) -> Result<Toggled, StoreError> {
-    let keys = family(business);
-    let mut conn = conn.clone();
+    let (keys, mut conn) = keys_and_conn(conn, business);
     let (changed, taken_back): (i64, i64) = scripts::SCHEDULE_PAUSE
         .key(&keys.pending)
         .key(&keys.body)
@@ -88,8 +93,7 @@ pub async fn run_now(
     business: &Business,
     s: &Schedule,
 ) -> Result<RunNow, StoreError> {
-    let keys = family(business);
-    let mut conn = conn.clone();
+    let (keys, mut conn) = keys_and_conn(conn, business);
     let now = crate::tasks::redis_now_ms(&mut conn).await?;
     let id = format!("{}@run-{now}", s.name);
     let body = super::writer::body_of(business, &keys, s, &id, now);

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use chrono::TimeZone;
 
-use super::control::family;
+use super::control::keys_and_conn;
 use super::notes::{last_field, missed_field, paused_field};
 use super::occurrences::{between, latest_at_or_before};
 use crate::config::recurring_section::Schedule;
@@ -75,8 +75,7 @@ pub async fn states(
     business: &Business,
     count: usize,
 ) -> Result<(i64, Vec<ScheduleState>), StoreError> {
-    let keys = family(business);
-    let mut conn = conn.clone();
+    let (keys, mut conn) = keys_and_conn(conn, business);
     let now = crate::tasks::redis_now_ms(&mut conn).await?;
     let notes: HashMap<String, String> = redis::cmd("HGETALL")
         .arg(&keys.schedules)
