@@ -33,6 +33,7 @@ mod tasks;
 mod tenants;
 
 use asked::Asked;
+use tenants::{MaxRateBody, WeightBody};
 
 /// Longest a request waits on Redis before it answers 503.
 const REDIS_BOUND: Duration = Duration::from_secs(5);
@@ -61,15 +62,18 @@ pub(super) fn routes() -> axum::Router<Arc<HttpState>> {
         ("bulk/{action}", post(bulk::act)),
         ("pause", post(pause::pause)),
         ("resume", post(pause::resume)),
-        ("tenants", get(tenants::list)),
-        ("tenants/{tenant}/pause", post(tenants::pause)),
-        ("tenants/{tenant}/resume", post(tenants::resume)),
-        ("tenants/{tenant}/weight", post(tenants::weight)),
-        ("tenants/{tenant}/max_rate", post(tenants::max_rate)),
         ("schedules", get(schedules::list)),
         ("schedules/{schedule}/pause", post(schedules::pause)),
         ("schedules/{schedule}/resume", post(schedules::resume)),
         ("schedules/{schedule}/run", post(schedules::run)),
+        ("tenants", get(tenants::list)),
+        ("tenants/{tenant}/pause", post(tenants::pause)),
+        ("tenants/{tenant}/resume", post(tenants::resume)),
+        ("tenants/{tenant}/weight", post(tenants::set::<WeightBody>)),
+        (
+            "tenants/{tenant}/max_rate",
+            post(tenants::set::<MaxRateBody>),
+        ),
     ];
     let top = axum::Router::new()
         .route("/businesses", get(overview::businesses))

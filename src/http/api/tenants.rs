@@ -7,6 +7,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::Json;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::{bounded, count_within, ApiError, Asked, Reply, Shared};
@@ -80,18 +81,6 @@ pub struct WeightBody {
     weight: Option<u32>,
 }
 
-/// Sets one tenant's weight on every instance from the next claim on, or
-/// with `null` returns it to the config's.
-pub async fn weight(
-    state: Shared,
-    headers: HeaderMap,
-    Path(p): Path<(String, String)>,
-    body: Result<Json<WeightBody>, JsonRejection>,
-) -> Reply {
-    let Json(body) = body?;
-    set(&state, &headers, &p, TenantSetting::Weight, body.weight).await
-}
-
 /// Body of `POST …/tenants/{tenant}/max_rate`.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,29 +89,42 @@ pub struct MaxRateBody {
     max_rate: Option<u32>,
 }
 
-/// Sets one tenant's `max_rate` on every instance, or with `null` returns
-/// it to the config's: claims hold it from the first claim that sees the
-/// tenant with due work.
-pub async fn max_rate(
+/// The body of a tenant setting's `POST`: the one value it sets, under the
+/// setting's own name, so that a body sent to the other setting is refused.
+pub(super) trait SettingBody: DeserializeOwned + Send + 'static {
+    /// The setting the body sets.
+    const SETTING: TenantSetting;
+    /// The value to set; `None`: the config's again.
+    fn value(&self) -> Option<u32>;
+}
+
+impl SettingBody for WeightBody {
+    const SETTING: TenantSetting = TenantSetting::Weight;
+    fn value(&self) -> Option<u32> {
+        self.weight
+    }
+}
+
+impl SettingBody for MaxRateBody {
+    const SETTING: TenantSetting = TenantSetting::MaxRate;
+    fn value(&self) -> Option<u32> {
+        self.max_rate
+    }
+}
+
+/// Sets `B`'s setting of one tenant on every instance, or with `null`
+/// returns it to the config's; answers with the value in force and the one
+/// before. A weight holds from the next claim on; a `max_rate` from the
+/// first claim that sees the tenant with due work.
+pub async fn set<B: SettingBody>(
     state: Shared,
     headers: HeaderMap,
     Path(p): Path<(String, String)>,
-    body: Result<Json<MaxRateBody>, JsonRejection>,
+    body: Result<Json<B>, JsonRejection>,
 ) -> Reply {
     let Json(body) = body?;
-    set(&state, &headers, &p, TenantSetting::MaxRate, body.max_rate).await
-}
-
-/// Sets `setting` of the tenant in the path to `value` (`None`: the
-/// config's again); answers with the value in force and the one before.
-async fn set(
-    state: &Shared,
-    headers: &HeaderMap,
-    p: &(String, String),
-    setting: TenantSetting,
-    value: Option<u32>,
-) -> Reply {
-    let (role, b, tenant) = target(state, headers, p)?;
+    let (setting, value) = (B::SETTING, body.value());
+    let (role, b, tenant) = target(&state, &headers, &p)?;
     let (field, most) = (setting.field(), setting.most());
     if let Some(v) = value.filter(|v| !(1..=most).contains(v)) {
         return Err(ApiError::bad(format!(
@@ -139,7 +141,7 @@ async fn set(
         .tenants
         .as_ref()
         .and_then(|t| t.configured(setting, tenant.as_bytes()));
-    audit(state, role.name(), b, setting.audit_action(), &tenant, 1).await;
+    audit(&state, role.name(), b, setting.audit_action(), &tenant, 1).await;
     Ok(Json(json!({
         "business": b.name,
         "tenant": tenant,
