@@ -94,54 +94,34 @@ mod tests {
             .collect()
     }
 
+    /// Across a clock change each wall-clock time fires once: a fixed time
+    /// in the spring gap right after it, one in the fall overlap at its
+    /// first instant; an interval job skips the repeated times of the
+    /// overlap and keeps its rhythm across the gap.
     #[test]
-    fn a_fixed_time_in_the_spring_gap_fires_once_right_after_it() {
-        // Berlin 2026-03-29: 02:00 CET jumps to 03:00 CEST.
-        let s = schedule("30 2 * * *", chrono_tz::Europe::Berlin);
-        let got = between(&s, utc(2026, 3, 27, 12, 0), utc(2026, 3, 30, 12, 0), 10);
-        assert_eq!(
-            local(&s, &got),
-            vec!["28 02:30+01:00", "29 03:00+02:00", "30 02:30+02:00"]
-        );
-        // New York 2026-03-08: 02:00 EST jumps to 03:00 EDT.
-        let s = schedule("30 2 * * *", chrono_tz::America::New_York);
-        let got = between(&s, utc(2026, 3, 7, 12, 0), utc(2026, 3, 8, 23, 0), 10);
-        assert_eq!(local(&s, &got), vec!["08 03:00-04:00"]);
-    }
-
-    #[test]
-    fn a_fixed_time_in_the_fall_overlap_fires_once_at_its_first_instant() {
-        // Berlin 2026-10-25: 03:00 CEST falls back to 02:00 CET.
-        let s = schedule("30 2 * * *", chrono_tz::Europe::Berlin);
-        let got = between(&s, utc(2026, 10, 24, 12, 0), utc(2026, 10, 25, 23, 0), 10);
-        assert_eq!(local(&s, &got), vec!["25 02:30+02:00"]);
-        // New York 2026-11-01: 02:00 EDT falls back to 01:00 EST.
-        let s = schedule("30 1 * * *", chrono_tz::America::New_York);
-        let got = between(&s, utc(2026, 10, 31, 12, 0), utc(2026, 11, 1, 23, 0), 10);
-        assert_eq!(local(&s, &got), vec!["01 01:30-04:00"]);
-    }
-
-    #[test]
-    fn an_interval_job_runs_each_wall_clock_time_once_in_the_overlap() {
-        let s = schedule("*/30 * * * *", chrono_tz::America::New_York);
-        let got = between(&s, utc(2026, 11, 1, 4, 45), utc(2026, 11, 1, 7, 15), 20);
-        // 00:30 EDT ... 01:30 EDT, then the repeated 01:00 and 01:30 EST are
-        // skipped, and 02:00 EST follows.
-        assert_eq!(
-            local(&s, &got),
-            vec!["01 01:00-04:00", "01 01:30-04:00", "01 02:00-05:00",]
-        );
-    }
-
-    #[test]
-    fn an_interval_job_keeps_its_rhythm_across_the_spring_gap() {
-        let s = schedule("0 * * * *", chrono_tz::Europe::Berlin);
-        let got = between(&s, utc(2026, 3, 28, 23, 30), utc(2026, 3, 29, 2, 30), 10);
-        // 01:00 CET, then 03:00 CEST one real hour later, 04:00 CEST.
-        assert_eq!(
-            local(&s, &got),
-            vec!["29 01:00+01:00", "29 03:00+02:00", "29 04:00+02:00"]
-        );
+    fn across_a_clock_change_each_wall_clock_time_fires_once() {
+        use chrono_tz::{America::New_York, Europe::Berlin};
+        #[rustfmt::skip]
+        let cases = [
+            // Berlin 2026-03-29: 02:00 CET jumps to 03:00 CEST.
+            ("30 2 * * *", Berlin, utc(2026, 3, 27, 12, 0), utc(2026, 3, 30, 12, 0), 10, &["28 02:30+01:00", "29 03:00+02:00", "30 02:30+02:00"][..]),
+            // New York 2026-03-08: 02:00 EST jumps to 03:00 EDT.
+            ("30 2 * * *", New_York, utc(2026, 3, 7, 12, 0), utc(2026, 3, 8, 23, 0), 10, &["08 03:00-04:00"]),
+            // Berlin 2026-10-25: 03:00 CEST falls back to 02:00 CET.
+            ("30 2 * * *", Berlin, utc(2026, 10, 24, 12, 0), utc(2026, 10, 25, 23, 0), 10, &["25 02:30+02:00"]),
+            // New York 2026-11-01: 02:00 EDT falls back to 01:00 EST.
+            ("30 1 * * *", New_York, utc(2026, 10, 31, 12, 0), utc(2026, 11, 1, 23, 0), 10, &["01 01:30-04:00"]),
+            // 00:30 EDT ... 01:30 EDT, then the repeated 01:00 and 01:30 EST
+            // are skipped, and 02:00 EST follows.
+            ("*/30 * * * *", New_York, utc(2026, 11, 1, 4, 45), utc(2026, 11, 1, 7, 15), 20, &["01 01:00-04:00", "01 01:30-04:00", "01 02:00-05:00"]),
+            // 01:00 CET, then 03:00 CEST one real hour later, 04:00 CEST.
+            ("0 * * * *", Berlin, utc(2026, 3, 28, 23, 30), utc(2026, 3, 29, 2, 30), 10, &["29 01:00+01:00", "29 03:00+02:00", "29 04:00+02:00"]),
+        ];
+        for (cron, tz, from, to, most, want) in cases {
+            let s = schedule(cron, tz);
+            let got = between(&s, from, to, most);
+            assert_eq!(local(&s, &got), want, "\"{cron}\" in {tz}");
+        }
     }
 
     #[test]
