@@ -65,13 +65,17 @@ impl Unconfirmed {
         let Some(n) = counts.get_mut(tenant) else {
             return;
         };
-        let was_full = *n >= self.cap;
+        // Two scanners' claims can each take the room one count showed, so
+        // a tenant can stand over its cap: only the release that brings it
+        // below wakes a claim; one at each release over the cap claimed
+        // with no room, once per confirm.
+        let freed = *n == self.cap;
         *n -= 1;
         if *n == 0 {
             counts.remove(tenant);
         }
         drop(counts);
-        if was_full {
+        if freed {
             self.freed.notify_one();
         }
     }
@@ -114,5 +118,26 @@ mod tests {
         assert!(futures::FutureExt::now_or_never(freed).is_some());
         drop(b);
         assert!(u.counts().is_empty(), "an idle tenant is forgotten");
+    }
+
+    #[test]
+    fn a_tenant_over_its_cap_wakes_a_claim_only_once_it_has_room() {
+        let u = Arc::new(Unconfirmed::new(2));
+        let acme: Arc<[u8]> = Arc::from(&b"acme"[..]);
+        let mut slots: Vec<Slot> = (0..4).map(|_| u.take(&acme)).collect();
+        let woken = |u: &Unconfirmed| {
+            let freed = u.freed();
+            futures::pin_mut!(freed);
+            futures::FutureExt::now_or_never(freed).is_some()
+        };
+        slots.pop();
+        assert_eq!(u.room(b"acme"), 0);
+        assert!(!woken(&u), "3 of 2 in flight: no room, no wake-up");
+        slots.pop();
+        assert!(!woken(&u), "2 of 2 in flight: no room, no wake-up");
+        slots.pop();
+        assert_eq!(u.room(b"acme"), 1);
+        assert!(woken(&u), "1 of 2 in flight: room, one wake-up");
+        assert!(!woken(&u), "and only one");
     }
 }
