@@ -117,12 +117,12 @@ impl Fair {
     /// ([`Fair::freed`]) and the claim's next due time answer for them.
     pub fn held(&self) -> Vec<Vec<u8>> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        // The budgets the next claim holds tenants to, as `plan` sends them.
+        let budgets = self.budgets(&seen);
         let full = |t: &[u8]| self.unconfirmed.as_ref().is_some_and(|u| u.room(t) == 0);
-        let capped = |t: &TenantDue| {
-            t.max_rate.is_some() || self.budgets.iter().any(|b| b.tenant.as_bytes() == t.tenant)
-        };
+        let capped = |t: &[u8]| budgets.iter().any(|b| b.tenant.as_bytes() == t);
         seen.iter()
-            .filter(|t| full(&t.tenant) || capped(t))
+            .filter(|t| full(&t.tenant) || capped(&t.tenant))
             .map(|t| t.tenant.clone())
             .collect()
     }

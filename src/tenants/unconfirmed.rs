@@ -67,8 +67,8 @@ impl Unconfirmed {
         };
         // Two scanners' claims can each take the room one count showed, so
         // a tenant can stand over its cap: only the release that brings it
-        // below wakes a claim; one at each release over the cap claimed
-        // with no room, once per confirm.
+        // below the cap wakes a claim. A wake-up at every release over the
+        // cap would run a claim with no room, once per confirm.
         let freed = *n == self.cap;
         *n -= 1;
         if *n == 0 {
