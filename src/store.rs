@@ -708,17 +708,14 @@ impl Store {
         parse_stats(reply)
     }
 
-    /// The oldest `limit` dead members and Redis's clock.
-    pub async fn dead_list(&self, limit: usize) -> Result<(i64, Vec<DeadMember>), StoreError> {
-        self.dead_page(0, limit).await
-    }
-
-    /// `limit` dead members after the `skip` oldest, and Redis's clock.
+    /// Up to `limit` dead members after the `skip` oldest, Redis's clock,
+    /// and whether the call stopped short at its byte bound
+    /// (`dead_list.lua`) with more to read.
     pub async fn dead_page(
         &self,
         skip: usize,
         limit: usize,
-    ) -> Result<(i64, Vec<DeadMember>), StoreError> {
+    ) -> Result<(i64, Vec<DeadMember>, bool), StoreError> {
         let mut conn = self.conn.clone();
         let reply: Vec<redis::Value> = scripts::DEAD_LIST
             .key(&self.keys.dead)
@@ -729,6 +726,7 @@ impl Store {
             .await?;
         let mut it = reply.into_iter();
         let now = int_of(it.next())?;
+        let short = int_of(it.next())? == 1;
         let mut out = Vec::new();
         while let Some(member) = Glimpse::read(&mut it)? {
             let (Some(died), Some(reason)) = (it.next(), it.next()) else {
@@ -742,7 +740,7 @@ impl Store {
                 reason: String::from_utf8_lossy(&bytes_of(&reason)?).into_owned(),
             });
         }
-        Ok((now, out))
+        Ok((now, out, short))
     }
 }
 

@@ -20,6 +20,7 @@ pub mod dead;
 mod merge;
 pub mod pause;
 pub mod search;
+pub mod step_size;
 pub mod tenant_sets;
 pub mod tenants;
 pub mod when;
@@ -466,7 +467,9 @@ impl Range {
 /// The cursor is the (score, member) of the last task shown, which orders
 /// every set alike. Sets are read a little at a time ([`Merge`]), and a
 /// tenant's set only once its index score could be on the page, so a page
-/// reads about what it shows plus one task per set that reaches it.
+/// reads about what it shows plus one task per set that reaches it. A
+/// page starts no read after [`search::PAGE_TIME`] once it holds a task,
+/// so a page of large body-mode members may be short, with a cursor.
 pub async fn list<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
@@ -504,7 +507,14 @@ pub async fn list<C: ConnectionLike>(
             .then_with(|| a.member.cmp(&b.member))
     })
     .with_floors(floors);
+    // Each call copies at most about 8 MiB of members in Redis (list.lua);
+    // a page of many large ones stops short, with a cursor, rather than
+    // hold Redis for seconds.
+    let started = std::time::Instant::now();
     while let Some((set, n)) = merge.wants() {
+        if merge.taken() > 0 && started.elapsed() >= search::PAGE_TIME {
+            break;
+        }
         let (cs, cm) = match merge.last(set) {
             Some(t) => (t.score.as_str(), &t.member),
             None => (start.0.as_str(), &start.1),

@@ -618,6 +618,18 @@ async fn every_page(port: u16, path: &str, rows: &str) -> Vec<serde_json::Value>
     panic!("{path}: more than 100 pages");
 }
 
+/// Every pending task of the business at `api`, listed `limit` a page,
+/// and every one whose member starts `big-`, searched 1000 a page.
+async fn listed_and_found(
+    port: u16,
+    api: &str,
+    limit: usize,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let tasks = every_page(port, &format!("{api}/tasks?limit={limit}"), "tasks").await;
+    let search = format!("{api}/search?prefix=big-&limit=1000");
+    (tasks, every_page(port, &search, "tasks").await)
+}
+
 /// The distinct names (the text before the first '-') of rows' members.
 fn names_of(rows: &[serde_json::Value]) -> Vec<String> {
     let mut names: Vec<String> = rows
@@ -661,16 +673,10 @@ async fn listing_searching_and_acting_on_1_mib_body_mode_members_raises_delayd_s
     let before = peak_memory(&c.daemon);
     let api = format!("/api/v1/businesses/{}", b.name);
 
-    let tasks = every_page(c.port, &format!("{api}/tasks?limit=7"), "tasks").await;
+    let (tasks, found) = listed_and_found(c.port, &api, 7).await;
     let mut want: Vec<String> = (0..PENDING).map(|i| format!("big-{i:02}")).collect();
     want.push("small-00".into());
     assert_eq!(names_of(&tasks), want, "each pending member listed once");
-    let found = every_page(
-        c.port,
-        &format!("{api}/search?prefix=big-&limit=1000"),
-        "tasks",
-    )
-    .await;
     assert_eq!(names_of(&found), want[..PENDING], "each match found once");
     for t in tasks
         .iter()
@@ -753,4 +759,234 @@ async fn listing_searching_and_acting_on_1_mib_body_mode_members_raises_delayd_s
         grew >> 20
     );
     del_family(&mut r, &b.key).await;
+}
+
+/// Posts a bulk action at `path` and follows its cursor (the same body
+/// with the cursor) to the end: the members touched in all.
+async fn bulk_to_the_end(c: &ConsoleDaemon, path: &str, body: serde_json::Value) -> u64 {
+    let mut a = c.post(path, body.clone()).await;
+    let mut touched = 0;
+    for _ in 0..100 {
+        assert_eq!(a.status, 200, "{}", a.text.get(..300).unwrap_or(&a.text));
+        touched += a.json["touched"].as_u64().unwrap();
+        match a.json["cursor"].as_str() {
+            Some(cursor) => {
+                let mut next = body.clone();
+                next["cursor"] = cursor.into();
+                a = c.post(path, next).await
+            }
+            None => return touched,
+        }
+    }
+    panic!("{path}: more than 100 steps");
+}
+
+/// The quoted arguments of one `MONITOR` line, unescaped, and whether a
+/// script ran it (`[0 lua]`).
+fn monitor_args(line: &str) -> (bool, Vec<String>) {
+    let by_script = line.contains(" lua] ");
+    let mut args = Vec::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut arg = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => arg.push(chars.next().unwrap_or('\\')),
+                c => arg.push(c),
+            }
+        }
+        args.push(arg);
+    }
+    (by_script, args)
+}
+
+/// Whether the score `s` lies within the Redis score bounds `lo`..`hi`.
+fn within(lo: &str, hi: &str, s: f64) -> bool {
+    let bound = |b: &str, open_end: f64| -> (f64, bool) {
+        let (open, v) = b.strip_prefix('(').map_or((false, b), |v| (true, v));
+        let v = match v {
+            "-inf" => f64::NEG_INFINITY,
+            "+inf" | "inf" => f64::INFINITY,
+            v => v.parse().unwrap_or(open_end),
+        };
+        (v, open)
+    };
+    let ((l, lo_open), (h, hi_open)) = (bound(lo, f64::INFINITY), bound(hi, f64::NEG_INFINITY));
+    (if lo_open { s > l } else { s >= l }) && (if hi_open { s < h } else { s <= h })
+}
+
+/// How many of a set's members (`names`: each one's start), all at score
+/// `score`, the command a script ran (`args`) hands to it at most: what
+/// Redis copies into Lua (a `ZSCAN` only the members its `MATCH` takes).
+fn members_handed(args: &[String], names: &[String], score: f64) -> usize {
+    let n = match args.iter().position(|a| a.eq_ignore_ascii_case("MATCH")) {
+        Some(i) => {
+            let prefix = args[i + 1].trim_end_matches('*');
+            names.iter().filter(|m| m.starts_with(prefix)).count()
+        }
+        None => names.len(),
+    };
+    let num = |i: usize| args.get(i).and_then(|a| a.parse::<i64>().ok());
+    let after = |word: &str| {
+        args.iter()
+            .position(|a| a.eq_ignore_ascii_case(word))
+            .and_then(|i| num(i + 2).or(num(i + 1)))
+    };
+    let limit = |i: usize| {
+        args.iter()
+            .position(|a| a.eq_ignore_ascii_case("LIMIT"))
+            .and_then(|p| num(p + i))
+    };
+    let cmd = args[0].to_ascii_uppercase();
+    let by_score = cmd == "ZRANGEBYSCORE" || args.iter().any(|a| a.eq_ignore_ascii_case("BYSCORE"));
+    if cmd == "ZSCAN" || cmd == "HSCAN" {
+        return (after("COUNT").unwrap_or(10).max(0) as usize).min(n);
+    }
+    if !cmd.starts_with("ZRANGE") {
+        return 0;
+    }
+    if by_score {
+        if !within(&args[2], &args[3], score) {
+            return 0;
+        }
+        return limit(2).map_or(n, |c| (c.max(0) as usize).min(n));
+    }
+    let (Some(a), Some(b)) = (num(2), num(3)) else {
+        return 0;
+    };
+    let b = if b < 0 {
+        n as i64 + b
+    } else {
+        b.min(n as i64 - 1)
+    };
+    (b - a + 1).max(0) as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_redis_call_of_listing_searching_or_acting_on_1_mib_members_copies_more_than_20_of_them()
+{
+    const PENDING: usize = 32;
+    const DEAD: usize = 12;
+    const SIZE: usize = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
+    let b = BusinessSpec::random("bigsteps");
+    let c =
+        ConsoleDaemon::start_on(&server.url(), &[&b], &[("DELAYD_HTTP__ADMIN_TOKEN", TOKEN)]).await;
+    let c = ConsoleDaemon {
+        token: Some(TOKEN.into()),
+        ..c
+    };
+    let mut r = server.conn().await;
+    let fam = family(&b.key);
+    let due = redis_now_ms(&mut r).await + 86_400_000;
+    const DIED: i64 = 1_767_323_045_000;
+    for i in 0..PENDING {
+        let m = big_member(&format!("big-{i:02}"), SIZE);
+        let _: i64 = query(&mut r, "ZADD", (&b.key, due, m)).await;
+    }
+    for i in 0..DEAD {
+        let m = big_member(&format!("dead-{i:02}"), SIZE);
+        let _: () = redis::pipe()
+            .zadd(&fam.dead, &m, DIED)
+            .hset(&fam.reasons, &m, "too large: 1048576 bytes")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    // Every command from here on, with the commands each script ran.
+    let monitor = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_monitor()
+        .await
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let into = lines.clone();
+    let watch = tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut s = monitor.into_on_message::<String>();
+        while let Some(l) = s.next().await {
+            into.lock().unwrap().push(l);
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    let api = format!("/api/v1/businesses/{}", b.name);
+    let want: Vec<String> = (0..PENDING).map(|i| format!("big-{i:02}")).collect();
+    let dead: Vec<String> = (0..DEAD).map(|i| format!("dead-{i:02}")).collect();
+    let (tasks, found) = listed_and_found(c.port, &api, 1000).await;
+    assert_eq!(names_of(&tasks), want, "each pending member listed once");
+    assert_eq!(names_of(&found), want, "each match found once");
+    let a = api_get(c.port, &format!("{api}/dead?limit=1000")).await;
+    assert_eq!(
+        a.json["members"].as_array().map(Vec::len),
+        Some(DEAD),
+        "{}",
+        a.text.get(..300).unwrap_or(&a.text)
+    );
+    let a = c
+        .post_untokened(
+            &format!("{api}/bulk/cancel"),
+            json!({ "prefix": "big-1", "dry_run": true }),
+        )
+        .await;
+    assert_eq!(a.json["count"].as_u64(), Some(10), "{}", a.text);
+    let cancel = json!({ "prefix": "big-1", "confirm": 10 });
+    let n = bulk_to_the_end(&c, &format!("{api}/bulk/cancel"), cancel).await;
+    assert_eq!(n, 10, "cancelled");
+    let later = json!({ "from": due.to_string(), "to": due.to_string(), "in": "2d", "confirm": PENDING - 10 });
+    let n = bulk_to_the_end(&c, &format!("{api}/bulk/reschedule"), later).await;
+    assert_eq!(n, PENDING as u64 - 10, "rescheduled");
+    let purge = json!({ "reason": "too large", "confirm": DEAD });
+    let n = bulk_to_the_end(&c, &format!("{api}/bulk/purge"), purge).await;
+    assert_eq!(n, DEAD as u64, "purged");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    watch.abort();
+
+    // Members each script call had Redis hand it, as its commands asked.
+    let (mut most, mut worst, mut calls) = (0, String::new(), 0);
+    let (mut sum, mut first) = (0, String::new());
+    for line in lines.lock().unwrap().iter() {
+        let (by_script, args) = monitor_args(line);
+        if args.is_empty() {
+            continue;
+        }
+        if !by_script {
+            if sum > most {
+                (most, worst) = (sum, first.clone());
+            }
+            calls += 1;
+            (sum, first) = (0, String::new());
+            continue;
+        }
+        let key = args.get(1).map(String::as_str).unwrap_or("");
+        let handed = if key == b.key {
+            members_handed(&args, &want, due as f64)
+        } else if key == fam.dead {
+            members_handed(&args, &dead, DIED as f64)
+        } else {
+            0
+        };
+        if first.is_empty() && handed > 0 {
+            first = args
+                .iter()
+                .take(8)
+                .map(|a| a.get(..40).unwrap_or(a))
+                .collect::<Vec<_>>()
+                .join(" ");
+        }
+        sum += handed;
+    }
+    if sum > most {
+        (most, worst) = (sum, first);
+    }
+    assert!(calls > 10, "the monitor saw {calls} calls");
+    assert!(
+        most <= 20,
+        "one script call had Redis copy {most} members of 1 MiB into Lua (its first read: {worst})"
+    );
 }

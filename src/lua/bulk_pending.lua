@@ -15,8 +15,9 @@
 -- 4 KiB, SHA-1 or ''); or 'prefix', then ARGV[6] the ZSCAN cursor,
 -- ARGV[7] its MATCH pattern, ARGV[8] its COUNT
 -- Returns for 'due' prelude.lua's step_reply ({n, more, the last member
--- read as a glimpse, its score}); for 'prefix' {n, next ZSCAN cursor}; n
--- the members cancelled or moved.
+-- read as a glimpse, its score}); for 'prefix' {n, next ZSCAN cursor,
+-- bytes of the matches, matches} (Redis copies each match into Lua: the
+-- caller sizes its next COUNT by them); n the members cancelled or moved.
 local id_mode, act, tenant = ARGV[1] == '1', ARGV[2], ARGV[3]
 local most = tonumber(ARGV[4])
 local n = 0
@@ -51,14 +52,16 @@ if ARGV[5] == 'prefix' then
     end
   end
   moved()
-  return {n, r[1]}
+  local bytes = 0
+  for i = 1, #r[2], 2 do bytes = bytes + #r[2][i] end
+  return {n, r[1], bytes, #r[2] / 2}
 end
 
-local items = page_after(KEYS[1], ARGV[6], ARGV[7], most, ARGV[8], ARGV[9], ARGV[10])
+local items, cut = page_after(KEYS[1], ARGV[6], ARGV[7], most, ARGV[8], ARGV[9], ARGV[10])
 local last, last_score
 for i = 1, math.min(#items, 2 * most), 2 do
   on(items[i])
   last, last_score = items[i], items[i + 1]
 end
 moved()
-return step_reply(n, last, last_score, #items > 2 * most)
+return step_reply(n, last, last_score, #items > 2 * most or cut)

@@ -50,6 +50,9 @@ pub struct PendingStep {
     pub last: Option<(String, Glimpse)>,
     /// A prefix pick: the next `ZSCAN` cursor (0: the walk is over).
     pub next_scan: u64,
+    /// A prefix pick: the matches the step copied in Redis and their
+    /// bytes, to size the next step's `COUNT`.
+    pub copied: (usize, usize),
 }
 
 impl Store {
@@ -144,10 +147,13 @@ impl Store {
         let n = int_of(it.next())? as u64;
         if let PendingPick::Prefix { .. } = pick {
             let next_scan = int_of(it.next())? as u64;
+            let bytes = int_of(it.next())?.max(0) as usize;
+            let matches = int_of(it.next())?.max(0) as usize;
             return Ok(PendingStep {
                 n,
                 more: next_scan != 0,
                 next_scan,
+                copied: (matches, bytes),
                 ..PendingStep::default()
             });
         }
@@ -157,19 +163,19 @@ impl Store {
             n,
             more,
             last,
-            next_scan: 0,
+            ..PendingStep::default()
         })
     }
 
     /// One `ZSCAN` step of the pending set from `cursor`, for members
     /// matching the glob `pattern`, looking at about `count`: the next
-    /// cursor and how many matched (no member leaves Redis).
+    /// cursor, how many matched and their bytes (no member leaves Redis).
     pub async fn count_matching(
         &self,
         cursor: u64,
         pattern: &[u8],
         count: usize,
-    ) -> Result<(u64, u64), StoreError> {
+    ) -> Result<(u64, u64, usize), StoreError> {
         let mut conn = self.conn.clone();
         let reply: Vec<redis::Value> = SCAN_GLIMPSE
             .key(self.pending_set())
@@ -180,6 +186,8 @@ impl Store {
             .invoke_async(&mut conn)
             .await?;
         let mut it = reply.into_iter();
-        Ok((int_of(it.next())? as u64, int_of(it.next())? as u64))
+        let next = int_of(it.next())? as u64;
+        let bytes = int_of(it.next())?.max(0) as usize;
+        Ok((next, int_of(it.next())? as u64, bytes))
     }
 }

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use super::dead::{self, Filter, Matched};
+use super::step_size::StepSize;
 use super::tenant_sets::{resume_at, SetAt, MOST_TENANTS};
 use super::{glimpse_of, hex, score_of, Range};
 use crate::config::ScoreUnit;
@@ -244,6 +245,7 @@ pub async fn count(scope: Scope<'_>, pick: &Pick) -> Result<Matched, StoreError>
         Pick::Prefix(p) => {
             let pattern = super::search::pattern(p);
             let mut calls = 0;
+            let mut size = StepSize::up_to(BATCH);
             'sets: for (_, s) in &scope.sets().await? {
                 let mut at = 0;
                 loop {
@@ -252,7 +254,8 @@ pub async fn count(scope: Scope<'_>, pick: &Pick) -> Result<Matched, StoreError>
                         break 'sets;
                     }
                     calls += 1;
-                    let (next, found) = s.count_matching(at, &pattern, BATCH).await?;
+                    let (next, found, bytes) = s.count_matching(at, &pattern, size.count()).await?;
+                    size.saw(found as usize, bytes);
                     out.count += found;
                     at = next;
                     if at == 0 {
@@ -302,13 +305,21 @@ pub async fn step(
     }
     let started = Instant::now();
     let mut touched = 0u64;
+    let mut size = StepSize::up_to(BATCH);
     while at.left > 0
         && i < sets.len()
         && (touched as usize) < PER_STEP
         && started.elapsed() < STEP_TIME
     {
         let room = at.left.min((PER_STEP - touched as usize) as u64) as usize;
-        let (n, done) = batch(&sets[i].1, scope.unit, pick, act, &mut at.pos, room).await?;
+        let (n, done) = batch(
+            &sets[i].1,
+            scope.unit,
+            (pick, act),
+            (&mut at.pos, &mut size),
+            room,
+        )
+        .await?;
         touched += n;
         at.left -= n.min(at.left);
         if done {
@@ -326,15 +337,15 @@ pub async fn step(
     Ok(Step { touched, cursor })
 }
 
-/// One batch on one set: at most [`BATCH`] members read and at most
-/// `room` acted on, in one script call. Returns how many were touched and
-/// whether the set was walked to its end.
+/// One batch on one set: at most [`BATCH`] members read (a prefix pick's
+/// as many as `size` says) and at most `room` acted on, in one script
+/// call. Returns how many were touched and whether the set was walked to
+/// its end.
 async fn batch(
     store: &Store,
     unit: ScoreUnit,
-    pick: &Pick,
-    act: Act,
-    pos: &mut Pos,
+    (pick, act): (&Pick, Act),
+    (pos, size): (&mut Pos, &mut StepSize),
     room: usize,
 ) -> Result<(u64, bool), StoreError> {
     let start = Glimpse::whole(Vec::new());
@@ -361,9 +372,10 @@ async fn batch(
             let pick = PendingPick::Prefix {
                 cursor: if let Pos::Scan(z) = pos { *z } else { 0 },
                 pattern: &super::search::pattern(p),
-                count: BATCH.min(room.max(10)),
+                count: size.count().min(room.max(10)),
             };
             let step = store.bulk_pending(pick, on, room).await?;
+            size.saw(step.copied.0, step.copied.1);
             *pos = Pos::Scan(step.next_scan);
             return Ok((step.n, step.next_scan == 0));
         }

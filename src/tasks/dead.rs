@@ -68,7 +68,8 @@ pub struct Matched {
 
 /// The oldest `limit` dead members over every shard, and Redis's clock.
 /// Shards are read a little at a time, so the members read are about the
-/// ones returned plus one per shard.
+/// ones returned plus one per shard, and no call copies much more than
+/// 8 MiB of members in Redis however large they are.
 pub async fn list(stores: &[Store], limit: usize) -> Result<(i64, Vec<DeadMember>), StoreError> {
     let mut now = 0;
     let mut merge = Merge::new(
@@ -81,9 +82,9 @@ pub async fn list(stores: &[Store], limit: usize) -> Result<(i64, Vec<DeadMember
         },
     );
     while let Some((shard, n)) = merge.wants() {
-        let (at, members) = stores[shard].dead_page(merge.read(shard), n).await?;
+        let (at, members, short) = stores[shard].dead_page(merge.read(shard), n).await?;
         now = now.max(at);
-        let more = members.len() == n;
+        let more = members.len() == n || short;
         merge.fill(shard, members, more);
     }
     Ok((now, merge.finish().0))

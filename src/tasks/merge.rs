@@ -124,7 +124,13 @@ impl<T: Clone> Merge<T> {
         self.buffered[shard].extend(items);
     }
 
-    /// The page, and whether anything follows it.
+    /// Items taken into the page so far.
+    pub fn taken(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The page, and whether anything follows it (also the page so far,
+    /// when the caller stops reading before [`Merge::wants`] is done).
     pub fn finish(self) -> (Vec<T>, bool) {
         let more = self.more.iter().any(|m| *m) || self.buffered.iter().any(|b| !b.is_empty());
         (self.out, more)

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 
+use super::step_size::{self, StepSize};
 use super::tenant_sets::{self, SetAt};
 use super::{to_ms, Listed};
 use crate::config::Business;
@@ -18,9 +19,11 @@ use crate::store::{int_of, score_text, Glimpse, KeyFamily, StoreError};
 /// `ZSCAN` calls one search page makes at most.
 pub const CALLS_PER_PAGE: usize = 20;
 /// The largest `COUNT` hint of a `ZSCAN`: members Redis looks at per call.
-pub const SCAN_COUNT: usize = 500;
-/// The smallest, for the last few matches a page still wants.
-const MIN_SCAN_COUNT: usize = 10;
+pub const SCAN_COUNT: usize = step_size::MOST;
+
+/// Longest one search page keeps starting scan steps (each copies about
+/// [`step_size::STEP_BYTES`] of matches in Redis).
+pub const PAGE_TIME: Duration = Duration::from_millis(500);
 
 /// One page of a search.
 #[derive(Debug, Clone, Default)]
@@ -75,13 +78,15 @@ fn start_at(cursor: Option<&str>, shards: usize) -> Result<(SetAt, u64), StoreEr
 
 /// Up to about `limit` pending tasks whose member starts with `prefix`,
 /// from where `cursor` left off, looking at no more than
-/// [`CALLS_PER_PAGE`] × [`SCAN_COUNT`] members. An empty page with a cursor
-/// is not the end: the matches may lie further on.
+/// [`CALLS_PER_PAGE`] × [`SCAN_COUNT`] members and starting no step after
+/// [`PAGE_TIME`]. An empty page with a cursor is not the end: the matches
+/// may lie further on.
 ///
 /// A `ZSCAN` answers every match among the members it looks at, and one
 /// cannot stop half-way without losing the rest, so each call looks at no
-/// more members than matches are still wanted: a page returns at most
-/// about twice `limit`, never thousands of bodies for a page of 50.
+/// more members than matches are still wanted (a page returns at most
+/// about twice `limit`, never thousands of bodies for a page of 50) nor
+/// more than copy about [`step_size::STEP_BYTES`] at the sizes seen.
 ///
 /// On a business with tenants the walk goes through each key's `K` and
 /// the sets of the first [`tenant_sets::MOST_TENANTS`] tenants of its
@@ -104,9 +109,15 @@ pub async fn by_prefix<C: ConnectionLike>(
     let pattern = pattern(prefix);
     let mut tasks = Vec::new();
     let mut calls = 0;
-    while set < sets.len() && calls < CALLS_PER_PAGE && tasks.len() < limit {
+    let mut size = StepSize::default();
+    let started = Instant::now();
+    while set < sets.len()
+        && calls < CALLS_PER_PAGE
+        && tasks.len() < limit
+        && started.elapsed() < PAGE_TIME
+    {
         calls += 1;
-        let count = (limit - tasks.len()).clamp(MIN_SCAN_COUNT, SCAN_COUNT);
+        let count = (limit - tasks.len()).min(size.count());
         let reply: Vec<redis::Value> = SCAN_GLIMPSE
             .key(&sets[set].key)
             .arg(at)
@@ -116,6 +127,8 @@ pub async fn by_prefix<C: ConnectionLike>(
             .await?;
         let mut it = reply.into_iter();
         let next = int_of(it.next())? as u64;
+        let bytes = int_of(it.next())?.max(0) as usize;
+        let before = tasks.len();
         while let Some(member) = Glimpse::read(&mut it)? {
             let score = score_text(it.next())?;
             tasks.push(Listed {
@@ -124,6 +137,7 @@ pub async fn by_prefix<C: ConnectionLike>(
                 score,
             });
         }
+        size.saw(tasks.len() - before, bytes);
         at = next;
         if at == 0 {
             set += 1;
@@ -132,30 +146,6 @@ pub async fn by_prefix<C: ConnectionLike>(
     let cursor = sets.get(set).map(|s| format!("{}:{at}", s.at.encode()));
     Ok(SearchPage { tasks, cursor })
 }
-
-/// The `COUNT` hint of a body search's first `HSCAN` step. Redis copies
-/// every body a step looks at into Lua, so the next steps look at as many
-/// as [`BODY_STEP_BYTES`] of bodies of the sizes seen so far, up to
-/// [`SCAN_COUNT`] (one step over 150 bodies of 1 MiB ran past the API's 5 s
-/// bound on a loaded 2-core VM; 64 bodies a step left 1,500 small ones
-/// beyond one page).
-pub const BODY_FIRST_COUNT: usize = 16;
-
-/// Bytes of bodies one body search step aims to look at.
-pub const BODY_STEP_BYTES: usize = 8 << 20;
-
-/// The next step's `COUNT` after one that looked at `members` bodies of
-/// `bytes` in all.
-fn next_body_count(members: usize, bytes: usize) -> usize {
-    if members == 0 {
-        return SCAN_COUNT;
-    }
-    let average = (bytes / members).max(1);
-    (BODY_STEP_BYTES / average).clamp(MIN_SCAN_COUNT, SCAN_COUNT)
-}
-
-/// Longest one page of a body search keeps starting `HSCAN` steps.
-pub const BODY_PAGE_TIME: Duration = Duration::from_millis(500);
 
 /// Most bytes of each matching body a body search brings out of Redis:
 /// the 4 KiB an answer shows, and as much again for an intake message's
@@ -191,9 +181,9 @@ pub struct BodyPage {
 /// Up to about `limit` ids (id mode) whose body contains `text`, from where
 /// `cursor` left off (the same `SHARD:CURSOR` form as [`by_prefix`]'s),
 /// making at most [`CALLS_PER_PAGE`] `HSCAN` steps (each over about
-/// [`BODY_STEP_BYTES`] of bodies) and starting none after
-/// [`BODY_PAGE_TIME`]. Only matches leave Redis, each body cut to
-/// [`BODY_HEAD`] bytes there.
+/// [`step_size::STEP_BYTES`] of bodies, which Redis copies into Lua) and
+/// starting none after [`PAGE_TIME`]. Only matches leave Redis, each body
+/// cut to [`BODY_HEAD`] bytes there.
 pub async fn by_body<C: ConnectionLike>(
     conn: &mut C,
     business: &Business,
@@ -206,13 +196,13 @@ pub async fn by_body<C: ConnectionLike>(
     let mut shard = from.shard;
     let started = Instant::now();
     let mut found = Vec::new();
-    let mut count = BODY_FIRST_COUNT;
+    let mut size = StepSize::default();
     for _ in 0..CALLS_PER_PAGE {
         let fam = KeyFamily::new(&keys[shard]);
         let reply: Vec<redis::Value> = BODY_SEARCH
             .key(&fam.body)
             .arg(at)
-            .arg(count)
+            .arg(size.count())
             .arg(text)
             .arg(BODY_HEAD)
             .invoke_async(conn)
@@ -220,7 +210,7 @@ pub async fn by_body<C: ConnectionLike>(
         let next = crate::store::int_of(reply.first().cloned())?;
         let looked = crate::store::int_of(reply.get(1).cloned())?.max(0) as usize;
         let bytes = crate::store::int_of(reply.get(2).cloned())?.max(0) as usize;
-        count = next_body_count(looked, bytes);
+        size.saw(looked, bytes);
         let mut matches = Vec::new();
         for m in reply.get(3..).unwrap_or_default().chunks(3) {
             if let [id, size, head] = m {
@@ -247,7 +237,7 @@ pub async fn by_body<C: ConnectionLike>(
                 });
             }
         }
-        if found.len() >= limit || started.elapsed() >= BODY_PAGE_TIME {
+        if found.len() >= limit || started.elapsed() >= PAGE_TIME {
             break;
         }
     }
@@ -300,14 +290,6 @@ async fn scores_in<C: ConnectionLike>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_body_search_step_looks_at_about_8_mib_of_bodies() {
-        assert_eq!(next_body_count(16, 16 * 60), SCAN_COUNT, "small bodies");
-        assert_eq!(next_body_count(16, 16 << 19), 16, "512 KiB bodies");
-        assert_eq!(next_body_count(8, 8 << 26), MIN_SCAN_COUNT, "64 MiB bodies");
-        assert_eq!(next_body_count(0, 0), SCAN_COUNT, "an empty step");
-    }
 
     #[test]
     fn glob_characters_in_a_prefix_match_themselves() {

@@ -194,11 +194,16 @@ impl ConsoleDaemon {
     /// Starts delayd for `businesses` with these `DELAYD_*` variables; waits
     /// with the read token (`DELAYD_HTTP__READ_TOKEN`) when one is set.
     pub async fn start_with_env(businesses: &[&BusinessSpec], env: &[(&str, &str)]) -> Self {
+        Self::start_on(&redis_url(), businesses, env).await
+    }
+
+    /// [`ConsoleDaemon::start_with_env`] against the Redis at `redis`.
+    pub async fn start_on(redis: &str, businesses: &[&BusinessSpec], env: &[(&str, &str)]) -> Self {
         let c = Consumers::on(&amqp_url(), businesses).await;
         let port = free_port(16000..20000, &[]);
         let config = write_config_with(
             c.dir.path(),
-            &redis_url(),
+            redis,
             &format!("url = \"{}\"", amqp_url()),
             &format!("127.0.0.1:{port}"),
             businesses,
@@ -206,7 +211,7 @@ impl ConsoleDaemon {
         let setup = Setup {
             dir: c.dir,
             config: config.clone(),
-            redis: redis_at(&redis_url()).await,
+            redis: redis_at(redis).await,
             amqp: c.amqp,
             ch: c.ch,
             queues: c.queues,
