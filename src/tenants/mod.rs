@@ -72,12 +72,22 @@ impl Fair {
             .collect()
     }
 
-    /// Resolves when a tenant held back at its `tenant_window` has room
-    /// again; never without one.
+    /// Resolves when a tenant the last claim saw with due work has room
+    /// under its `tenant_window` again; never without a window.
+    ///
+    /// A wake-up is stored when nobody waits, so one stored while a claim
+    /// ran may find that claim took the room it announced: it is passed
+    /// over (a claim then would move nothing), and the next confirm that
+    /// frees the room wakes it again.
     pub async fn freed(&self) {
-        match &self.unconfirmed {
-            Some(u) => u.freed().await,
-            None => std::future::pending().await,
+        let Some(u) = &self.unconfirmed else {
+            return std::future::pending().await;
+        };
+        loop {
+            u.freed().await;
+            if self.has_due() {
+                return;
+            }
         }
     }
 
@@ -269,6 +279,33 @@ mod tests {
             budgets.iter().find(|b| b.tenant == "acme").map(|b| b.burst),
             Some(40)
         );
+    }
+
+    #[test]
+    fn a_wake_up_whose_room_a_claim_took_again_does_not_end_the_wait() {
+        let settings = Tenants {
+            window: Some(1),
+            ..Tenants::default()
+        };
+        let fair = Fair::new(settings, 1);
+        *fair.seen.lock().unwrap() = vec![due("acme", 500, None)];
+        let acme: Arc<[u8]> = Arc::from(&b"acme"[..]);
+        let u = fair.unconfirmed.clone().unwrap();
+        let now = |fair: &Fair| {
+            let f = fair.freed();
+            futures::pin_mut!(f);
+            futures::FutureExt::now_or_never(f).is_some()
+        };
+        // A confirm frees acme's room (a wake-up is stored), then a claim
+        // takes it again before the scanner waits.
+        drop(u.take(&acme));
+        let again = u.take(&acme);
+        assert!(
+            !now(&fair),
+            "woken with no room: a claim would move nothing"
+        );
+        drop(again);
+        assert!(now(&fair), "the confirm that frees the room wakes it");
     }
 
     #[test]
