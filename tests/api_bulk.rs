@@ -873,7 +873,7 @@ async fn no_redis_call_of_listing_searching_or_acting_on_1_mib_members_copies_mo
     const DEAD: usize = 12;
     const SIZE: usize = 1 << 20;
     let dir = tempfile::tempdir().unwrap();
-    let server = tokio::task::block_in_place(|| PrivateRedis::started(dir.path()));
+    let server = tokio::task::block_in_place(|| PrivateRedis::started_in_memory(dir.path()));
     let b = BusinessSpec::random("bigsteps");
     let c =
         ConsoleDaemon::start_on(&server.url(), &[&b], &[("DELAYD_HTTP__ADMIN_TOKEN", TOKEN)]).await;

@@ -107,16 +107,38 @@ impl PrivateRedis {
         server
     }
 
+    /// A server kept in memory only (no AOF: a write never waits on the
+    /// disk, which the builds beside the tests keep busy), started.
+    pub fn started_in_memory(dir: &Path) -> Self {
+        let mut server = Self::new(dir);
+        server.start_with(&["--appendonly", "no"]);
+        server
+    }
+
     /// Starts the server on its port and directory (keeping any data there)
     /// and waits until it answers PING; panics after 20 s.
     pub fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// [`PrivateRedis::start`] with `extra` arguments after the usual ones
+    /// (a later one wins).
+    pub fn start_with(&mut self, extra: &[&str]) {
         assert!(self.child.is_none(), "private Redis already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("redis.log"))
             .unwrap();
-        let child = Command::new("redis-server")
+        // A session of its own, as the shared servers have: with the
+        // kernel's scheduler autogroups a session shares the CPU as one
+        // group, and inside the test's own group this server waits behind
+        // every test of the binary and their daemons (a console read on
+        // one ran past the API's 5 s bound in a bare CI run). `setsid`
+        // execs in place here (the test is not a group leader): the pid is
+        // Redis's.
+        let child = Command::new("setsid")
+            .arg("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(&self.dir)
@@ -132,6 +154,7 @@ impl PrivateRedis {
                 "--daemonize",
                 "no",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
