@@ -10,7 +10,7 @@
 //! test's thread for seconds, and the consumers that stamp each receipt
 //! time must go on running meanwhile.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! A broker that accepts delayd and then drops it is retried with backoff,
 //! never in a busy loop.
 
-mod common;
+use delayd_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

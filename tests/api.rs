@@ -2,7 +2,7 @@
 //! and RabbitMQ: every endpoint, the token, and bad input (always a 4xx
 //! with one line of JSON, never a 500).
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

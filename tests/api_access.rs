@@ -6,7 +6,7 @@
 //! table says, and names no business with a token of its own, nor shows
 //! its data, unless the caller may read that business.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

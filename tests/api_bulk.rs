@@ -4,7 +4,7 @@
 //! a step is bounded and resumes from its cursor, and each call writes one
 //! audit entry.
 
-mod common;
+use delayd_test_support as common;
 
 use common::*;
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! The command line as users and scripts see it: exit codes, one-line
 //! errors that name the file, business and field, no panics, no secrets.
 
-mod common;
+use delayd_test_support as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! written, is refused at load with one line when the broker or Redis could
 //! not take it, and never shows a password.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

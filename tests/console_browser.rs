@@ -4,7 +4,7 @@
 //! browser is a failure, not a skip. Each test saves screenshots under
 //! `target/tmp/console-screenshots/`.
 
-mod common;
+use delayd_test_support as common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,7 +1,7 @@
 //! End-to-end delivery against real Redis and RabbitMQ, with the daemon
 //! running as a child process exactly as users run it.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! `*_is_caught` tests feed altered files to the same checks, so a drift
 //! cannot pass unnoticed.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! and id mode with a reschedule and a cancel by id) to a real consumer,
 //! and nothing they cancelled. The clients come from deploy/local/clients.sh.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;

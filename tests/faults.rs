@@ -3,7 +3,7 @@
 //! tests that stop a server run their own (private port and directory), so
 //! they never disturb the shared servers or the other tests.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

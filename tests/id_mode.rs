@@ -3,7 +3,7 @@
 //! list against the real Redis; the producer snippets of docs/id-mode.md run
 //! as written; the forecast gauge.
 
-mod common;
+use delayd_test_support as common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

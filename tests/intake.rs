@@ -8,7 +8,7 @@
 //! string delays, exchange-to-exchange bindings, counting, and a restart
 //! before the delays expire (of delayd here, of the node there).
 
-mod common;
+use delayd_test_support as common;
 
 use common::*;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -970,7 +970,7 @@ async fn a_batch_half_stored_at_the_stop_is_handed_back_only_in_its_unstored_hal
     }
     let d = t.start().await;
     let some = eventually(Duration::from_secs(10), || async {
-        t.inbox.len() > 0
+        !t.inbox.is_empty()
             && d.logs()
                 .contains("Redis does not store intake messages now")
     })

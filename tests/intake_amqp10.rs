@@ -9,7 +9,7 @@
 //! `deploy/local/test.sh` with `--include-ignored` on the RabbitMQ 4 sets,
 //! where a broker older than 4 fails them rather than passing unseen.
 
-mod common;
+use delayd_test_support as common;
 
 use common::*;
 use fe2o3_amqp::types::messaging::{Header, Message, MessageAnnotations, Properties};

@@ -4,7 +4,7 @@
 //! does not stop the intake; a producer's `user_id` does not stop delivery.
 //! (`kill -9` of delayd mid-intake is in `tests/intake.rs`.)
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! and pauses (each run prints its seed). The same nemesis over a Sentinel
 //! set, with a replica that lags, is in `tests/redis_sentinel.rs`.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

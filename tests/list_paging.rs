@@ -1,7 +1,7 @@
 //! Listing pages past a cursor whose member was cancelled costs O(log N),
 //! however many members share its due time.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

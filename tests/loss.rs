@@ -5,7 +5,7 @@
 //! (a lost reply, a producer's cancel between two claims) that a running
 //! daemon only hits by chance.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

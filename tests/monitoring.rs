@@ -5,7 +5,7 @@
 //! deploy/local/test.sh.) The `*_is_caught` tests feed altered input to the
 //! same checks, so a drift cannot pass unnoticed.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

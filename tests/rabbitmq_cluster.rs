@@ -4,7 +4,7 @@
 //! delayd gets the node list; nodes are killed and stopped under it.
 //! The tests take turns: each leaves the cluster whole again.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 //! that get TLS wrong in each way a user meets: an unknown CA, an expired
 //! certificate, no client certificate, clear text, and no answer at all.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashMap;
 use std::path::Path;

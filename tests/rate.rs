@@ -2,7 +2,7 @@
 //! process and every shard of a business. Real Redis and RabbitMQ; each test
 //! its own keys, exchange and queue.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! was down follow `catch_up`; a schedule removed or changed takes back its
 //! future occurrences; bad expressions and zones are refused at load.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! keyspace wake-ups on every master. The tests take turns: several change
 //! the cluster's topology.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

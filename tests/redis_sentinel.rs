@@ -9,7 +9,7 @@
 //! tests take turns: several of them fail the master over, and each starts
 //! by bringing a killed node back as a replica.
 
-mod common;
+use delayd_test_support as common;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

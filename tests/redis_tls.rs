@@ -4,7 +4,7 @@
 //! fail (wrong CA, expired certificate, missing client certificate, a
 //! clear-text server), from `delayd check` and from the daemon's `/readyz`.
 
-mod common;
+use delayd_test_support as common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -4,7 +4,7 @@
 //! occurrence; the view shows cron, zone, next, last delivered and missed;
 //! every write needs the admin token and is audited.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

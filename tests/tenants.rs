@@ -4,7 +4,7 @@
 //! member once, never early, and one tenant's backlog does not hold back
 //! another tenant's members.
 
-mod common;
+use delayd_test_support as common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Members under key names a business does not read stop the start, named
 //! with the setting that reads them, instead of waiting forever unseen.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! included), and as plain bytes where envelopes are off; `delayd check`
 //! states the version the page carries.
 
-mod common;
+use delayd_test_support as common;
 
 use std::time::Duration;
 

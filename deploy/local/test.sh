@@ -309,7 +309,7 @@ wait_packages() {
 # target directory of its own, so it never waits on the build's lock. The
 # image is built as root or where podman is; its checks run after the tests.
 bg_step "clippy" "$DELAYD_LOCAL_DIR/clippy.log" \
-	env CARGO_TARGET_DIR="$DELAYD_REPO_ROOT/target/clippy" "${LOWEST_PRIORITY[@]}" cargo clippy --all-targets -- -D warnings
+	env CARGO_TARGET_DIR="$DELAYD_REPO_ROOT/target/clippy" "${LOWEST_PRIORITY[@]}" cargo clippy --workspace --all-targets -- -D warnings
 image=0
 if [[ -n "${CI:-}" || "$(id -u)" == 0 ]] || command -v podman >/dev/null 2>&1; then
 	image=1

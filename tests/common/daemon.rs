@@ -3,12 +3,17 @@
 
 use super::*;
 
-/// The binary the daemon tests run: this build's, or `DELAYD_TEST_BIN` (to
+/// The binary the daemon tests run: this build's (cargo builds it beside
+/// the test binaries, which run from its `deps/`), or `DELAYD_TEST_BIN` (to
 /// show that a test fails against an older build).
 pub fn daemon_bin() -> PathBuf {
     std::env::var_os("DELAYD_TEST_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_delayd")))
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("the test binary's path");
+            let deps = exe.parent().expect("the test binary's directory");
+            deps.parent().unwrap_or(deps).join("delayd")
+        })
 }
 
 /// The daemon as a child process, killed when dropped.

@@ -74,8 +74,13 @@ impl Received {
 pub struct Inbox(pub Arc<Mutex<Vec<Received>>>);
 
 impl Inbox {
+    /// Messages received so far.
     pub fn len(&self) -> usize {
         self.0.lock().unwrap().len()
+    }
+    /// Whether none was received yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
     pub fn all(&self) -> Vec<Received> {
         self.0.lock().unwrap().clone()

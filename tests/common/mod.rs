@@ -12,7 +12,6 @@
 //! - `config_file`: config files for the daemon under test;
 //! - `setup`: the usual start of an end-to-end test;
 //! - `nemesis`: the standing nemesis on the intake road, over a Redis a test supplies.
-#![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -36,6 +35,11 @@ mod redis_keys;
 mod relay;
 mod servers;
 mod setup;
+
+/// The repository's root: this crate lives in its `tests/common`.
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
 
 // Each test binary uses a different part of this support.
 #[allow(unused_imports)]

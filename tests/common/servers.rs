@@ -286,9 +286,7 @@ impl PrivateRabbit {
     fn script() -> PathBuf {
         std::env::var_os("DELAYD_TEST_RABBITMQ_NODE_SCRIPT")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/rabbitmq-node.sh")
-            })
+            .unwrap_or_else(|| repo_root().join("deploy/local/rabbitmq-node.sh"))
     }
 
     async fn run(&self, cmd: &str, limit: Duration) {
@@ -411,9 +409,7 @@ impl Drop for Alarm<'_> {
 /// Runs `deploy/local/NAME ARGS` with extra environment; its stdout, or a
 /// panic with its stderr. The scripts bound their own waits.
 pub fn run_script(name: &str, args: &[&str], env: &[(&str, String)]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/local")
-        .join(name);
+    let path = repo_root().join("deploy/local").join(name);
     let out = Command::new(&path)
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -469,9 +465,7 @@ pub fn reap_with_this_process(pids: &[u32]) {
 
 /// A script under `deploy/local/`.
 pub fn deploy_script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/local")
-        .join(name)
+    repo_root().join("deploy/local").join(name)
 }
 
 /// `deploy/local/clients.sh WHAT`: installs a producer's client library if
@@ -482,7 +476,7 @@ pub fn client(what: &str) -> String {
 
 /// The one fenced block of `lang` in `docs/DOC`, as the docs show it.
 pub fn doc_block(doc: &str, lang: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs").join(doc);
+    let path = repo_root().join("docs").join(doc);
     let text = std::fs::read_to_string(&path).unwrap();
     let open = format!("```{lang}\n");
     let blocks: Vec<&str> = text.split(&open).skip(1).collect();
