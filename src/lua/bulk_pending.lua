@@ -52,9 +52,7 @@ if ARGV[5] == 'prefix' then
     end
   end
   moved()
-  local bytes = 0
-  for i = 1, #r[2], 2 do bytes = bytes + #r[2][i] end
-  return {n, r[1], bytes, #r[2] / 2}
+  return {n, r[1], scanned_bytes(r[2]), #r[2] / 2}
 end
 
 local items, cut = page_after(KEYS[1], ARGV[6], ARGV[7], most, ARGV[8], ARGV[9], ARGV[10])

@@ -82,6 +82,14 @@ local function bytes_after(a, b)
   return la > lb
 end
 
+-- Bytes of the members in a flat {member, score, ...} list (a ZSCAN or
+-- ZRANGE ... WITHSCORES reply): what reading them had Redis copy into Lua.
+local function scanned_bytes(flat)
+  local bytes = 0
+  for i = 1, #flat, 2 do bytes = bytes + #flat[i] end
+  return bytes
+end
+
 -- Bytes of members one call of a listing script copies into Lua at most
 -- (and one member more): Redis copies each member it hands to Lua at
 -- about 8 ms per MiB on a 2-core VM, so a page of 1,000 body-mode members
@@ -99,7 +107,7 @@ local function read_bounded(fetch, want)
   while got < want do
     local part = fetch(got, chunk)
     for i = 1, #part do items[#items + 1] = part[i] end
-    for i = 1, #part, 2 do bytes = bytes + #part[i] end
+    bytes = bytes + scanned_bytes(part)
     got = got + #part / 2
     if #part < 2 * chunk then return items, false end
     if bytes >= PAGE_BYTES and got < want then return items, true end

@@ -10,8 +10,7 @@
 -- Returns {next cursor, bytes of the matches, m1, size1, sha1_1, score1,
 -- m2, ...}, or with 'count' {next cursor, bytes of the matches, matches}.
 local r = redis.call('ZSCAN', KEYS[1], ARGV[1], 'MATCH', ARGV[2], 'COUNT', tonumber(ARGV[3]))
-local bytes = 0
-for i = 1, #r[2], 2 do bytes = bytes + #r[2][i] end
+local bytes = scanned_bytes(r[2])
 if ARGV[4] == 'count' then return {r[1], bytes, #r[2] / 2} end
 local out = {r[1], bytes}
 for i = 1, #r[2], 2 do
