@@ -80,7 +80,7 @@ pub use dead::{DeadOp, DeadPick, DeadStep};
 pub use forecast::DueCounts;
 pub use glimpse::Glimpse;
 pub use tenant_control::{TenantPage, TenantRow};
-pub use tenants::{indexed, Indexed, TenantBudget, TenantDue, TenantTake};
+pub use tenants::{indexed, Indexed, TenantBudget, TenantDue, TenantTake, TenantsHead};
 pub use totals::{Counts, Totals};
 
 /// Most members in one settle call: Lua's `unpack` is bounded, and one call

@@ -332,6 +332,7 @@ fn lanes(config: &Config, conn: &RedisConn, redis_health: &Arc<Health>) -> Vec<A
                 store: Store::of_business(conn.clone(), &key, b),
                 lead_wake: Notify::new(),
                 all_wake: Notify::new(),
+                express_wake: Notify::new(),
                 notifications: AtomicBool::new(false),
                 limiter: limiter.clone(),
                 redis: redis_health.clone(),
@@ -358,7 +359,8 @@ fn distinct_businesses(lanes: &[Arc<Lane>]) -> Vec<Arc<Business>> {
     businesses
 }
 
-/// `scanners` claim-and-publish loops per lane, each supervised.
+/// `scanners` claim-and-publish loops per lane (and the express scanner
+/// of a business with tenants), each supervised.
 fn spawn_scanners(
     config: &Config,
     lanes: &[Arc<Lane>],
@@ -373,7 +375,9 @@ fn spawn_scanners(
             .iter()
             .position(|b| b.name == lane.business.name)
             .unwrap_or(0);
-        for index in 0..lane.business.scanners {
+        // A business with tenants has one more: the express scanner.
+        let express = usize::from(lane.fair.is_some());
+        for index in 0..lane.business.scanners + express {
             tasks.push(tokio::spawn(supervise_scanner(
                 lane.clone(),
                 index,
@@ -672,8 +676,9 @@ async fn node_flags(client: &redis::Client, addr: &str) -> Option<Option<String>
     Some(crate::store::keyspace_flags(&mut c).await)
 }
 
-/// Lanes by the keyspace channel of their pending key.
-type Channels = std::collections::HashMap<Vec<u8>, Arc<Lane>>;
+/// Lanes by the keyspace channels of their keys: the pending key, and with
+/// tenants the tenants' index (true).
+type Channels = std::collections::HashMap<Vec<u8>, (Arc<Lane>, bool)>;
 
 /// A subscription to every lane's keyspace channel on this node (only the
 /// keys it holds will ever publish); `None` when it cannot be made.
@@ -698,15 +703,15 @@ async fn subscribe_lanes(
     };
     let mut channels = Channels::new();
     for l in lanes {
-        let mut keys = vec![l.store.keys().pending.clone()];
+        let mut keys = vec![(l.store.keys().pending.clone(), false)];
         if l.fair.is_some() {
             // Producers of a business with tenants write the index too.
-            keys.push(l.store.keys().tenant_index());
+            keys.push((l.store.keys().tenant_index(), true));
         }
-        for key in keys {
+        for (key, index) in keys {
             let ch = format!("__keyspace@{db}__:{key}");
             pubsub.subscribe(&ch).await.ok()?;
-            channels.insert(ch.into_bytes(), l.clone());
+            channels.insert(ch.into_bytes(), (l.clone(), index));
         }
     }
     Some((pubsub, channels))
@@ -739,8 +744,11 @@ async fn relay(
                             | b"zdiffstore" | b"zrangestore" | b"rename_to"
                             | b"restore" | b"copy_to"
                     ) {
-                        if let Some(l) = channels.get(msg.get_channel_name().as_bytes()) {
+                        if let Some((l, index)) = channels.get(msg.get_channel_name().as_bytes()) {
                             l.lead_wake.notify_one();
+                            if *index {
+                                l.express_wake.notify_one();
+                            }
                         }
                     }
                 }

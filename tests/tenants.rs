@@ -1281,6 +1281,73 @@ async fn a_tenant_window_caps_a_tenants_unconfirmed_publishes_and_leaves_the_res
     wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
 }
 
+/// The express scanner: with the broker's confirms held, the one scanner's
+/// window fills with the heavy tenant's members and it can claim no more;
+/// light tenants that fall due after that are claimed all the same, one
+/// member each, by a scanner that leaves the heavy tenant alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn light_tenants_newly_due_are_claimed_while_the_scanners_window_is_full_of_a_backlog() {
+    let b = BusinessSpec::with_extra(
+        "tenants_express",
+        "tenants = true\nscanners = 1\nwindow = 50\nbatch_size = 50",
+    );
+    let relay = Relay::to(&amqp_url()).await;
+    let s = Setup::through(&relay, &[&b]).await;
+    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let d = Daemon::start(&s.config);
+    let now = redis_now_ms(&mut redis).await;
+    let warm = vec![(now as f64, unique("warm").into_bytes())];
+    zadd_tenant(&mut redis, &b.key, "warm", &warm).await;
+    let mut want = bodies(&warm);
+    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
+
+    relay.hold();
+    let now = redis_now_ms(&mut redis).await;
+    let heavy = members("heavy", 500, now, 0);
+    zadd_tenant(&mut redis, &b.key, "heavy", &heavy).await;
+    want.extend(bodies(&heavy));
+    let count =
+        |flight: &[String], prefix: &str| flight.iter().filter(|m| m.starts_with(prefix)).count();
+    let key = b.key.clone();
+    let window_full = eventually(Duration::from_secs(10), || {
+        let (mut r, key) = (redis.clone(), key.clone());
+        async move { count(&in_flight(&mut r, &key).await, "heavy") == 50 }
+    })
+    .await;
+    assert!(
+        window_full,
+        "the scanner's window never filled with heavy's members"
+    );
+    let now = redis_now_ms(&mut redis).await;
+    for i in 0..4 {
+        let light = members(&format!("light{i}"), 1, now + 300, 0);
+        zadd_tenant(&mut redis, &b.key, &format!("light{i}"), &light).await;
+        want.extend(bodies(&light));
+    }
+    let all_light = eventually(Duration::from_secs(10), || {
+        let (mut r, key) = (redis.clone(), key.clone());
+        async move { count(&in_flight(&mut r, &key).await, "light") == 4 }
+    })
+    .await;
+    let flight = in_flight(&mut redis, &b.key).await;
+    assert!(
+        all_light,
+        "light tenants' members in flight: {} of 4 (heavy's: {})",
+        count(&flight, "light"),
+        count(&flight, "heavy")
+    );
+    assert_eq!(
+        count(&flight, "heavy"),
+        50,
+        "the express scanner took none of the heavy tenant's members"
+    );
+    relay.release();
+    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    inbox.assert_each_once(&want, "a business with an express scanner");
+    wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_light_tenants_member_due_since_the_last_claim_goes_in_the_next_claim() {
     let key = unique("fairnext");

@@ -39,6 +39,14 @@ pub(super) struct Scanner<'a> {
     channel_error_logged: bool,
     wrong_type_logged: bool,
     seq: u64,
+    /// The express scanner of a business with tenants: it claims only for
+    /// tenants newly due, while the others work through a backlog.
+    pub express: bool,
+    /// The express scanner looks again at once, without a wake-up: its
+    /// last claim moved members, and more may be newly due.
+    pub look_now: bool,
+    /// How many tenants the express scanner's last look found newly due.
+    pub fresh: usize,
 }
 
 impl<'a> Scanner<'a> {
@@ -69,6 +77,9 @@ impl<'a> Scanner<'a> {
             channel_error_logged: false,
             wrong_type_logged: false,
             seq: 0,
+            express: lane.fair.is_some() && index == lane.business.scanners,
+            look_now: false,
+            fresh: 0,
         }
     }
 
@@ -94,6 +105,12 @@ impl<'a> Scanner<'a> {
     async fn turn(&mut self) -> Step<()> {
         self.wait_for_broker().await?;
         self.wait_out_pause().await?;
+        if self.express {
+            // Its channel is open before the wait, so a claim after it
+            // costs no round trip of the broker's.
+            self.open_channel().await?;
+            self.wait_fresh().await?;
+        }
         let ch = self.open_channel().await?;
         let want = self.window_slots().await?;
         let (want, granted) = self.rate_budget(want).await?;
@@ -173,8 +190,13 @@ impl<'a> Scanner<'a> {
             p = self.window.clone().acquire_owned() => p.map_err(|_| Next::Stop)?,
         };
         first.forget();
+        let most = match self.express {
+            // One member for each tenant newly due.
+            true => self.fresh.clamp(1, self.lane.business.batch_size),
+            false => self.lane.business.batch_size,
+        };
         let mut want = 1usize;
-        while want < self.lane.business.batch_size {
+        while want < most {
             match self.window.try_acquire() {
                 Ok(p) => {
                     p.forget();
@@ -234,6 +256,7 @@ impl<'a> Scanner<'a> {
         let (lane, b) = (self.lane, &self.lane.business);
         let claim = match &lane.fair {
             None => lane.store.claim(want, b.lease).await,
+            Some(fair) if self.express => fair.claim_fresh(&lane.store, want, b.lease).await,
             Some(fair) => fair.claim(&lane.store, want, b.lease).await,
         };
         let claim = match claim {
@@ -263,17 +286,23 @@ impl<'a> Scanner<'a> {
             // The whole batch was dropped, and more may be due behind it.
             return Err(Next::Again);
         }
-        if claim.paused && self.index == 0 {
+        if claim.paused && (self.index == 0 || self.express) {
             // Paused by an operator: the leader looks again in a second,
             // the others wait for it as when idle.
             return Err(Next::RetryAfter(Duration::from_secs(1)));
+        }
+        if got == 0 && self.express {
+            // Another scanner took what the look saw, or what it saw cannot
+            // go yet (the claim's report now names it): look again soon.
+            return Err(Next::RetryAfter(WAKE_GAP));
         }
         if got == 0 {
             idle(lane, self.index, &claim, claimed_at, self.stop).await;
             return Err(Next::Again);
         }
         add_to(&METRICS.claimed, &[&b.name], got as u64);
-        if got == want {
+        self.look_now = self.express;
+        if got == want && !self.express {
             // A full batch: likely more is due, so bring the others in.
             lane.all_wake.notify_waiters();
         }

@@ -27,6 +27,7 @@ use crate::telemetry::{Backoff, Health, METRICS};
 
 mod batch;
 mod claim;
+mod express;
 mod outcome;
 mod settle;
 mod sweep;
@@ -59,6 +60,9 @@ pub struct Lane {
     pub lead_wake: Notify,
     /// Wakes the other scanners when the leader found a full batch.
     pub all_wake: Notify,
+    /// Wakes the express scanner of a business with tenants: a write to
+    /// the tenants' index, which may make a tenant newly due.
+    pub express_wake: Notify,
     /// True while keyspace notifications for this key are being received.
     pub notifications: AtomicBool,
     /// The business's publish-rate cap and the most one claim may take

@@ -45,6 +45,18 @@ pub struct TenantTake {
     pub most: Option<u64>,
 }
 
+/// The earliest head among the tenants a claim could release, as
+/// `tenants_head.lua` read it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TenantsHead {
+    /// Redis's clock at the read, epoch ms.
+    pub now_ms: i64,
+    /// The head's due time, epoch ms; `None` when no such tenant is left.
+    pub head_ms: Option<i64>,
+    /// How many of those tenants were due.
+    pub due: usize,
+}
+
 /// A tenant of a key's index with its index score: a floor under its
 /// members' due times (a claim or a later reschedule may leave it early,
 /// never late).
@@ -176,11 +188,36 @@ impl Store {
     /// `held`, epoch ms, from the index: what a wake-up hint compares with
     /// besides `K`'s head.
     pub async fn tenants_head_due_ms(&self, held: &[Vec<u8>]) -> Result<Option<i64>, StoreError> {
+        Ok(self.tenants_head(held, 0).await?.head_ms)
+    }
+
+    /// The earliest head of a tenant neither paused nor in `passed`, with
+    /// Redis's clock and how many such tenants are due (at most `most`).
+    pub async fn tenants_head(
+        &self,
+        passed: &[Vec<u8>],
+        most: usize,
+    ) -> Result<TenantsHead, StoreError> {
         let mut conn = self.conn.clone();
         let mut inv = scripts::TENANTS_HEAD.key(self.keys.tenant_index());
-        inv.key(self.keys.tenant_paused()).arg(held);
-        let score: Option<f64> = inv.invoke_async(&mut conn).await?;
-        Ok(score.map(|s| (s * self.unit.millis() as f64) as i64))
+        inv.key(self.keys.tenant_paused())
+            .arg(self.unit.millis())
+            .arg(most)
+            .arg(passed);
+        let (now_ms, head, due): (i64, String, usize) = inv.invoke_async(&mut conn).await?;
+        let head_ms = match head.as_str() {
+            "" => None,
+            s => Some(
+                (s.parse::<f64>()
+                    .map_err(|_| StoreError::Reply(format!("tenants head {s:?}")))?
+                    * self.unit.millis() as f64) as i64,
+            ),
+        };
+        Ok(TenantsHead {
+            now_ms,
+            head_ms,
+            due,
+        })
     }
 }
 

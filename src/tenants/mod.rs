@@ -121,6 +121,69 @@ impl Fair {
         Ok(claim)
     }
 
+    /// Claims the first due member of each tenant the last claim did not
+    /// see with due work, and nothing of the tenants it saw (each named as
+    /// held): the express scanner's claim, which serves a tenant newly due
+    /// while the other scanners work through a backlog, as fair queueing
+    /// serves a tenant back from idle. Its report replaces the last one.
+    pub async fn claim_fresh(
+        &self,
+        store: &Store,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let (_, floor, budgets) = self.plan(limit);
+        let held: Vec<TenantTake> = self
+            .passed_over()
+            .into_iter()
+            .map(|tenant| TenantTake {
+                weight: self.settings.weight(&tenant),
+                tenant,
+                count: 0,
+                rest: false,
+                most: Some(0),
+            })
+            .collect();
+        let (claim, seen) = store
+            .claim_tenants(limit, lease, &held, (floor, REPORTED), &budgets)
+            .await?;
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
+        Ok(claim)
+    }
+
+    /// Whether the last claim saw any tenant with due work: the scanners
+    /// have a backlog to work through, and the express scanner watches
+    /// for tenants newly due beside it.
+    pub fn busy(&self) -> bool {
+        !self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// What the express scanner leaves to the others: every tenant the
+    /// last claim saw with due work, and every tenant at its
+    /// `tenant_window`.
+    pub fn passed_over(&self) -> Vec<Vec<u8>> {
+        let mut all: Vec<Vec<u8>> = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|t| t.tenant.clone())
+            .collect();
+        all.extend(
+            self.unconfirmed
+                .iter()
+                .flat_map(|u| u.full())
+                .map(|t| t.to_vec()),
+        );
+        all.sort();
+        all.dedup();
+        all
+    }
+
     /// The tenants the last claim saw with due work that it could not
     /// release: at their `tenant_window` or held to a `max_rate`. Their
     /// members are no news to a sleeping scanner: the window's wake-up
