@@ -65,18 +65,26 @@ impl RedisSide for Standalone {
             RedisFault::Oom => {
                 let mut c = self.0.conn().await;
                 let refused = oom_errors(&mut c).await;
-                let used = info_field(&mut c, "memory", "used_memory:").await;
-                // Little room: writes are refused within a moment, and
-                // again whenever deliveries have freed some.
                 config_set(&mut c, "maxmemory-policy", "noeviction").await;
-                config_set(&mut c, "maxmemory", &(used + 16_000).to_string()).await;
-                // Deliveries free memory too: the window lasts until Redis
-                // has refused a write, and then some.
-                let full = eventually(Duration::from_secs(20), || {
-                    let mut c = c.clone();
-                    async move { oom_errors(&mut c).await > refused }
-                })
-                .await;
+                // Little room: writes are refused within a moment, and
+                // again whenever deliveries have freed some. Deliveries
+                // free memory too, and a reading can catch a passing reply
+                // buffer of a claim's, so the room is measured again each
+                // second until Redis has refused a write; the window lasts
+                // until then, and then some.
+                let mut full = false;
+                for _ in 0..20 {
+                    let used = info_field(&mut c, "memory", "used_memory:").await;
+                    config_set(&mut c, "maxmemory", &(used + 16_000).to_string()).await;
+                    full = eventually(Duration::from_secs(1), || {
+                        let mut c = c.clone();
+                        async move { oom_errors(&mut c).await > refused }
+                    })
+                    .await;
+                    if full {
+                        break;
+                    }
+                }
                 assert!(full, "Redis refused no write with OOM within 20 s");
                 let ms = rng.random_range(2000..4000);
                 tokio::time::sleep(Duration::from_millis(ms)).await;

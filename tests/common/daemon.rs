@@ -167,13 +167,16 @@ pub async fn metric(port: u16, series: &str) -> Option<u64> {
         .await
         .unwrap()?
         .1;
+    Some(sample(&body, series))
+}
+
+/// The value of the sample `series` in a /metrics `body`: 0 when absent.
+pub fn sample(body: &str, series: &str) -> u64 {
     let prefix = format!("{series} ");
-    Some(
-        body.lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map_or(0, |v| v as u64),
-    )
+    body.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// What `delayd check` printed when it failed the one way a test expects.

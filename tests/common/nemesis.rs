@@ -10,7 +10,8 @@
 //! the dead road is taken too. Each copy beyond the first must be one that
 //! the events `docs/semantics.md` lists account for, as delayd's own
 //! counters count them: expired leases recovered, unconfirmed members
-//! handed back, intake deliveries the broker marked redelivered. A run
+//! handed back, publishes nacked, intake deliveries the broker marked
+//! redelivered. A run
 //! over a business with tenants ([`Tenancy::ByHeader`]) holds the same
 //! ends, its publishes spread over tenants by the intake's header, and
 //! leaves no tenant in the business's index.
@@ -319,34 +320,49 @@ pub struct Counted {
     /// `delayd_intake_redelivered_total`: intake deliveries the broker
     /// marked redelivered.
     pub redelivered: u64,
+    /// `delayd_nacked_total`: publishes the broker nacked, retried. A
+    /// queue that goes down with publishes unconfirmed (a broker stop, a
+    /// queue process crash) nacks them all, though it may have stored some.
+    pub nacked: u64,
 }
 
 impl Counted {
     /// The most duplicates these events can account for.
     pub fn bound(&self) -> u64 {
-        self.recovered + self.released + self.redelivered
+        self.recovered + self.released + self.redelivered + self.nacked
     }
 
     fn add(&mut self, o: Counted) {
         self.recovered += o.recovered;
         self.released += o.released;
         self.redelivered += o.redelivered;
+        self.nacked += o.nacked;
     }
 
     /// The counters of the instance serving /metrics at `port`, for the
-    /// business `name`; zeros when it does not answer.
+    /// business `name`, read in one scrape. An instance that does not
+    /// answer three times (5 s each) fails the run: counting it as zeros would make
+    /// the bound smaller than what happened.
     async fn read(port: u16, name: &str) -> Counted {
-        let of = |metric: &str| format!("{metric}{{business=\"{name}\"}}");
+        let mut body = None;
+        for _ in 0..3 {
+            body = tokio::task::spawn_blocking(move || super::http_get(port, "/metrics"))
+                .await
+                .unwrap()
+                .map(|(_, b)| b);
+            if body.is_some() {
+                break;
+            }
+        }
+        let body = body.unwrap_or_else(|| {
+            panic!("the instance at metrics port {port} did not answer /metrics three times")
+        });
+        let of = |metric: &str| super::sample(&body, &format!("{metric}{{business=\"{name}\"}}"));
         Counted {
-            recovered: super::metric(port, &of("delayd_recovered_total"))
-                .await
-                .unwrap_or(0),
-            released: super::metric(port, &of("delayd_released_total"))
-                .await
-                .unwrap_or(0),
-            redelivered: super::metric(port, &of("delayd_intake_redelivered_total"))
-                .await
-                .unwrap_or(0),
+            recovered: of("delayd_recovered_total"),
+            released: of("delayd_released_total"),
+            redelivered: of("delayd_intake_redelivered_total"),
+            nacked: of("delayd_nacked_total"),
         }
     }
 }
@@ -656,7 +672,7 @@ pub async fn run<R: RedisSide>(
     eprintln!(
         "{what}: seed {seed}; {} s of publishing, faults {counts:?}; {} publishes confirmed, {} refused; \
          {} confirmed delivered, {} refused delivered anyway; {} duplicate copies from delayd, {} redelivered \
-         to the consumer by the broker; counted {} ({} leases recovered, {} released, {} intake redeliveries); \
+         to the consumer by the broker; counted {} ({} leases recovered, {} released, {} intake redeliveries, {} nacked); \
          {} dead ({} not for being too large); {} lost; settled {} s after the last publish; {} s in all",
         producing.as_secs(),
         confirmed.len(),
@@ -669,6 +685,7 @@ pub async fn run<R: RedisSide>(
         counted.recovered,
         counted.released,
         counted.redelivered,
+        counted.nacked,
         dead.len(),
         dead.keys().filter(|s| !oversize(**s)).count(),
         lost.len(),
