@@ -1226,59 +1226,138 @@ async fn an_id_scheduled_again_in_its_tenants_set_while_in_flight_keeps_its_new_
 /// (without it, the heavy tenant's backlog fills the scanner's window of
 /// 100 and the light tenants wait for confirms). Released, every member is
 /// delivered once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_window_caps_a_tenants_unconfirmed_publishes_and_leaves_the_rest_to_others() {
-    let b = BusinessSpec::with_extra(
-        "tenants_window",
-        "tenants = true\ntenant_window = 40\nscanners = 1\nwindow = 100\nbatch_size = 100",
-    );
+/// `b` behind a relay with its daemon started and warmed (one member
+/// delivered), then the relay holding the broker's confirms. Returns the
+/// members wanted so far.
+async fn warm_then_held(b: &BusinessSpec) -> (Relay, Setup, Daemon, HashSet<Vec<u8>>) {
     let relay = Relay::to(&amqp_url()).await;
-    let s = Setup::through(&relay, &[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
+    let mut s = Setup::through(&relay, &[b]).await;
     let d = Daemon::start(&s.config);
-    let now = redis_now_ms(&mut redis).await;
+    let now = redis_now_ms(&mut s.redis).await;
     let warm = vec![(now as f64, unique("warm").into_bytes())];
-    zadd_tenant(&mut redis, &b.key, "warm", &warm).await;
-    let mut want = bodies(&warm);
-    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
-
+    zadd_tenant(&mut s.redis, &b.key, "warm", &warm).await;
+    let want = bodies(&warm);
+    wait_all(s.inbox(), &want, Duration::from_secs(20), &d).await;
     relay.hold();
+    (relay, s, d, want)
+}
+
+/// A business with tenants, its confirms held, behind a heavy backlog.
+struct Held {
+    b: BusinessSpec,
+    relay: Relay,
+    s: Setup,
+    d: Daemon,
+    /// Every member written so far.
+    want: HashSet<Vec<u8>>,
+    redis: redis::aio::MultiplexedConnection,
+}
+
+/// A business `name` with tenants and `extra`, warmed and then held (see
+/// [`warm_then_held`]), with 500 members of tenant "heavy" due now.
+async fn held_behind_heavy(name: &str, extra: &str) -> Held {
+    let b = BusinessSpec::with_extra(name, format!("tenants = true\n{extra}"));
+    let (relay, s, d, mut want) = warm_then_held(&b).await;
+    let mut redis = s.redis.clone();
     let now = redis_now_ms(&mut redis).await;
     let heavy = members("heavy", 500, now, 0);
     zadd_tenant(&mut redis, &b.key, "heavy", &heavy).await;
     want.extend(bodies(&heavy));
+    Held {
+        b,
+        relay,
+        s,
+        d,
+        want,
+        redis,
+    }
+}
+
+/// Four light tenants `light0..3` of `key`, each with `each` members due
+/// 300 ms from now, added to `want`.
+async fn add_light(
+    redis: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    each: usize,
+    want: &mut HashSet<Vec<u8>>,
+) {
+    let now = redis_now_ms(redis).await;
     for i in 0..4 {
-        let light = members(&format!("light{i}"), 5, now + 300, 0);
-        zadd_tenant(&mut redis, &b.key, &format!("light{i}"), &light).await;
+        let light = members(&format!("light{i}"), each, now + 300, 0);
+        zadd_tenant(redis, key, &format!("light{i}"), &light).await;
         want.extend(bodies(&light));
     }
-    let count =
-        |flight: &[String], prefix: &str| flight.iter().filter(|m| m.starts_with(prefix)).count();
-    let mut r = redis.clone();
-    let key = b.key.clone();
-    let all_light = eventually(Duration::from_secs(10), || {
-        let (mut r, key) = (r.clone(), key.clone());
-        async move { count(&in_flight(&mut r, &key).await, "light") == 20 }
-    })
-    .await;
-    let flight = in_flight(&mut r, &b.key).await;
+}
+
+/// Asserts that `n` light tenants' members of `key` come to be in flight;
+/// returns what is in flight then.
+async fn assert_light_in_flight(
+    redis: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    n: usize,
+) -> Vec<String> {
+    let all_light = in_flight_reach(redis, key, "light", n).await;
+    let flight = in_flight(redis, key).await;
     assert!(
         all_light,
-        "light tenants' members in flight: {} of 20 (heavy's: {})",
-        count(&flight, "light"),
-        count(&flight, "heavy")
+        "light tenants' members in flight: {} of {n} (heavy's: {})",
+        in_flight_of(&flight, "light"),
+        in_flight_of(&flight, "heavy")
     );
+    flight
+}
+
+/// How many of the members in `flight` start with `prefix`.
+fn in_flight_of(flight: &[String], prefix: &str) -> usize {
+    flight.iter().filter(|m| m.starts_with(prefix)).count()
+}
+
+/// Whether `n` members of `key` starting with `prefix` are in flight
+/// within 10 s.
+async fn in_flight_reach(
+    redis: &redis::aio::MultiplexedConnection,
+    key: &str,
+    prefix: &str,
+    n: usize,
+) -> bool {
+    eventually(Duration::from_secs(10), || {
+        let (mut r, key) = (redis.clone(), key.to_string());
+        async move { in_flight_of(&in_flight(&mut r, &key).await, prefix) == n }
+    })
+    .await
+}
+
+/// Releases the confirms and checks that every member written is
+/// delivered once and the business drained.
+async fn release_and_drain(mut h: Held, what: &str) {
+    h.relay.release();
+    let inbox = h.s.inbox().clone();
+    wait_all(&inbox, &h.want, Duration::from_secs(30), &h.d).await;
+    inbox.settle(Duration::from_millis(500)).await;
+    inbox.assert_each_once(&h.want, what);
+    wait_drained(&mut h.redis, &h.b.key, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_window_caps_a_tenants_unconfirmed_publishes_and_leaves_the_rest_to_others() {
+    let mut h = held_behind_heavy(
+        "tenants_window",
+        "tenant_window = 40\nscanners = 1\nwindow = 100\nbatch_size = 100",
+    )
+    .await;
+    add_light(&mut h.redis, &h.b.key, 5, &mut h.want).await;
+    assert_light_in_flight(&mut h.redis, &h.b.key, 20).await;
     // Held for a while longer: the heavy tenant stays at its window.
     for _ in 0..10 {
-        let flight = in_flight(&mut r, &b.key).await;
-        assert_eq!(count(&flight, "heavy"), 40, "heavy's members in flight");
+        let flight = in_flight(&mut h.redis, &h.b.key).await;
+        assert_eq!(
+            in_flight_of(&flight, "heavy"),
+            40,
+            "heavy's members in flight"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    relay.release();
-    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
-    inbox.settle(Duration::from_millis(500)).await;
-    inbox.assert_each_once(&want, "a business with a tenant window");
-    wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
+    release_and_drain(h, "a business with a tenant window").await;
 }
 
 /// The express scanner: with the broker's confirms held, the one scanner's
@@ -1287,65 +1366,23 @@ async fn a_tenant_window_caps_a_tenants_unconfirmed_publishes_and_leaves_the_res
 /// member each, by a scanner that leaves the heavy tenant alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn light_tenants_newly_due_are_claimed_while_the_scanners_window_is_full_of_a_backlog() {
-    let b = BusinessSpec::with_extra(
+    let mut h = held_behind_heavy(
         "tenants_express",
-        "tenants = true\nscanners = 1\nwindow = 50\nbatch_size = 50",
-    );
-    let relay = Relay::to(&amqp_url()).await;
-    let s = Setup::through(&relay, &[&b]).await;
-    let (inbox, mut redis) = (s.inbox().clone(), s.redis.clone());
-    let d = Daemon::start(&s.config);
-    let now = redis_now_ms(&mut redis).await;
-    let warm = vec![(now as f64, unique("warm").into_bytes())];
-    zadd_tenant(&mut redis, &b.key, "warm", &warm).await;
-    let mut want = bodies(&warm);
-    wait_all(&inbox, &want, Duration::from_secs(20), &d).await;
-
-    relay.hold();
-    let now = redis_now_ms(&mut redis).await;
-    let heavy = members("heavy", 500, now, 0);
-    zadd_tenant(&mut redis, &b.key, "heavy", &heavy).await;
-    want.extend(bodies(&heavy));
-    let count =
-        |flight: &[String], prefix: &str| flight.iter().filter(|m| m.starts_with(prefix)).count();
-    let key = b.key.clone();
-    let window_full = eventually(Duration::from_secs(10), || {
-        let (mut r, key) = (redis.clone(), key.clone());
-        async move { count(&in_flight(&mut r, &key).await, "heavy") == 50 }
-    })
+        "scanners = 1\nwindow = 50\nbatch_size = 50",
+    )
     .await;
     assert!(
-        window_full,
+        in_flight_reach(&h.redis, &h.b.key, "heavy", 50).await,
         "the scanner's window never filled with heavy's members"
     );
-    let now = redis_now_ms(&mut redis).await;
-    for i in 0..4 {
-        let light = members(&format!("light{i}"), 1, now + 300, 0);
-        zadd_tenant(&mut redis, &b.key, &format!("light{i}"), &light).await;
-        want.extend(bodies(&light));
-    }
-    let all_light = eventually(Duration::from_secs(10), || {
-        let (mut r, key) = (redis.clone(), key.clone());
-        async move { count(&in_flight(&mut r, &key).await, "light") == 4 }
-    })
-    .await;
-    let flight = in_flight(&mut redis, &b.key).await;
-    assert!(
-        all_light,
-        "light tenants' members in flight: {} of 4 (heavy's: {})",
-        count(&flight, "light"),
-        count(&flight, "heavy")
-    );
+    add_light(&mut h.redis, &h.b.key, 1, &mut h.want).await;
+    let flight = assert_light_in_flight(&mut h.redis, &h.b.key, 4).await;
     assert_eq!(
-        count(&flight, "heavy"),
+        in_flight_of(&flight, "heavy"),
         50,
         "the express scanner took none of the heavy tenant's members"
     );
-    relay.release();
-    wait_all(&inbox, &want, Duration::from_secs(30), &d).await;
-    inbox.settle(Duration::from_millis(500)).await;
-    inbox.assert_each_once(&want, "a business with an express scanner");
-    wait_drained(&mut redis, &b.key, Duration::from_secs(10)).await;
+    release_and_drain(h, "a business with an express scanner").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

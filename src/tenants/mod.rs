@@ -100,24 +100,10 @@ impl Fair {
         limit: usize,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let mut claim = self.claim_once(store, limit, lease).await?;
+        let mut claim = self.claim_once(store, limit, lease, false).await?;
         if claim.members.is_empty() && !claim.paused && self.has_due() {
-            claim = self.claim_once(store, limit, lease).await?;
+            claim = self.claim_once(store, limit, lease, false).await?;
         }
-        Ok(claim)
-    }
-
-    async fn claim_once(
-        &self,
-        store: &Store,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let (takes, floor, budgets) = self.plan(limit);
-        let (claim, seen) = store
-            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &budgets)
-            .await?;
-        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         Ok(claim)
     }
 
@@ -132,20 +118,34 @@ impl Fair {
         limit: usize,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let (_, floor, budgets) = self.plan(limit);
-        let held: Vec<TenantTake> = self
-            .passed_over()
-            .into_iter()
-            .map(|tenant| TenantTake {
-                weight: self.settings.weight(&tenant),
-                tenant,
-                count: 0,
-                rest: false,
-                most: Some(0),
-            })
-            .collect();
+        self.claim_once(store, limit, lease, true).await
+    }
+
+    /// One claim by the plan, or with `fresh` only of the tenants not
+    /// [passed over](Fair::passed_over); its report is what was seen.
+    async fn claim_once(
+        &self,
+        store: &Store,
+        limit: usize,
+        lease: Duration,
+        fresh: bool,
+    ) -> Result<Claim, StoreError> {
+        let (mut takes, floor, budgets) = self.plan(limit);
+        if fresh {
+            takes = self
+                .passed_over()
+                .into_iter()
+                .map(|tenant| TenantTake {
+                    weight: self.settings.weight(&tenant),
+                    tenant,
+                    count: 0,
+                    rest: false,
+                    most: Some(0),
+                })
+                .collect();
+        }
         let (claim, seen) = store
-            .claim_tenants(limit, lease, &held, (floor, REPORTED), &budgets)
+            .claim_tenants(limit, lease, &takes, (floor, REPORTED), &budgets)
             .await?;
         *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = seen;
         Ok(claim)
