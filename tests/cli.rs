@@ -556,16 +556,18 @@ fn a_listing_piped_into_a_reader_that_goes_away_ends_quietly_never_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let conf = format!("{NOWHERE}{BILLING}shards = 64\n");
     let path = write(dir.path(), conf.as_bytes());
-    // `delayd shards` needs no server: 64 lines into a pipe already closed,
-    // as `delayd list | head -1` leaves it.
-    let mut child = Command::new(daemon_bin())
+    // `delayd shards` needs no server: 64 lines into a pipe whose reader
+    // is gone before it starts, as `delayd list | head -1` leaves it. (A
+    // reader closed after the spawn raced the writer: 64 short lines fit
+    // in the pipe's buffer, and a quick child exited 0 before the close.)
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(daemon_bin())
         .args(["shards", "--config", path.to_str().unwrap(), "billing"])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(writer))
         .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.is_empty(), "nothing on stderr: {err}");

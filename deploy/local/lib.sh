@@ -54,6 +54,14 @@ port_open() {
 	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# port_holder PORT: what listens on or holds 127.0.0.1:PORT, as ss(8)
+# shows it (the process where it is allowed to say), for error lines.
+port_holder() {
+	local found
+	found="$(ss -Htanp "( sport = :$1 )" 2>/dev/null | head -3 | tr -s ' ' | tr '\n' ';')"
+	printf '%s' "${found:-ss shows no socket}"
+}
+
 # amqp_answers PORT: an AMQP 0-9-1 broker answers the protocol header with
 # connection.start (frame type 1, channel 0, class 10, method 10). Stronger
 # than an open port: the listener is up only once the broker has booted.

@@ -281,7 +281,7 @@ rmq_start() {
 		log "RabbitMQ node $node is already starting (pid $pid); waiting"
 	else
 		if port_open "$port"; then
-			die "port $port is already in use by another process; cannot start RabbitMQ node $node there"
+			die "port $port is already in use by another process ($(port_holder "$port")); cannot start RabbitMQ node $node there"
 		fi
 		if port_open "$dist"; then
 			die "Erlang distribution port $dist (for node $node) is already in use; pick another AMQP port"
