@@ -58,7 +58,7 @@ port_open() {
 # shows it (the process where it is allowed to say), for error lines.
 port_holder() {
 	local found
-	found="$(ss -Htanp "( sport = :$1 )" 2>/dev/null | head -3 | tr -s ' ' | tr '\n' ';')"
+	found="$(ss -Htanp "( sport = :$1 )" 2>/dev/null | head -3 | tr -s ' ' | tr '\n' ';')" || true
 	printf '%s' "${found:-ss shows no socket}"
 }
 

@@ -74,7 +74,7 @@ start)
 	}
 	join() {
 		local p="$1" node="delayd-test-$1@localhost" ndir="$dir/node-$1"
-		if rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q cluster_status 2>/dev/null | grep -q "$seed"; then
+		if grep -q "$seed" <<<"$(rmq_ctl "$ndir" "$node" "$p" $((p - 10000)) -q cluster_status 2>/dev/null || true)"; then
 			return 0
 		fi
 		join_once "$p" && return 0
