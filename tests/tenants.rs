@@ -1013,7 +1013,11 @@ async fn a_tenants_max_rate_holds_across_two_instances_shows_as_its_released_rat
 async fn a_max_rate_set_at_run_time_holds_and_default_returns_the_tenant_to_the_configs() {
     let _turn = TIMING.lock().await;
     const RATE: f64 = 300.0;
-    const TOTAL: usize = 3000;
+    // The 5 s measured release about 1,500; the rest must still hold 900
+    // once the listing and the CLI's reset are done, which a loaded host
+    // once took 2.7 s for (682 left of 3,000). After the reset the rest
+    // drains at once, so a larger backlog costs no time.
+    const TOTAL: usize = 4500;
     let (b, c, inbox, mut redis) = tenants_console("tenants_rt_rate").await;
     let path = format!("/api/v1/businesses/{}/tenants/t/max_rate", b.name);
     for bad in [0, 10_000_001] {
