@@ -38,6 +38,17 @@ alive() {
 	[[ -n "$state" && "$state" != "Z" && "$state" != "X" ]]
 }
 
+# env_has PID GREP_ARGS...: the environment of process PID has a variable
+# GREP_ARGS match (as a line of its own). grep reads the file itself: behind
+# `tr |` it may quit at its match while tr still writes, and pipefail takes
+# tr's SIGPIPE as no match (a running node then looked stopped, and its
+# restart found its own port taken).
+env_has() {
+	local pid="$1"
+	shift
+	grep -zqs "$@" "/proc/${pid}/environ"
+}
+
 # read_pid FILE: prints the pid stored in FILE, or nothing.
 read_pid() {
 	local f="$1" pid=""

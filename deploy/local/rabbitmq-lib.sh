@@ -248,11 +248,7 @@ rmq_vm_pid() {
 		[[ -n "$wpid" ]] && alive "$wpid" && pid="$(pgrep -P "$wpid" -x beam.smp | head -n1 || true)"
 	fi
 	[[ -n "$pid" ]] && alive "$pid" || return 1
-	# grep reads the environment itself: behind `tr |` it may quit at its
-	# match while tr still writes, and pipefail takes tr's SIGPIPE as "not
-	# this node" (a running node then looked stopped, and its restart found
-	# its own port taken).
-	grep -zqsxF "RABBITMQ_MNESIA_BASE=$dir/mnesia" "/proc/$pid/environ" || return 1
+	env_has "$pid" -xF "RABBITMQ_MNESIA_BASE=$dir/mnesia" || return 1
 	printf '%s\n' "$pid"
 }
 
@@ -383,7 +379,7 @@ rmq_kill() {
 rmq_test_node_pids() {
 	local pid
 	for pid in $(pgrep -x beam.smp || true); do
-		if grep -zqs '^RABBITMQ_NODENAME=delayd-test-' "/proc/$pid/environ"; then
+		if env_has "$pid" '^RABBITMQ_NODENAME=delayd-test-'; then
 			printf '%s\n' "$pid"
 		fi
 	done

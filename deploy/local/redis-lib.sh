@@ -70,7 +70,7 @@ watch_pidfiles() {
 redis_test_node_pids() {
 	local pid
 	for pid in $(pgrep -x redis-server || true) $(pgrep -x redis-sentinel || true) $(pgrep -x valkey-server || true); do
-		if grep -zqs '^DELAYD_TEST_REDIS_NODE=1' "/proc/$pid/environ"; then
+		if env_has "$pid" '^DELAYD_TEST_REDIS_NODE=1'; then
 			printf '%s\n' "$pid"
 		fi
 	done
