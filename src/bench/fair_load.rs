@@ -115,7 +115,10 @@ pub(super) async fn burst(
 /// Light tenants' members, each due as it is written: `rate` per second in
 /// all for `secs`, member `i` to tenant `i mod tenants`, one transaction
 /// per 10 ms. `offset` is this machine's clock minus Redis's. Each member
-/// written goes to `watch` as well. Returns how many were written.
+/// written goes to `watch` as well, with the time (Redis's clock) its
+/// transaction ran: a write that reaches Redis after its due time (this
+/// process was busy) cannot be released before it. Returns how many were
+/// written.
 pub(super) async fn light(
     redis: &mut RedisConn,
     target: &Target,
@@ -134,14 +137,18 @@ pub(super) async fn light(
         }
         next = upto.max(next);
         let mut pipe = redis::pipe();
-        pipe.atomic();
+        pipe.atomic().cmd("TIME");
         for (t, items) in tenants.iter().zip(&by_tenant) {
             target.add(&mut pipe, t, items);
         }
-        send_pipe(redis, &pipe).await?;
+        let ((s, us),): ((i64, i64),) = pipe
+            .query_async(redis)
+            .await
+            .map_err(|e| fail("redis")(e.to_string()))?;
+        let visible = s * 1000 + us / 1000;
         for (t, items) in tenants.iter().zip(by_tenant) {
             for (due, member) in items {
-                let _ = watch.send((target.set(t), member, due));
+                let _ = watch.send((target.set(t), member, due, visible));
             }
         }
     }

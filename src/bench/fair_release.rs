@@ -3,7 +3,10 @@
 //! watcher takes atomic snapshots every 2 ms: Redis's `TIME`, how many of
 //! the heavy burst are still pending, and each light member written and not
 //! yet seen gone. A member's release time is the first snapshot without it
-//! (at most a snapshot and a round trip late). The heavy members that claims
+//! (at most a snapshot and a round trip late); its lateness counts from its
+//! due time, or from its write where that reached Redis later. The watcher
+//! runs on a thread and a Redis connection of its own, so the bench's
+//! consumer, busy with the burst, does not space its snapshots out. The heavy members that claims
 //! moved between two snapshots in which a light member was due and still
 //! waiting are counted too: a claim is atomic, so that count is what the
 //! fair claim decided, and a stall of the host does not inflate it.
@@ -15,8 +18,9 @@ use super::*;
 /// The most waiting members one snapshot looks at.
 const LOOK: usize = 32;
 
-/// A light member written: its set, the member, its due time (Redis ms).
-pub(super) type Written = (Vec<u8>, Vec<u8>, i64);
+/// A light member written: its set, the member, its due time and the time
+/// its write ran (Redis ms).
+pub(super) type Written = (Vec<u8>, Vec<u8>, i64, i64);
 
 /// What the watcher saw over a pass.
 #[derive(Default)]
@@ -25,12 +29,17 @@ pub(super) struct Released {
     pub late_ms: Vec<f64>,
     /// Heavy members moved by claims that passed a due light member over.
     pub passed_over: u64,
+    /// How long after its due time each light write ran, ms, sorted.
+    pub write_late_ms: Vec<f64>,
+    /// The time between two snapshots, ms, sorted: the measure's grain.
+    pub gaps_ms: Vec<f64>,
 }
 
 /// A light member the watcher has not yet seen released.
 struct Waiting {
     set: Vec<u8>,
     member: Vec<u8>,
+    /// Its due time, or its write's where that came later.
     due: i64,
     /// The heavy burst's pending count at the last snapshot that found this
     /// member due and still in its set.
@@ -42,6 +51,39 @@ struct Waiting {
 pub(super) struct Heavy {
     pub set: Vec<u8>,
     pub due: i64,
+}
+
+/// [`watch`] on a thread with a runtime and a connection of its own.
+pub(super) fn watch_apart(
+    client: Redis,
+    heavy: Heavy,
+    written: mpsc::UnboundedReceiver<Written>,
+    closed: tokio::sync::oneshot::Sender<()>,
+    limit: Duration,
+) -> tokio::sync::oneshot::Receiver<Result<Released, BenchError>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let run = move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| fail("watcher")(e.to_string()))?;
+        rt.block_on(async {
+            let redis = client
+                .connect()
+                .await
+                .map_err(|e| fail("redis")(e.to_string()))?;
+            watch(redis, heavy, written, closed, limit).await
+        })
+    };
+    let spawned = std::thread::Builder::new()
+        .name("bench-watcher".into())
+        .spawn(move || {
+            let _ = tx.send(run());
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the bench's watcher thread");
+    }
+    rx
 }
 
 /// Watches the members sent on `written` until the sender is dropped and
@@ -60,6 +102,7 @@ pub(super) async fn watch(
     let mut waiting: Vec<Waiting> = Vec::new();
     let mut out = Released::default();
     let mut open = true;
+    let mut last: Option<i64> = None;
     while open || !waiting.is_empty() {
         if start.elapsed() > limit {
             return Err(fail("redis")(format!(
@@ -70,12 +113,15 @@ pub(super) async fn watch(
         }
         loop {
             match written.try_recv() {
-                Ok((set, member, due)) => waiting.push(Waiting {
-                    set,
-                    member,
-                    due,
-                    heavy_then: None,
-                }),
+                Ok((set, member, due, visible)) => {
+                    out.write_late_ms.push((visible - due).max(0) as f64);
+                    waiting.push(Waiting {
+                        set,
+                        member,
+                        due: due.max(visible),
+                        heavy_then: None,
+                    });
+                }
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     open = false;
@@ -93,6 +139,9 @@ pub(super) async fn watch(
             let looked = waiting.len().min(LOOK);
             let (now, heavy_left, scores) =
                 snapshot(&mut redis, &heavy, &waiting[..looked]).await?;
+            if let Some(then) = last.replace(now) {
+                out.gaps_ms.push((now - then) as f64);
+            }
             let rest = waiting.split_off(looked);
             let mut kept = Vec::with_capacity(waiting.len() + rest.len());
             for (mut w, score) in waiting.into_iter().zip(scores) {
@@ -114,7 +163,9 @@ pub(super) async fn watch(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    out.late_ms.sort_by(|a, b| a.total_cmp(b));
+    for v in [&mut out.late_ms, &mut out.write_late_ms, &mut out.gaps_ms] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
     Ok(out)
 }
 

@@ -192,6 +192,14 @@ fn rate_label(pass: &Pass) -> String {
     }
 }
 
+/// The p99 of ascending `sorted`, 0 when it is empty.
+fn p99(sorted: &[f64]) -> f64 {
+    match sorted.is_empty() {
+        true => 0.0,
+        false => super::report::percentile(sorted, 0.99),
+    }
+}
+
 /// A pass's rows: light and heavy lateness, the heavy drain.
 fn pass_rows(pass: &Pass) {
     let b = &pass.burst;
@@ -213,7 +221,9 @@ fn pass_rows(pass: &Pass) {
         &format!("{on}: light, at release"),
         &b.released.late_ms,
         &format!(
-            "Redis's clock, 2 ms snapshots; {} heavy members released past a due light one",
+            "Redis's clock, snapshots p99 {:.0} ms apart; writes ran p99 {:.0} ms after due (counted from then); {} heavy members released past a due light one",
+            p99(&b.released.gaps_ms),
+            p99(&b.released.write_late_ms),
             b.released.passed_over
         ),
     );
