@@ -214,7 +214,7 @@ async fn burst_pass(
     let limit = Duration::from_secs(300);
     let (closed_tx, closed) = tokio::sync::oneshot::channel();
     let client = s.ctx.client.clone();
-    let watcher = fair_release::watch_apart(client, heavy_set, rx, closed_tx, limit);
+    let watcher = fair_release::watch_apart(client, heavy_set, rx, closed_tx, limit)?;
     let tenants = &s.light_tenants;
     let written = fair_load::light(redis, target, tenants, load, (size, offset), &tx).await;
     drop(tx);

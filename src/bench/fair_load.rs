@@ -70,11 +70,16 @@ fn body(class: u8, due: i64, i: usize, size: usize) -> Vec<u8> {
 
 /// Redis's clock, epoch ms.
 pub(super) async fn redis_now_ms(redis: &mut RedisConn) -> Result<i64, BenchError> {
-    let (s, us): (i64, i64) = redis::cmd("TIME")
+    let time: (i64, i64) = redis::cmd("TIME")
         .query_async(redis)
         .await
         .map_err(|e| fail("redis")(e.to_string()))?;
-    Ok(s * 1000 + us / 1000)
+    Ok(time_ms(time))
+}
+
+/// Redis's `TIME` reply (seconds, microseconds) in milliseconds.
+pub(super) fn time_ms((secs, micros): (i64, i64)) -> i64 {
+    secs * 1000 + micros / 1000
 }
 
 /// `n` members of `tenant` (class `class`), all due at `due`: staged in a
@@ -141,11 +146,11 @@ pub(super) async fn light(
         for (t, items) in tenants.iter().zip(&by_tenant) {
             target.add(&mut pipe, t, items);
         }
-        let ((s, us),): ((i64, i64),) = pipe
+        let (time,): ((i64, i64),) = pipe
             .query_async(redis)
             .await
             .map_err(|e| fail("redis")(e.to_string()))?;
-        let visible = s * 1000 + us / 1000;
+        let visible = time_ms(time);
         for (t, items) in tenants.iter().zip(by_tenant) {
             for (due, member) in items {
                 let _ = watch.send((target.set(t), member, due, visible));

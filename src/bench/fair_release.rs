@@ -6,8 +6,8 @@
 //! (at most a snapshot and a round trip late); its lateness counts from its
 //! due time, or from its write where that reached Redis later. The watcher
 //! runs on a thread and a Redis connection of its own, so the bench's
-//! consumer, busy with the burst, does not space its snapshots out. The heavy members that claims
-//! moved between two snapshots in which a light member was due and still
+//! consumer, busy with the burst, does not space its snapshots out. The
+//! heavy members that claims moved between two snapshots in which a light member was due and still
 //! waiting are counted too: a claim is atomic, so that count is what the
 //! fair claim decided, and a stall of the host does not inflate it.
 
@@ -53,14 +53,15 @@ pub(super) struct Heavy {
     pub due: i64,
 }
 
-/// [`watch`] on a thread with a runtime and a connection of its own.
+/// [`watch`] on a thread with a runtime and a connection of its own; its
+/// outcome arrives on the receiver returned.
 pub(super) fn watch_apart(
     client: Redis,
     heavy: Heavy,
     written: mpsc::UnboundedReceiver<Written>,
     closed: tokio::sync::oneshot::Sender<()>,
     limit: Duration,
-) -> tokio::sync::oneshot::Receiver<Result<Released, BenchError>> {
+) -> Result<tokio::sync::oneshot::Receiver<Result<Released, BenchError>>, BenchError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let run = move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -75,15 +76,13 @@ pub(super) fn watch_apart(
             watch(redis, heavy, written, closed, limit).await
         })
     };
-    let spawned = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("bench-watcher".into())
         .spawn(move || {
             let _ = tx.send(run());
-        });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start the bench's watcher thread");
-    }
-    rx
+        })
+        .map_err(|e| fail("watcher")(e.to_string()))?;
+    Ok(rx)
 }
 
 /// Watches the members sent on `written` until the sender is dropped and
@@ -199,7 +198,7 @@ async fn snapshot(
         .map_err(parse)?;
     let mut v = v.into_iter();
     let mut next = || v.next().unwrap_or(redis::Value::Nil);
-    let (secs, micros): (i64, i64) = redis::from_redis_value(next()).map_err(parse)?;
+    let time: (i64, i64) = redis::from_redis_value(next()).map_err(parse)?;
     let heavy_left: u64 = redis::from_redis_value(next()).map_err(parse)?;
-    Ok((secs * 1000 + micros / 1000, heavy_left, scores))
+    Ok((super::fair_load::time_ms(time), heavy_left, scores))
 }
